@@ -1,0 +1,164 @@
+"""The one frozen Config, and the validators that turn operator input into it.
+
+Every value is validated once, here, with an error that names the key; the rest
+of the program trusts the Config it is handed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+# Collectors an operator can switch with --collector.<name> / --no-collector.<name>.
+# None = auto (on when its library/driver is present), True = on, False = off.
+COLLECTORS: Mapping[str, bool | None] = MappingProxyType(
+    {
+        "nvidia": None,
+        "amd": None,
+        "intel": None,
+        "processes": None,
+        "gpm": None,
+    }
+)
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "json", "console")
+METRIC_NAMES = ("gpu",)
+
+
+class ConfigError(ValueError):
+    """Bad operator input. ``key`` is the flag/env/file key it came from."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Config:
+    listen_addresses: tuple[str, ...] = (":9445",)
+    telemetry_path: str = "/metrics"
+    web_config_file: str | None = None
+    sysfs: str = "/sys"
+    procfs: str = "/proc"
+    interval: float = 1.0  # fast tier, seconds
+    slow_interval: float = 10.0  # expensive calls, seconds
+    processes_interval: float = 5.0  # per-process /proc scan
+    processes_budget: float = 0.5  # seconds one scan may take before it stops early
+    collectors: Mapping[str, bool | None] = field(default_factory=lambda: dict(COLLECTORS))
+    max_processes_per_gpu: int = 64
+    stale_after: float | None = None  # None -> 3 x interval
+    log_level: str = "info"
+    log_format: str = "auto"
+    config_file: str | None = None
+
+    @property
+    def stale_after_seconds(self) -> float:
+        return self.stale_after if self.stale_after is not None else 3 * self.interval
+
+    def collector_enabled(self, name: str) -> bool | None:
+        """True (forced on), False (off) or None (auto)."""
+        return self.collectors.get(name, COLLECTORS.get(name))
+
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(key: str, value: object) -> float:
+    """``500ms``, ``1s``, ``1m30s``, ``2h`` (Prometheus style) or a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(key, f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            pos, seconds = 0, 0.0
+            for m in _DURATION_RE.finditer(text):
+                if m.start() != pos:
+                    break
+                seconds += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+                pos = m.end()
+            if pos != len(text) or not text:
+                raise ConfigError(
+                    key, f"not a duration: {text!r} (use e.g. 500ms, 1s, 1m30s)"
+                ) from None
+    if not seconds > 0:
+        raise ConfigError(key, f"must be greater than zero, got {value!r}")
+    return seconds
+
+
+def parse_listen_address(key: str, value: str) -> str:
+    """``host:port``, ``:port``, ``[v6]:port`` or ``unix:/path``."""
+    text = value.strip()
+    if text.startswith("unix:"):
+        if len(text) <= len("unix:"):
+            raise ConfigError(key, "unix socket address needs a path: unix:/run/gpu-exporter.sock")
+        return text
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ConfigError(key, f"not host:port: {value!r}")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ConfigError(key, f"bad IPv6 address: {value!r}")
+    elif ":" in host:
+        raise ConfigError(key, f"IPv6 hosts need brackets, e.g. [::1]:9445: {value!r}")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(key, f"bad port in {value!r}")
+    return text
+
+
+def split_listen_address(address: str) -> tuple[str, int]:
+    """A validated ``host:port`` -> (host, port); an empty host listens on all addresses."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def parse_positive_int(key: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(key, f"not a positive integer: {value!r}")
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ConfigError(key, f"not a positive integer: {value!r}") from None
+    if number < 1:
+        raise ConfigError(key, f"must be at least 1, got {number}")
+    return number
+
+
+def parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
+    text = str(value).strip().lower()
+    if text not in choices:
+        raise ConfigError(key, f"must be one of {', '.join(choices)}; got {value!r}")
+    return text
+
+
+def parse_bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(key, f"not a boolean: {value!r} (use true or false)")
+
+
+def parse_path(key: str, value: object) -> str:
+    text = str(value).strip()
+    if not text:
+        raise ConfigError(key, "must not be empty")
+    return text
+
+
+def parse_telemetry_path(key: str, value: object) -> str:
+    text = str(value).strip()
+    if not text.startswith("/") or text in ("/", "/-/healthy", "/-/ready", "/snapshot"):
+        raise ConfigError(key, f"must be a path starting with / and not a built-in one: {value!r}")
+    return text

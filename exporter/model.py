@@ -1,0 +1,143 @@
+"""What a backend reports: frozen dataclasses with the unit in every field name.
+
+Backends build these and never touch prometheus-client; the renderer turns them
+into metric families and never touches a vendor library. ``None`` (or a key that
+is absent from a mapping) means "this source does not expose it" and produces
+no series: never 0, never NaN.
+
+Mapping fields are keyed by the label value METRICS.md names for that family
+(``temperatures_celsius["junction"]``, ``clocks_hertz["sm"]``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+EMPTY: Mapping[Any, Any] = MappingProxyType({})
+
+VENDORS = ("nvidia", "amd", "intel", "apple")
+
+
+def normalize_pci_bus_id(bus_id: str) -> str:
+    """``00000000:3B:00.0`` (NVML) or ``0000:3b:00.0`` (sysfs) -> ``0000:3b:00.0``."""
+    bus_id = bus_id.strip().lower()
+    domain, sep, rest = bus_id.partition(":")
+    if not sep or not rest:
+        return bus_id
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return bus_id
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Static identity of one GPU, known at discovery and refreshed on rediscovery."""
+
+    vendor: str  # one of VENDORS
+    pci_bus_id: str  # normalised "0000:03:00.0"; the key that joins backends
+    uuid: str  # NVML UUID, AMD unique_id, else "pci-<pci_bus_id>"
+    name: str = ""
+    driver: str = ""  # kernel driver: nvidia, amdgpu, i915, xe
+    driver_version: str = ""
+    vbios_version: str = ""
+    compute_capability: str = ""
+    architecture: str = ""
+    serial: str = ""
+    device_node: str = ""  # "nvidia0", "card1": the dcgm-exporter `device` label
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process's use of one GPU."""
+
+    pid: int
+    process: str  # the kernel's comm, already decoded safely
+    memory_used_bytes: float | None = None  # device-local
+    shared_memory_used_bytes: float | None = None  # GTT / system memory charged to it
+    utilization_ratio: Mapping[str, float] = EMPTY  # engine ("sm", "gfx", "render", ...) -> 0..1
+    engine_busy_seconds: Mapping[str, float] = EMPTY  # engine -> counter, seconds
+    host_memory_bytes: float | None = None  # RSS
+    container: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """One backend's view of one GPU at one moment.
+
+    ``source`` labels every value of this sample unless ``field_sources`` names
+    another source for a field (e.g. ``{"profiling": "nvml_gpm"}`` or
+    ``{"power_watts": "sysfs_energy_delta"}``).
+
+    ``primary`` is False for augmenting backends (fdinfo): their values join the
+    GPU that a primary backend reported with the same ``pci_bus_id``, and they
+    never emit ``gpu_info`` / ``gpu_up`` themselves.
+    """
+
+    info: DeviceInfo
+    source: str
+    up: bool = True
+    primary: bool = True
+    field_sources: Mapping[str, str] = EMPTY
+
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    memory_total_bytes: float | None = None
+    memory_used_bytes: float | None = None
+    memory_free_bytes: float | None = None
+    memory_reserved_bytes: float | None = None
+    shared_memory_total_bytes: float | None = None
+    shared_memory_used_bytes: float | None = None
+    temperatures_celsius: Mapping[str, float] = EMPTY  # sensor -> °C
+    temperature_thresholds_celsius: Mapping[str, float] = EMPTY  # threshold -> °C
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None  # counter since driver load
+    fan_speed_ratio: Mapping[str, float] = EMPTY  # fan -> 0..1
+    clocks_hertz: Mapping[str, float] = EMPTY  # clock -> Hz
+    clocks_max_hertz: Mapping[str, float] = EMPTY
+    performance_state: int | None = None
+    throttle_reasons: Mapping[str, bool] = EMPTY  # reason -> active
+    pcie_link_generation: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_max_generation: int | None = None
+    pcie_link_max_width: int | None = None
+    pcie_throughput_bytes_per_second: Mapping[str, float] = EMPTY  # "tx" / "rx"
+    pcie_replay_errors: int | None = None  # counter
+    engine_utilization_ratio: Mapping[str, float] = EMPTY  # engine -> 0..1
+    engine_busy_seconds: Mapping[str, float] = EMPTY  # engine -> counter, seconds
+    ecc_errors: Mapping[str, int] = EMPTY  # "corrected" / "uncorrected" -> counter
+    remapped_rows: Mapping[str, int] = EMPTY  # severity -> rows
+    remap_failed: bool | None = None
+    xid_errors: Mapping[int, int] = EMPTY  # XID code -> counter
+    profiling_ratio: Mapping[str, float] = EMPTY  # "sm_active", "tensor_active", ... -> 0..1
+    nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = EMPTY  # (link, dir)
+    processes: tuple[ProcessSample, ...] = ()
+
+    def source_of(self, field_name: str) -> str:
+        return self.field_sources.get(field_name, self.source)
+
+    def with_processes(self, processes: tuple[ProcessSample, ...]) -> DeviceSample:
+        return replace(self, processes=processes)
+
+
+def pci_uuid(pci_bus_id: str) -> str:
+    """The fallback identity METRICS.md names for a GPU without a stable id."""
+    return f"pci-{pci_bus_id}"
+
+
+@dataclass(frozen=True)
+class BackendSample:
+    """Everything one backend produced in one collection cycle."""
+
+    backend: str
+    timestamp: float  # wall clock, seconds since the epoch, at the end of the cycle
+    duration_seconds: float
+    devices: tuple[DeviceSample, ...] = ()
+    # reason -> how many values/processes this cycle dropped (per-cycle, not cumulative)
+    errors: Mapping[str, int] = field(default_factory=dict)
