@@ -21,6 +21,11 @@ EMPTY: Mapping[Any, Any] = MappingProxyType({})
 VENDORS = ("nvidia", "amd", "intel", "apple")
 
 
+def _empty() -> Any:
+    """A default for Mapping fields: one shared read-only empty mapping."""
+    return field(default_factory=lambda: EMPTY)
+
+
 def normalize_pci_bus_id(bus_id: str) -> str:
     """``00000000:3B:00.0`` (NVML) or ``0000:3b:00.0`` (sysfs) -> ``0000:3b:00.0``."""
     bus_id = bus_id.strip().lower()
@@ -58,8 +63,8 @@ class ProcessSample:
     process: str  # the kernel's comm, already decoded safely
     memory_used_bytes: float | None = None  # device-local
     shared_memory_used_bytes: float | None = None  # GTT / system memory charged to it
-    utilization_ratio: Mapping[str, float] = EMPTY  # engine ("sm", "gfx", "render", ...) -> 0..1
-    engine_busy_seconds: Mapping[str, float] = EMPTY  # engine -> counter, seconds
+    utilization_ratio: Mapping[str, float] = _empty()  # engine ("sm", "gfx", "render", ...) -> 0..1
+    engine_busy_seconds: Mapping[str, float] = _empty()  # engine -> counter, seconds
     host_memory_bytes: float | None = None  # RSS
     container: str | None = None
     pod: str | None = None
@@ -83,7 +88,7 @@ class DeviceSample:
     source: str
     up: bool = True
     primary: bool = True
-    field_sources: Mapping[str, str] = EMPTY
+    field_sources: Mapping[str, str] = _empty()
 
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
@@ -93,30 +98,30 @@ class DeviceSample:
     memory_reserved_bytes: float | None = None
     shared_memory_total_bytes: float | None = None
     shared_memory_used_bytes: float | None = None
-    temperatures_celsius: Mapping[str, float] = EMPTY  # sensor -> °C
-    temperature_thresholds_celsius: Mapping[str, float] = EMPTY  # threshold -> °C
+    temperatures_celsius: Mapping[str, float] = _empty()  # sensor -> °C
+    temperature_thresholds_celsius: Mapping[str, float] = _empty()  # threshold -> °C
     power_watts: float | None = None
     power_limit_watts: float | None = None
     energy_joules: float | None = None  # counter since driver load
-    fan_speed_ratio: Mapping[str, float] = EMPTY  # fan -> 0..1
-    clocks_hertz: Mapping[str, float] = EMPTY  # clock -> Hz
-    clocks_max_hertz: Mapping[str, float] = EMPTY
+    fan_speed_ratio: Mapping[str, float] = _empty()  # fan -> 0..1
+    clocks_hertz: Mapping[str, float] = _empty()  # clock -> Hz
+    clocks_max_hertz: Mapping[str, float] = _empty()
     performance_state: int | None = None
-    throttle_reasons: Mapping[str, bool] = EMPTY  # reason -> active
+    throttle_reasons: Mapping[str, bool] = _empty()  # reason -> active
     pcie_link_generation: int | None = None
     pcie_link_width: int | None = None
     pcie_link_max_generation: int | None = None
     pcie_link_max_width: int | None = None
-    pcie_throughput_bytes_per_second: Mapping[str, float] = EMPTY  # "tx" / "rx"
+    pcie_throughput_bytes_per_second: Mapping[str, float] = _empty()  # "tx" / "rx"
     pcie_replay_errors: int | None = None  # counter
-    engine_utilization_ratio: Mapping[str, float] = EMPTY  # engine -> 0..1
-    engine_busy_seconds: Mapping[str, float] = EMPTY  # engine -> counter, seconds
-    ecc_errors: Mapping[str, int] = EMPTY  # "corrected" / "uncorrected" -> counter
-    remapped_rows: Mapping[str, int] = EMPTY  # severity -> rows
+    engine_utilization_ratio: Mapping[str, float] = _empty()  # engine -> 0..1
+    engine_busy_seconds: Mapping[str, float] = _empty()  # engine -> counter, seconds
+    ecc_errors: Mapping[str, int] = _empty()  # "corrected" / "uncorrected" -> counter
+    remapped_rows: Mapping[str, int] = _empty()  # severity -> rows
     remap_failed: bool | None = None
-    xid_errors: Mapping[int, int] = EMPTY  # XID code -> counter
-    profiling_ratio: Mapping[str, float] = EMPTY  # "sm_active", "tensor_active", ... -> 0..1
-    nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = EMPTY  # (link, dir)
+    xid_errors: Mapping[int, int] = _empty()  # XID code -> counter
+    profiling_ratio: Mapping[str, float] = _empty()  # "sm_active", "tensor_active", ... -> 0..1
+    nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _empty()  # (link, dir)
     processes: tuple[ProcessSample, ...] = ()
 
     def source_of(self, field_name: str) -> str:

@@ -1,0 +1,232 @@
+"""One NVIDIA GPU read through NVML: static facts, fast-tier and slow-tier values.
+
+Each ``read_*`` method returns a dict of DeviceSample keyword arguments in base
+units (mW -> W, mJ -> J, MHz -> Hz, KB/s -> B/s, percent -> ratio). A value the
+card does not expose is left out, so it produces no series. The tier of every
+call is justified by the timings in ``bench/nvml_calls.py`` (see nvidia.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from exporter.backends.nvml_calls import Caller, ratio, text, u32, u64
+from exporter.model import DeviceInfo, normalize_pci_bus_id
+
+ARCHITECTURES = {
+    "NVML_DEVICE_ARCH_KEPLER": "kepler",
+    "NVML_DEVICE_ARCH_MAXWELL": "maxwell",
+    "NVML_DEVICE_ARCH_PASCAL": "pascal",
+    "NVML_DEVICE_ARCH_VOLTA": "volta",
+    "NVML_DEVICE_ARCH_TURING": "turing",
+    "NVML_DEVICE_ARCH_AMPERE": "ampere",
+    "NVML_DEVICE_ARCH_ADA": "ada",
+    "NVML_DEVICE_ARCH_HOPPER": "hopper",
+    "NVML_DEVICE_ARCH_BLACKWELL": "blackwell",
+    "NVML_DEVICE_ARCH_RUBIN": "rubin",
+}
+CLOCKS = {"graphics": "NVML_CLOCK_GRAPHICS", "sm": "NVML_CLOCK_SM",
+          "memory": "NVML_CLOCK_MEM", "video": "NVML_CLOCK_VIDEO"}
+THRESHOLDS = {
+    "shutdown": "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",
+    "slowdown": "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
+    "max_operating": "NVML_TEMPERATURE_THRESHOLD_GPU_MAX",
+    "memory_max_operating": "NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
+}
+# clocks_event_reasons bits (nvml.h nvmlClocksEventReason*; older name: ThrottleReason)
+THROTTLE_BITS = {
+    "idle": 0x1, "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sync_boost": 0x10,
+    "sw_thermal": 0x20, "hw_thermal": 0x40, "hw_power_brake": 0x80, "display_clocks": 0x100,
+}
+ENGINES = {
+    "encoder": "nvmlDeviceGetEncoderUtilization",
+    "decoder": "nvmlDeviceGetDecoderUtilization",
+    "jpeg": "nvmlDeviceGetJpgUtilization",
+    "ofa": "nvmlDeviceGetOfaUtilization",
+}
+PSTATE_UNKNOWN = 32
+# NVML's "KB" in PCIe throughput is 1024 bytes (nvidia-smi prints it as KB/s).
+KIB = 1024
+
+
+def read_info(nvml: Any, handle: Any, driver_version: str) -> DeviceInfo:
+    """Identity of one GPU. Raises NVMLError if even the UUID or PCI id cannot be read."""
+    pci = nvml.nvmlDeviceGetPciInfo(handle)
+    uuid = text(nvml.nvmlDeviceGetUUID(handle))
+
+    def opt(fn: str) -> Any:
+        try:
+            return getattr(nvml, fn)(handle)
+        except (nvml.NVMLError, AttributeError):
+            return None
+
+    cc = opt("nvmlDeviceGetCudaComputeCapability")
+    arch = opt("nvmlDeviceGetArchitecture")
+    arch_names = {getattr(nvml, k): v for k, v in ARCHITECTURES.items() if hasattr(nvml, k)}
+    minor = opt("nvmlDeviceGetMinorNumber")
+    name, serial, vbios = (opt(f) for f in (
+        "nvmlDeviceGetName", "nvmlDeviceGetSerial", "nvmlDeviceGetVbiosVersion"))
+    return DeviceInfo(
+        vendor="nvidia",
+        pci_bus_id=normalize_pci_bus_id(text(pci.busId)),
+        uuid=uuid,
+        name=text(name) if name is not None else "",
+        driver="nvidia",
+        driver_version=driver_version,
+        vbios_version=text(vbios) if vbios is not None else "",
+        compute_capability=f"{cc[0]}.{cc[1]}" if cc else "",
+        architecture=arch_names.get(arch, "") if arch is not None else "",
+        serial=text(serial) if serial is not None else "",
+        device_node=f"nvidia{minor}" if u32(minor) is not None else "",
+    )
+
+
+class NvmlDevice:
+    """Reads one GPU. ``read_static`` once at open; ``read_fast`` / ``read_slow`` per tier."""
+
+    def __init__(self, nvml: Any, handle: Any, index: int, info: DeviceInfo) -> None:
+        self.nvml = nvml
+        self.handle = handle
+        self.index = index
+        self.info = info
+        self.call = Caller(nvml, handle, index)
+        self.static: dict[str, Any] = {}
+        self.fans = 0
+
+    def c(self, name: str) -> Any:
+        return getattr(self.nvml, name)
+
+    def read_static(self, errors: Counter[str]) -> None:
+        """Limits that do not change while the driver is loaded: thresholds, max clocks/link."""
+        g = self.call.get
+        thresholds = {}
+        for key, const in THRESHOLDS.items():
+            if hasattr(self.nvml, const):
+                v = u32(g(errors, "nvmlDeviceGetTemperatureThreshold", self.c(const)))
+                if v:  # 0 means "no such threshold" on cards that answer instead of failing
+                    thresholds[key] = float(v)
+        max_clocks = {}
+        for key, const in CLOCKS.items():
+            v = u32(g(errors, "nvmlDeviceGetMaxClockInfo", self.c(const)))
+            if v:
+                max_clocks[key] = v * 1e6
+        self.static = {
+            "temperature_thresholds_celsius": thresholds,
+            "clocks_max_hertz": max_clocks,
+            "pcie_link_max_generation": u32(g(errors, "nvmlDeviceGetMaxPcieLinkGeneration")),
+            "pcie_link_max_width": u32(g(errors, "nvmlDeviceGetMaxPcieLinkWidth")),
+        }
+        self.fans = u32(g(errors, "nvmlDeviceGetNumFans")) or 0
+
+    def read_fast(self, errors: Counter[str]) -> dict[str, Any]:
+        """Cheap getters (1-30 us each, see nvidia.py TIERS), every --collector.interval."""
+        g = self.call.get
+        if not self.static:  # lost at open, or lost and back: limits not read yet
+            self.read_static(errors)
+        out: dict[str, Any] = dict(self.static)
+        util = g(errors, "nvmlDeviceGetUtilizationRates")
+        if util is not None:
+            out["utilization_ratio"] = ratio(u32(util.gpu))
+            out["memory_utilization_ratio"] = ratio(u32(util.memory))
+        out.update(self._memory(errors))
+        temp = u32(g(errors, "nvmlDeviceGetTemperature", self.c("NVML_TEMPERATURE_GPU")))
+        out["temperatures_celsius"] = {} if temp is None else {"gpu": float(temp)}
+        power = u32(g(errors, "nvmlDeviceGetPowerUsage"))
+        out["power_watts"] = None if power is None else power / 1000.0
+        limit = u32(g(errors, "nvmlDeviceGetEnforcedPowerLimit"))
+        out["power_limit_watts"] = None if not limit else limit / 1000.0
+        fans = {}
+        for fan in range(self.fans):
+            r = ratio(u32(g(errors, "nvmlDeviceGetFanSpeed_v2", fan)))
+            if r is not None:
+                fans[str(fan)] = r
+        out["fan_speed_ratio"] = fans
+        clocks = {}
+        for key, const in CLOCKS.items():
+            mhz = u32(g(errors, "nvmlDeviceGetClockInfo", self.c(const)))
+            if mhz is not None:
+                clocks[key] = mhz * 1e6
+        out["clocks_hertz"] = clocks
+        pstate = u32(g(errors, "nvmlDeviceGetPerformanceState"))
+        out["performance_state"] = None if pstate is None or pstate >= PSTATE_UNKNOWN else pstate
+        out["throttle_reasons"] = self._throttle(errors)
+        out["pcie_link_generation"] = u32(g(errors, "nvmlDeviceGetCurrPcieLinkGeneration"))
+        out["pcie_link_width"] = u32(g(errors, "nvmlDeviceGetCurrPcieLinkWidth"))
+        mem_temp = self._memory_temperature(errors)
+        if mem_temp is not None:
+            out["temperatures_celsius"]["memory"] = mem_temp
+        engines = {}
+        for key, fn in ENGINES.items():
+            r = g(errors, fn)
+            if r is not None and ratio(u32(r[0])) is not None:
+                engines[key] = ratio(u32(r[0]))
+        out["engine_utilization_ratio"] = engines
+        ecc = {}
+        for key, const in (("corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
+                           ("uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED")):
+            v = u64(g(errors, "nvmlDeviceGetTotalEccErrors", self.c(const),
+                      self.c("NVML_VOLATILE_ECC")))
+            if v is not None:
+                ecc[key] = v
+        out["ecc_errors"] = ecc
+        rows = g(errors, "nvmlDeviceGetRemappedRows")
+        if rows is not None:
+            corr, unc, _pending, failure = (u32(x) for x in rows)
+            out["remapped_rows"] = {k: v for k, v in (("correctable", corr),
+                                                       ("uncorrectable", unc)) if v is not None}
+            out["remap_failed"] = None if failure is None else bool(failure)
+        return out
+
+    def _memory(self, errors: Counter[str]) -> dict[str, Any]:
+        # v2 splits off the driver-reserved memory; its `used` is what nvidia-smi shows.
+        v2 = getattr(self.nvml, "nvmlMemory_v2", None)
+        mem = None if v2 is None else self.call.get(errors, "nvmlDeviceGetMemoryInfo", version=v2)
+        if mem is not None:
+            return {"memory_total_bytes": u64(mem.total), "memory_used_bytes": u64(mem.used),
+                    "memory_free_bytes": u64(mem.free),
+                    "memory_reserved_bytes": u64(mem.reserved)}
+        mem = self.call.get(errors, "nvmlDeviceGetMemoryInfo")
+        if mem is None:
+            return {}
+        return {"memory_total_bytes": u64(mem.total), "memory_used_bytes": u64(mem.used),
+                "memory_free_bytes": u64(mem.free)}
+
+    def _throttle(self, errors: Counter[str]) -> dict[str, bool]:
+        mask = u64(self.call.get(errors, "nvmlDeviceGetCurrentClocksEventReasons"))
+        if mask is None and ("nvmlDeviceGetCurrentClocksEventReasons", ()) in self.call.unsupported:
+            mask = u64(self.call.get(errors, "nvmlDeviceGetCurrentClocksThrottleReasons"))
+        if mask is None:
+            return {}
+        return {reason: bool(mask & bit) for reason, bit in THROTTLE_BITS.items()}
+
+    def read_slow(self, errors: Counter[str]) -> dict[str, Any]:
+        """Expensive getters (milliseconds each), every --collector.slow-interval."""
+        g = self.call.get
+        out: dict[str, Any] = {}
+        energy = u64(g(errors, "nvmlDeviceGetTotalEnergyConsumption"))
+        out["energy_joules"] = None if energy is None else energy / 1000.0
+        out["pcie_replay_errors"] = u32(g(errors, "nvmlDeviceGetPcieReplayCounter"))
+        pcie = {}
+        for key, const in (("tx", "NVML_PCIE_UTIL_TX_BYTES"), ("rx", "NVML_PCIE_UTIL_RX_BYTES")):
+            kb = u32(g(errors, "nvmlDeviceGetPcieThroughput", self.c(const)))
+            if kb is not None:
+                pcie[key] = float(kb * KIB)
+        out["pcie_throughput_bytes_per_second"] = pcie
+        return out
+
+    def _memory_temperature(self, errors: Counter[str]) -> float | None:
+        # HBM temperature has no getter of its own, only a field value (NVML_FI_DEV_MEMORY_TEMP).
+        fid = getattr(self.nvml, "NVML_FI_DEV_MEMORY_TEMP", None)
+        if fid is None:
+            return None
+        values = self.call.get(errors, "nvmlDeviceGetFieldValues", (fid,))
+        if not values:
+            return None
+        fv = values[0]
+        if fv.nvmlReturn != self.nvml.NVML_SUCCESS:
+            if fv.nvmlReturn in self.call._skip:
+                self.call.unsupported.add(("nvmlDeviceGetFieldValues", ((fid,),)))
+            return None
+        t = u32(fv.value.uiVal)
+        return None if not t else float(t)

@@ -1,0 +1,111 @@
+"""The processes on one NVIDIA GPU: NVML's compute and graphics lists plus /proc details.
+
+Memory per process comes from NVML (fast tier: the list getters cost microseconds);
+SM utilisation per process from ``nvmlDeviceGetProcessUtilization`` (slow tier:
+milliseconds). The process name is the kernel's ``comm`` and the host memory is
+``VmRSS``, both read through ``ProcFS`` so a container sees the host's /proc.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+from exporter.backends.nvml_calls import Caller, ratio, text, u32, u64
+from exporter.fs import ProcFS
+from exporter.model import ProcessSample
+
+PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
+
+
+def parse_vm_rss(status: str) -> float | None:
+    """``VmRSS:\\t  123456 kB`` from /proc/<pid>/status -> bytes; None for kernel threads."""
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                unit = parts[2].lower() if len(parts) > 2 else "kb"
+                return float(int(parts[1]) * (1024 if unit == "kb" else 1))
+            return None
+    return None
+
+
+class ProcessReader:
+    """Per-GPU process list with a name cache (comm does not change under a live pid)."""
+
+    def __init__(self, nvml: Any, call: Caller, proc: ProcFS) -> None:
+        self.nvml = nvml
+        self.call = call
+        self.proc = proc
+        self._names: dict[int, str] = {}
+        self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
+        self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
+
+    def read(self, errors: Counter[str]) -> tuple[ProcessSample, ...]:
+        """Union of compute and graphics processes; a pid in both is reported once."""
+        memory: dict[int, int | None] = {}
+        for fn in PROCESS_LISTS:
+            for p in self.call.get(errors, fn) or ():
+                pid = u32(p.pid)
+                if pid is None:
+                    continue
+                used = u64(p.usedGpuMemory)  # pynvml gives None for NVML_VALUE_NOT_AVAILABLE
+                if pid in memory and memory[pid] is not None:
+                    used = max(used or 0, memory[pid] or 0)  # same pid, both contexts
+                memory[pid] = used
+        self._names = {pid: n for pid, n in self._names.items() if pid in memory}
+        out = []
+        for pid, used in memory.items():
+            util = self._sm_util.get(pid)
+            out.append(ProcessSample(
+                pid=pid,
+                process=self._name(pid),
+                memory_used_bytes=None if used is None else float(used),
+                utilization_ratio={} if util is None else {"sm": util},
+                host_memory_bytes=self._rss(pid),
+            ))
+        out.sort(key=lambda s: (-(s.memory_used_bytes or 0.0), s.pid))
+        return tuple(out)
+
+    def read_utilization(self, errors: Counter[str]) -> None:
+        """Per-process SM utilisation since the last slow cycle (slow tier)."""
+        not_found = getattr(self.nvml, "NVML_ERROR_NOT_FOUND", 6)
+        key = ("nvmlDeviceGetProcessUtilization", ())
+        if key in self.call.unsupported:
+            return
+        try:
+            samples = self.nvml.nvmlDeviceGetProcessUtilization(self.call.handle,
+                                                                self._last_util_ts)
+        except self.nvml.NVMLError as e:
+            if getattr(e, "value", None) == not_found:  # no process ran a kernel since then
+                self._sm_util = {}
+                return
+            self.call.failed(errors, key, e)
+            return
+        latest: dict[int, tuple[int, float]] = {}
+        for s in samples:
+            pid, ts, sm = u32(s.pid), u64(s.timeStamp), ratio(u32(s.smUtil))
+            if pid is None or ts is None or sm is None:
+                continue
+            if pid not in latest or ts >= latest[pid][0]:
+                latest[pid] = (ts, sm)
+            self._last_util_ts = max(self._last_util_ts, ts)
+        self._sm_util = {pid: sm for pid, (_ts, sm) in latest.items()}
+
+    def _name(self, pid: int) -> str:
+        name = self._names.get(pid)
+        if name is None:
+            name = self.proc.read_text(str(pid), "comm")
+            if name is None:
+                # Not in our /proc (another pid namespace): ask the driver, keep the basename.
+                try:
+                    name = os.path.basename(text(self.nvml.nvmlSystemGetProcessName(pid)))
+                except (self.nvml.NVMLError, AttributeError):
+                    name = ""
+            self._names[pid] = name
+        return name
+
+    def _rss(self, pid: int) -> float | None:
+        status = self.proc.read_text(str(pid), "status")
+        return None if status is None else parse_vm_rss(status)

@@ -1,0 +1,242 @@
+"""Command line: flags, ``GPU_EXPORTER_*`` environment, ``--config.file`` YAML.
+
+Precedence is flag > environment > file > default. Every key has one name
+(``collector.interval``); the flag is ``--collector.interval``, the variable
+``GPU_EXPORTER_COLLECTOR_INTERVAL`` and the file key ``collector.interval`` (or
+nested: ``collector: {interval: 1s}``). Bad input exits 2 with one line naming
+the key and where it came from; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from exporter import __version__
+from exporter.config import (
+    COLLECTORS,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    Config,
+    ConfigError,
+    parse_bool,
+    parse_choice,
+    parse_duration,
+    parse_listen_address,
+    parse_path,
+    parse_positive_int,
+    parse_telemetry_path,
+)
+
+USAGE_EPILOG = """commands:
+  (none)      run the exporter daemon
+  snapshot    run one collection and print it as JSON, with each backend's state and the
+              reason a backend is off: the first thing to run when a metric is missing
+
+Every flag can also be set with GPU_EXPORTER_<NAME> (dots and dashes become underscores,
+e.g. GPU_EXPORTER_WEB_LISTEN_ADDRESS=:9445) or in --config.file (YAML, same keys).
+Precedence: flag > environment > file > default."""
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    field: str
+    parse: Callable[[str, Any], Any]
+    help: str
+    metavar: str = ""
+    repeated: bool = False
+
+
+def _addresses(key: str, value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    addresses = tuple(parse_listen_address(key, str(v)) for v in items if str(v).strip())
+    if not addresses:
+        raise ConfigError(key, "needs at least one address")
+    return addresses
+
+
+def _optional_path(key: str, value: Any) -> str:
+    return parse_path(key, value)
+
+
+OPTIONS = (
+    Option("web.listen-address", "listen_addresses", _addresses,
+           "address to listen on, host:port or unix:/path; repeatable (default :9445)",
+           "ADDR", repeated=True),
+    Option("web.telemetry-path", "telemetry_path", parse_telemetry_path,
+           "path of the metrics endpoint (default /metrics)", "PATH"),
+    Option("web.config.file", "web_config_file", _optional_path,
+           "exporter-toolkit web config: TLS and basic auth (default none)", "FILE"),
+    Option("path.sysfs", "sysfs", parse_path, "sysfs mount point (default /sys)", "DIR"),
+    Option("path.procfs", "procfs", parse_path, "procfs mount point (default /proc)", "DIR"),
+    Option("collector.interval", "interval", parse_duration,
+           "fast tier: seconds between samples (default 1s)", "DURATION"),
+    Option("collector.slow-interval", "slow_interval", parse_duration,
+           "slow tier for expensive calls (default 10s)", "DURATION"),
+    Option("collector.processes.interval", "processes_interval", parse_duration,
+           "per-process /proc scan interval (default 5s)", "DURATION"),
+    Option("collector.processes.budget", "processes_budget", parse_duration,
+           "time one /proc scan may take before it stops early (default 500ms)", "DURATION"),
+    Option("max-processes-per-gpu", "max_processes_per_gpu", parse_positive_int,
+           "cap on per-process series per GPU, largest memory first (default 64)", "N"),
+    Option("stale-after", "stale_after", parse_duration,
+           "withdraw a backend's series after this long without a completed collection "
+           "(default 3 x collector.interval)", "DURATION"),
+    Option("log.level", "log_level", lambda k, v: parse_choice(k, v, LOG_LEVELS),
+           "debug, info, warning or error (default info)", "LEVEL"),
+    Option("log.format", "log_format", lambda k, v: parse_choice(k, v, LOG_FORMATS),
+           "json, console or auto: console on a terminal (default auto)", "FORMAT"),
+)
+COLLECTOR_HELP = {
+    "nvidia": "NVIDIA GPUs through NVML",
+    "amd": "AMD GPUs through amdgpu sysfs and hwmon",
+    "intel": "Intel GPUs through i915/xe sysfs and hwmon",
+    "processes": "per-process GPU use from /proc/<pid>/fdinfo",
+    "gpm": "NVIDIA GPM profiling metrics (Hopper and later)",
+}
+KEYS = {o.key: o for o in OPTIONS}
+COLLECTOR_KEYS = {f"collector.{name}": name for name in COLLECTORS}
+
+
+def env_name(key: str) -> str:
+    return "GPU_EXPORTER_" + re.sub(r"[.\-]", "_", key).upper()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpu-exporter", usage="gpu-exporter [snapshot] [flags]",
+        description="Prometheus exporter for NVIDIA, AMD and Intel GPUs, per GPU and per "
+        "process.", epilog=USAGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS)
+    p.add_argument("--version", action="version",
+                   version=f"gpu-exporter {__version__} (python {platform.python_version()})")
+    p.add_argument("--config.file", dest="config.file", metavar="FILE",
+                   help="YAML file with the same keys as the flags")
+    for o in OPTIONS:
+        p.add_argument(f"--{o.key}", dest=o.key, metavar=o.metavar, help=o.help,
+                       action="append" if o.repeated else "store")
+    for key, name in COLLECTOR_KEYS.items():
+        group = p.add_mutually_exclusive_group()
+        group.add_argument(f"--{key}", dest=key, action="store_const", const=True,
+                           help=f"enable {COLLECTOR_HELP[name]} (default: auto)")
+        group.add_argument(f"--no-{key}", dest=key, action="store_const", const=False,
+                           help=argparse.SUPPRESS)
+    return p
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key not in KEYS and key not in COLLECTOR_KEYS:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def read_config_file(path: str, origin: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ConfigError(origin, f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(origin, f"{path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(origin, f"{path} must be a YAML mapping of flag names to values")
+    flat = _flatten(data)
+    for key in flat:
+        if key not in KEYS and key not in COLLECTOR_KEYS:
+            raise ConfigError(f"{path}: {key}", "unknown key")
+    return flat
+
+
+def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
+    args = vars(build_parser().parse_args(list(argv)))
+    config_file = args.get("config.file") or environ.get(env_name("config.file"))
+    from_file = read_config_file(config_file, "config.file") if config_file else {}
+
+    values: dict[str, Any] = {"config_file": config_file}
+    collectors = dict(COLLECTORS)
+    for key in [*KEYS, *COLLECTOR_KEYS]:
+        if key in args:
+            origin, raw = f"--{key}", args[key]
+        elif env_name(key) in environ:
+            origin, raw = env_name(key), environ[env_name(key)]
+        elif key in from_file:
+            origin, raw = f"{config_file}: {key}", from_file[key]
+        else:
+            continue
+        if key in COLLECTOR_KEYS:
+            collectors[COLLECTOR_KEYS[key]] = parse_bool(origin, raw)
+        else:
+            values[KEYS[key].field] = KEYS[key].parse(origin, raw)
+    values["collectors"] = collectors
+    config = Config(**values)
+    if config.web_config_file is not None:
+        from exporter.webconfig import load_web_config
+
+        load_web_config(config.web_config_file)  # validate now: fail before binding
+    return config
+
+
+def _fail(message: str) -> int:
+    print(f"gpu-exporter: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    environ = os.environ if environ is None else environ
+    command = "run"
+    if argv and argv[0] == "snapshot":
+        command, argv = "snapshot", argv[1:]
+    try:
+        config = load_config(argv, environ)
+    except ConfigError as e:
+        return _fail(str(e))
+
+    from exporter import logs
+    from exporter.backends import build_backends
+    from exporter.collector import Hub
+
+    logs.configure(config.log_level, config.log_format)
+    hub = Hub(config, build_backends(config))
+    if command == "snapshot":
+        from exporter.snapshot import snapshot_json
+
+        snapshot = hub.collect_once()
+        hub.stop(timeout=0)
+        sys.stdout.buffer.write(snapshot_json(snapshot, indent=2) + b"\n")
+        return 0
+    return run_daemon(config, hub)
+
+
+def run_daemon(config: Config, hub: Any) -> int:
+    from exporter.render import Renderer
+    from exporter.server import bind_sockets, build_app, serve
+    from exporter.webconfig import load_web_config
+
+    web = load_web_config(config.web_config_file) if config.web_config_file else None
+    try:
+        sockets = bind_sockets(config.listen_addresses)
+    except OSError as e:
+        print(f"gpu-exporter: cannot listen: {e.strerror or e}", file=sys.stderr)
+        return 1
+    renderer = Renderer()
+    serve(config, build_app(config, hub, renderer, web), web, sockets)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Fakes with behaviour at the vendor-library boundary (``fake_nvml`` speaks pynvml)."""

@@ -1,0 +1,525 @@
+"""A fake of the ``pynvml`` surface the NVIDIA backend uses, with behaviour.
+
+``FakeNVML(gpus=[FakeGPU(...), ...])`` answers like nvidia-ml-py: it returns the real
+pynvml structs (``c_nvmlMemory_v2_t``, ``c_nvmlUtilization_t``, ``nvmlPciInfo_t``,
+``c_nvmlFieldValue_t``, ``c_nvmlProcessUtilizationSample_t``, GPM structs) and raises
+the real ``NVMLError`` subclasses (``pynvml.NVMLError(code)`` picks the subclass).
+Constants, structs and error classes are taken from the installed pynvml module;
+every NVML *function* the backend calls is implemented here, and any other one raises
+AttributeError, so the real library is never touched.
+
+Faults: ``FakeGPU.lost`` (telemetry calls raise GPU_IS_LOST; identity calls still
+answer, as for a GPU that fell off after discovery), ``FakeGPU.not_supported`` (a set of
+function names that raise NOT_SUPPORTED), ``FakeNVML.hang`` (a function that blocks
+once the fake has lived ``after_seconds``, until ``release_hang()``), ``no_gpu``
+(nvmlInit raises DRIVER_NOT_LOADED), ``FakeNVML.bad`` (every call raises UNINITIALIZED,
+like a driver unloaded under us). ``calls`` counts every function call by name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+MIB = 1 << 20
+# PCI bus ids of the eight GPUs of an HGX H100 board (NVML form).
+HGX_BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
+
+
+def _real_pynvml() -> ModuleType:
+    """The installed nvidia-ml-py, even when the ``pynvml`` shim shadows it on sys.path."""
+    shim = sys.modules.get("pynvml")
+    if shim is None or not getattr(shim, "__fake_shim__", False):
+        import pynvml
+
+        return pynvml
+    cached = sys.modules.get("_real_pynvml")
+    if cached is not None:
+        return cached
+    shim_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pynvml_shim")
+    path = [p for p in sys.path if os.path.abspath(p or ".") != shim_dir]
+    spec = importlib.machinery.PathFinder.find_spec("pynvml", path)
+    if spec is None or spec.loader is None:
+        raise ImportError("nvidia-ml-py (pynvml) must be installed for the fake's types")
+    real = importlib.util.module_from_spec(spec)
+    # pynvml looks itself up as sys.modules["pynvml"] while it loads; lend it the name.
+    sys.modules["pynvml"] = real
+    try:
+        spec.loader.exec_module(real)
+    finally:
+        sys.modules["pynvml"] = shim
+    sys.modules["_real_pynvml"] = real
+    return real
+
+
+N = _real_pynvml()
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    used_memory_bytes: int | None  # None = NVML_VALUE_NOT_AVAILABLE
+    name: str = "python3"  # what nvmlSystemGetProcessName answers
+    sm_util: int | None = None  # percent; None = no utilisation sample for it
+    graphics: bool = False  # listed by GetGraphicsRunningProcesses instead of Compute
+
+
+@dataclass
+class FakeGPU:
+    """An H100 80GB HBM3 at idle by default (values as nvidia-smi -q shows on one)."""
+
+    index: int = 0
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = ""
+    pci_bus_id: str = ""
+    serial: str = ""
+    minor: int | None = None
+    vbios_version: str = "96.00.A5.00.01"
+    compute_capability: tuple[int, int] = (9, 0)
+    architecture: int = 9  # NVML_DEVICE_ARCH_HOPPER
+    memory_total_bytes: int = 81559 * MIB
+    memory_reserved_bytes: int = 479 * MIB
+    memory_used_bytes: int | None = None  # None = sum of the processes' memory
+    utilization_gpu: int = 0
+    utilization_memory: int = 0
+    temperature_gpu: int = 41
+    temperature_memory: int | None = 48
+    thresholds: dict[str, int] = field(default_factory=lambda: {
+        "shutdown": 92, "slowdown": 89, "gpu_max": 87, "mem_max": 95})
+    power_mw: int = 69850
+    power_limit_mw: int = 700000
+    energy_mj: int = 123456789
+    energy_step_mj: int = 69850  # added after every energy read (1 s at power_mw)
+    fans: list[int] = field(default_factory=list)  # percent per fan; H100 SXM has none
+    clocks_mhz: dict[str, int] = field(default_factory=lambda: {
+        "graphics": 345, "sm": 345, "memory": 2619, "video": 765})
+    max_clocks_mhz: dict[str, int] = field(default_factory=lambda: {
+        "graphics": 1980, "sm": 1980, "memory": 2619, "video": 1545})
+    pstate: int = 0
+    clocks_event_reasons: int = 0x1  # GpuIdle
+    pcie_generation: int = 5
+    pcie_width: int = 16
+    pcie_max_generation: int = 5
+    pcie_max_width: int = 16
+    pcie_tx_kbps: int = 352
+    pcie_rx_kbps: int = 329
+    pcie_replays: int = 9
+    engines: dict[str, int] = field(default_factory=lambda: {
+        "encoder": 0, "decoder": 0, "jpeg": 0, "ofa": 0})
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
+    gpm: dict[str, float] = field(default_factory=lambda: {  # percent, by NVML_GPM_METRIC_*
+        "graphics_util": 0.0, "sm_util": 0.0, "sm_occupancy": 0.0, "any_tensor_util": 0.0,
+        "dram_bw_util": 0.0, "fp64_util": 0.0, "fp32_util": 0.0, "fp16_util": 0.0})
+    xids: list[int] = field(default_factory=list)  # XID events pending on the event set
+    processes: list[FakeProcess] = field(default_factory=list)
+    lost: bool = False
+    not_supported: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        i = self.index
+        self.uuid = self.uuid or f"GPU-{0x5f6e0000 + i:08x}-1c2d-4e3f-8a9b-{0xa1b2c3d4 + i:012x}"
+        bus = HGX_BUS_IDS[i] if i < len(HGX_BUS_IDS) else f"{0x40 + i:02X}"
+        self.pci_bus_id = self.pci_bus_id or f"00000000:{bus}:00.0"
+        self.serial = self.serial or f"16549220{i:05d}"
+        self.minor = i if self.minor is None else self.minor
+
+
+@dataclass
+class FakeHandle:
+    gpu: FakeGPU
+
+
+class _GpmSampleBuf(ctypes.Structure):
+    _fields_ = [("tag", ctypes.c_uint64)]  # gives every sample a distinct address
+
+
+class FakeNVML:
+    """Module-like object: ``fake.nvmlInit()``, ``fake.NVML_CLOCK_SM``, ``fake.NVMLError``..."""
+
+    def __init__(self, gpus: list[FakeGPU] | None = None, driver_version: str = "550.127.05",
+                 no_gpu: bool = False, hang: dict[str, Any] | None = None) -> None:
+        self.gpus = gpus if gpus is not None else [FakeGPU()]
+        self.driver_version = driver_version
+        self.no_gpu = no_gpu
+        self.hang = hang  # {"function": name, "after_seconds": s, "gpu": index (optional)}
+        self.bad = False
+        self.initialized = 0
+        self.calls: Counter[str] = Counter()
+        self.started = time.monotonic()
+        self._release = threading.Event()
+        self._event_sets: dict[int, set[int]] = {}
+        self._gpm_samples: dict[int, tuple[int, int]] = {}  # address -> (gpu index, seq)
+        self._gpm_bufs: list[Any] = []
+        self._seq = 0
+        self._clock_us = 1_700_000_000_000_000
+
+    # --- plumbing -------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(N, name)
+        if name.startswith("nvml") and callable(value) and not isinstance(value, type):
+            raise AttributeError(f"FakeNVML does not implement {name}")
+        return value
+
+    def release_hang(self) -> None:
+        self._release.set()
+
+    def _enter(self, fn: str, handle: FakeHandle | None = None, identity: bool = False) -> None:
+        self.calls[fn] += 1
+        if self.bad:
+            raise N.NVMLError(N.NVML_ERROR_UNINITIALIZED)
+        if fn not in ("nvmlInit", "nvmlShutdown") and self.initialized <= 0:
+            raise N.NVMLError(N.NVML_ERROR_UNINITIALIZED)
+        h = self.hang
+        gpu = None if handle is None else handle.gpu.index
+        on_gpu = h and (h.get("gpu") is None or gpu == h["gpu"])
+        if (h and on_gpu and h.get("function") == fn
+                and time.monotonic() - self.started >= float(h.get("after_seconds", 0))):
+            while not self._release.wait(0.05):  # blocks like a hung driver call
+                pass
+        if handle is None:
+            return
+        if handle.gpu.lost and not identity:
+            raise N.NVMLError(N.NVML_ERROR_GPU_IS_LOST)
+        if fn in handle.gpu.not_supported:
+            raise N.NVMLError(N.NVML_ERROR_NOT_SUPPORTED)
+
+    # --- library --------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit")
+        if self.no_gpu:
+            raise N.NVMLError(N.NVML_ERROR_DRIVER_NOT_LOADED)
+        self.initialized += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        if self.initialized <= 0:
+            raise N.NVMLError(N.NVML_ERROR_UNINITIALIZED)
+        self.initialized -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.driver_version
+
+    def nvmlSystemGetProcessName(self, pid: int) -> str:
+        self._enter("nvmlSystemGetProcessName")
+        for g in self.gpus:
+            for p in g.processes:
+                if p.pid == pid:
+                    return p.name
+        raise N.NVMLError(N.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise N.NVMLError(N.NVML_ERROR_INVALID_ARGUMENT)
+        return FakeHandle(self.gpus[index])
+
+    # --- identity (answer even for a lost GPU) --------------------------------
+    def nvmlDeviceGetUUID(self, h: FakeHandle) -> str:
+        self._enter("nvmlDeviceGetUUID", h, identity=True)
+        return h.gpu.uuid
+
+    def nvmlDeviceGetName(self, h: FakeHandle) -> str:
+        self._enter("nvmlDeviceGetName", h, identity=True)
+        return h.gpu.name
+
+    def nvmlDeviceGetPciInfo(self, h: FakeHandle) -> Any:
+        self._enter("nvmlDeviceGetPciInfo", h, identity=True)
+        info = N.nvmlPciInfo_t()
+        bus = h.gpu.pci_bus_id.encode()
+        info.busId = bus
+        info.busIdLegacy = bus[4:]
+        domain, b, rest = h.gpu.pci_bus_id.split(":")
+        info.domain, info.bus, info.device = int(domain, 16), int(b, 16), int(rest[:2], 16)
+        info.pciDeviceId = 0x233010DE
+        info.pciSubSystemId = 0x16C110DE
+        return info
+
+    def nvmlDeviceGetSerial(self, h: FakeHandle) -> str:
+        self._enter("nvmlDeviceGetSerial", h, identity=True)
+        return h.gpu.serial
+
+    def nvmlDeviceGetMinorNumber(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetMinorNumber", h, identity=True)
+        return int(h.gpu.minor or 0)
+
+    def nvmlDeviceGetVbiosVersion(self, h: FakeHandle) -> str:
+        self._enter("nvmlDeviceGetVbiosVersion", h, identity=True)
+        return h.gpu.vbios_version
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: FakeHandle) -> tuple[int, int]:
+        self._enter("nvmlDeviceGetCudaComputeCapability", h, identity=True)
+        return h.gpu.compute_capability
+
+    def nvmlDeviceGetArchitecture(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetArchitecture", h, identity=True)
+        return h.gpu.architecture
+
+    # --- telemetry --------------------------------------------------------------
+    def nvmlDeviceGetUtilizationRates(self, h: FakeHandle) -> Any:
+        self._enter("nvmlDeviceGetUtilizationRates", h)
+        return N.c_nvmlUtilization_t(gpu=h.gpu.utilization_gpu, memory=h.gpu.utilization_memory)
+
+    def _used(self, g: FakeGPU) -> int:
+        if g.memory_used_bytes is not None:
+            return g.memory_used_bytes
+        return sum(p.used_memory_bytes or 0 for p in g.processes)
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeHandle, version: int | None = None) -> Any:
+        self._enter("nvmlDeviceGetMemoryInfo", h)
+        g = h.gpu
+        used = self._used(g)
+        if version:
+            if "nvmlDeviceGetMemoryInfo_v2" in g.not_supported:
+                raise N.NVMLError(N.NVML_ERROR_FUNCTION_NOT_FOUND)
+            free = g.memory_total_bytes - g.memory_reserved_bytes - used
+            return N.c_nvmlMemory_v2_t(version=version, total=g.memory_total_bytes,
+                                       reserved=g.memory_reserved_bytes, free=free, used=used)
+        # v1 counts the driver's reservation as used, like old drivers did.
+        used1 = used + g.memory_reserved_bytes
+        return N.c_nvmlMemory_t(total=g.memory_total_bytes, free=g.memory_total_bytes - used1,
+                                used=used1)
+
+    def nvmlDeviceGetTemperature(self, h: FakeHandle, sensor: int) -> int:
+        self._enter("nvmlDeviceGetTemperature", h)
+        return h.gpu.temperature_gpu
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: FakeHandle, threshold: int) -> int:
+        self._enter("nvmlDeviceGetTemperatureThreshold", h)
+        names = {N.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: "shutdown",
+                 N.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: "slowdown",
+                 N.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: "gpu_max",
+                 N.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: "mem_max"}
+        value = h.gpu.thresholds.get(names.get(threshold, ""))
+        if value is None:
+            raise N.NVMLError(N.NVML_ERROR_NOT_SUPPORTED)
+        return value
+
+    def nvmlDeviceGetFieldValues(self, h: FakeHandle, field_ids: Any) -> Any:
+        self._enter("nvmlDeviceGetFieldValues", h)
+        values = (N.c_nvmlFieldValue_t * len(field_ids))()
+        for i, fid in enumerate(field_ids):
+            v = values[i]
+            v.fieldId = fid
+            v.timestamp = self._clock_us
+            if fid == N.NVML_FI_DEV_MEMORY_TEMP and h.gpu.temperature_memory is not None:
+                v.valueType = N.NVML_VALUE_TYPE_UNSIGNED_INT
+                v.value.uiVal = h.gpu.temperature_memory
+                v.nvmlReturn = N.NVML_SUCCESS
+            else:
+                v.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetPowerUsage", h)
+        return h.gpu.power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetEnforcedPowerLimit", h)
+        return h.gpu.power_limit_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetTotalEnergyConsumption", h)
+        value = h.gpu.energy_mj
+        h.gpu.energy_mj += h.gpu.energy_step_mj
+        return value
+
+    def nvmlDeviceGetNumFans(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetNumFans", h)
+        return len(h.gpu.fans)
+
+    def nvmlDeviceGetFanSpeed_v2(self, h: FakeHandle, fan: int) -> int:
+        self._enter("nvmlDeviceGetFanSpeed_v2", h)
+        if not 0 <= fan < len(h.gpu.fans):
+            raise N.NVMLError(N.NVML_ERROR_INVALID_ARGUMENT)  # what an H200 answers for fan 0
+        return h.gpu.fans[fan]
+
+    def _clock_name(self, clock: int) -> str:
+        return {N.NVML_CLOCK_GRAPHICS: "graphics", N.NVML_CLOCK_SM: "sm",
+                N.NVML_CLOCK_MEM: "memory", N.NVML_CLOCK_VIDEO: "video"}[clock]
+
+    def nvmlDeviceGetClockInfo(self, h: FakeHandle, clock: int) -> int:
+        self._enter("nvmlDeviceGetClockInfo", h)
+        return h.gpu.clocks_mhz[self._clock_name(clock)]
+
+    def nvmlDeviceGetMaxClockInfo(self, h: FakeHandle, clock: int) -> int:
+        self._enter("nvmlDeviceGetMaxClockInfo", h)
+        return h.gpu.max_clocks_mhz[self._clock_name(clock)]
+
+    def nvmlDeviceGetPerformanceState(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetPerformanceState", h)
+        return h.gpu.pstate
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetCurrentClocksEventReasons", h)
+        return h.gpu.clocks_event_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        return h.gpu.clocks_event_reasons
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetCurrPcieLinkGeneration", h)
+        return h.gpu.pcie_generation
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetCurrPcieLinkWidth", h)
+        return h.gpu.pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetMaxPcieLinkGeneration", h)
+        return h.gpu.pcie_max_generation
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetMaxPcieLinkWidth", h)
+        return h.gpu.pcie_max_width
+
+    def nvmlDeviceGetPcieThroughput(self, h: FakeHandle, counter: int) -> int:
+        self._enter("nvmlDeviceGetPcieThroughput", h)
+        return h.gpu.pcie_tx_kbps if counter == N.NVML_PCIE_UTIL_TX_BYTES else h.gpu.pcie_rx_kbps
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetPcieReplayCounter", h)
+        return h.gpu.pcie_replays
+
+    def _engine(self, fn: str, h: FakeHandle, key: str) -> list[int]:
+        self._enter(fn, h)
+        if key not in h.gpu.engines:
+            raise N.NVMLError(N.NVML_ERROR_NOT_SUPPORTED)
+        return [h.gpu.engines[key], 167000]  # [percent, sampling period us]
+
+    def nvmlDeviceGetEncoderUtilization(self, h: FakeHandle) -> list[int]:
+        return self._engine("nvmlDeviceGetEncoderUtilization", h, "encoder")
+
+    def nvmlDeviceGetDecoderUtilization(self, h: FakeHandle) -> list[int]:
+        return self._engine("nvmlDeviceGetDecoderUtilization", h, "decoder")
+
+    def nvmlDeviceGetJpgUtilization(self, h: FakeHandle) -> list[int]:
+        return self._engine("nvmlDeviceGetJpgUtilization", h, "jpeg")
+
+    def nvmlDeviceGetOfaUtilization(self, h: FakeHandle) -> list[int]:
+        return self._engine("nvmlDeviceGetOfaUtilization", h, "ofa")
+
+    def nvmlDeviceGetTotalEccErrors(self, h: FakeHandle, error_type: int, counter: int) -> int:
+        self._enter("nvmlDeviceGetTotalEccErrors", h)
+        if error_type == N.NVML_MEMORY_ERROR_TYPE_CORRECTED:
+            return h.gpu.ecc_corrected
+        return h.gpu.ecc_uncorrected
+
+    def nvmlDeviceGetRemappedRows(self, h: FakeHandle) -> tuple[int, int, int, int]:
+        self._enter("nvmlDeviceGetRemappedRows", h)
+        return h.gpu.remapped_rows
+
+    # --- processes ----------------------------------------------------------------
+    def _procs(self, fn: str, h: FakeHandle, graphics: bool) -> list[Any]:
+        self._enter(fn, h)
+        out = []
+        for p in h.gpu.processes:
+            if p.graphics == graphics:
+                # pynvml turns NVML_VALUE_NOT_AVAILABLE into None (nvmlStructToFriendlyObject)
+                out.append(N.nvmlFriendlyObject({
+                    "pid": p.pid, "usedGpuMemory": p.used_memory_bytes,
+                    "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}))
+        return out
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeHandle) -> list[Any]:
+        return self._procs("nvmlDeviceGetComputeRunningProcesses", h, graphics=False)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: FakeHandle) -> list[Any]:
+        return self._procs("nvmlDeviceGetGraphicsRunningProcesses", h, graphics=True)
+
+    def nvmlDeviceGetProcessUtilization(self, h: FakeHandle, since_us: int) -> list[Any]:
+        self._enter("nvmlDeviceGetProcessUtilization", h)
+        self._clock_us += 1_000_000
+        samples = [N.c_nvmlProcessUtilizationSample_t(
+            pid=p.pid, timeStamp=self._clock_us, smUtil=p.sm_util, memUtil=0, encUtil=0,
+            decUtil=0) for p in h.gpu.processes if p.sm_util is not None]
+        if not samples:
+            raise N.NVMLError(N.NVML_ERROR_NOT_FOUND)  # NVML: no samples since since_us
+        return samples
+
+    # --- XID event set ----------------------------------------------------------------
+    def nvmlEventSetCreate(self) -> int:
+        self._enter("nvmlEventSetCreate")
+        handle = len(self._event_sets) + 1
+        self._event_sets[handle] = set()
+        return handle
+
+    def nvmlDeviceRegisterEvents(self, h: FakeHandle, types: int, event_set: int) -> None:
+        self._enter("nvmlDeviceRegisterEvents", h)
+        self._event_sets[event_set].add(h.gpu.index)
+
+    def nvmlEventSetWait_v2(self, event_set: int, timeout_ms: int) -> Any:
+        self._enter("nvmlEventSetWait_v2")
+        for index in sorted(self._event_sets.get(event_set, ())):
+            g = self.gpus[index]
+            if g.xids:
+                # c_nvmlEventData_t's fields; `device` is this fake's handle
+                return SimpleNamespace(device=FakeHandle(g),
+                                       eventType=N.nvmlEventTypeXidCriticalError,
+                                       eventData=g.xids.pop(0), gpuInstanceId=0xFFFFFFFF,
+                                       computeInstanceId=0xFFFFFFFF)
+        raise N.NVMLError(N.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetWait(self, event_set: int, timeout_ms: int) -> Any:
+        return self.nvmlEventSetWait_v2(event_set, timeout_ms)
+
+    def nvmlEventSetFree(self, event_set: int) -> None:
+        self._enter("nvmlEventSetFree")
+        self._event_sets.pop(event_set, None)
+
+    # --- GPM ----------------------------------------------------------------------------
+    def nvmlGpmQueryDeviceSupport(self, h: FakeHandle) -> Any:
+        self._enter("nvmlGpmQueryDeviceSupport", h)
+        support = N.c_nvmlGpmSupport_t()
+        support.version = N.NVML_GPM_SUPPORT_VERSION
+        support.isSupportedDevice = int(h.gpu.architecture >= N.NVML_DEVICE_ARCH_HOPPER)
+        return support
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._enter("nvmlGpmSampleAlloc")
+        buf = _GpmSampleBuf()
+        self._gpm_bufs.append(buf)  # keep it alive: its address is the sample's identity
+        return ctypes.cast(ctypes.pointer(buf), N.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self._enter("nvmlGpmSampleFree")
+        self._gpm_samples.pop(ctypes.cast(sample, ctypes.c_void_p).value or 0, None)
+
+    def nvmlGpmSampleGet(self, h: FakeHandle, sample: Any) -> Any:
+        self._enter("nvmlGpmSampleGet", h)
+        self._seq += 1
+        self._gpm_samples[ctypes.cast(sample, ctypes.c_void_p).value or 0] = (h.gpu.index,
+                                                                              self._seq)
+        return sample
+
+    def nvmlGpmMetricsGet(self, mg: Any) -> Any:
+        self._enter("nvmlGpmMetricsGet")
+        s1 = self._gpm_samples.get(ctypes.cast(mg.sample1, ctypes.c_void_p).value or 0)
+        s2 = self._gpm_samples.get(ctypes.cast(mg.sample2, ctypes.c_void_p).value or 0)
+        if s1 is None or s2 is None or s1[0] != s2[0] or s1[1] >= s2[1]:
+            raise N.NVMLError(N.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self.gpus[s1[0]]
+        by_id = {getattr(N, "NVML_GPM_METRIC_" + k.upper()): v for k, v in gpu.gpm.items()}
+        for i in range(mg.numMetrics):
+            m = mg.metrics[i]
+            if m.metricId in by_id:
+                m.value, m.nvmlReturn = by_id[m.metricId], N.NVML_SUCCESS
+            else:
+                m.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+        return mg

@@ -1,0 +1,113 @@
+"""A module named ``pynvml`` for subprocess tests: the real backend runs against FakeNVML.
+
+Start the daemon with ``PYTHONPATH=tests/fakes/pynvml_shim:<repo>`` and
+``GPU_EXPORTER_FAKE_NVML=<file.json>``. This module builds one FakeNVML from the JSON
+and serves its surface at module level (``pynvml.nvmlInit``, ``pynvml.NVMLError``,
+``pynvml.NVML_CLOCK_SM``, ...); constants, structs and error classes are the installed
+nvidia-ml-py's. Without the variable it behaves as one idle H100.
+
+JSON format (every key optional)::
+
+    {
+      "driver_version": "550.127.05",
+      "no_gpu": false,                  # true: nvmlInit raises NVML_ERROR_DRIVER_NOT_LOADED
+      "gpus": [                         # one object per GPU; omitted keys keep H100 defaults
+        {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-...", "pci_bus_id": "00000000:18:00.0",
+         "serial": "...", "minor": 0, "vbios_version": "96.00.A5.00.01",
+         "compute_capability": [9, 0], "architecture": 9,
+         "memory_total_bytes": ..., "memory_reserved_bytes": ..., "memory_used_bytes": ...,
+         "utilization_gpu": 0, "utilization_memory": 0,            # percent
+         "temperature_gpu": 41, "temperature_memory": 48,          # C; null = not supported
+         "thresholds": {"shutdown": 92, "slowdown": 89, "gpu_max": 87, "mem_max": 95},
+         "power_mw": 69850, "power_limit_mw": 700000,
+         "energy_mj": 123456789, "energy_step_mj": 69850,          # + step after each read
+         "fans": [],                                               # percent per fan
+         "clocks_mhz": {"graphics": 345, "sm": 345, "memory": 2619, "video": 765},
+         "max_clocks_mhz": {...}, "pstate": 0, "clocks_event_reasons": 1,
+         "pcie_generation": 5, "pcie_width": 16, "pcie_max_generation": 5,
+         "pcie_max_width": 16, "pcie_tx_kbps": 352, "pcie_rx_kbps": 329, "pcie_replays": 9,
+         "engines": {"encoder": 0, "decoder": 0, "jpeg": 0, "ofa": 0},
+         "ecc_corrected": 0, "ecc_uncorrected": 0, "remapped_rows": [0, 0, 0, 0],
+         "gpm": {"sm_util": 0.0, ...},       # percent by NVML_GPM_METRIC_<NAME> lower-cased
+         "xids": [79],                       # XID events delivered on the first drain
+         "processes": [{"pid": 4242, "used_memory_bytes": 1073741824,
+                        "name": "python3", "sm_util": 35, "graphics": false}]}
+      ],
+      "generate": {"gpus": 8, "processes_per_gpu": 64},   # instead of "gpus": many defaults
+      "faults": {
+        "lost_gpus": [1],                    # telemetry raises GPU_IS_LOST (identity answers)
+        "not_supported": {"0": ["nvmlDeviceGetFanSpeed_v2", "nvmlDeviceGetPowerUsage"]},
+        "hang": {"function": "nvmlDeviceGetPowerUsage", "after_seconds": 2.0, "gpu": 0}
+      }
+    }
+
+Generated processes get pids 10000 + gpu * 1000 + n, 64 MiB * (n + 1) each and
+sm_util n % 100, so outputs stay deterministic.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__fake_shim__ = True
+
+_spec = importlib.util.spec_from_file_location(
+    "_fake_nvml", Path(__file__).resolve().parent.parent / "fake_nvml.py")
+assert _spec is not None and _spec.loader is not None
+_fake = importlib.util.module_from_spec(_spec)
+sys.modules["_fake_nvml"] = _fake
+_spec.loader.exec_module(_fake)
+
+MIB = 1 << 20
+
+
+def _gpu(index: int, spec: dict[str, Any]) -> Any:
+    spec = dict(spec)
+    procs = [_fake.FakeProcess(**p) for p in spec.pop("processes", [])]
+    if "compute_capability" in spec:
+        spec["compute_capability"] = tuple(spec["compute_capability"])
+    if "remapped_rows" in spec:
+        spec["remapped_rows"] = tuple(spec["remapped_rows"])
+    if "not_supported" in spec:
+        spec["not_supported"] = set(spec["not_supported"])
+    return _fake.FakeGPU(index=index, processes=procs, **spec)
+
+
+def build(config: dict[str, Any]) -> Any:
+    """A FakeNVML from the JSON format above."""
+    gen = config.get("generate")
+    if gen:
+        specs: list[dict[str, Any]] = []
+        for g in range(int(gen.get("gpus", 8))):
+            specs.append({"processes": [
+                {"pid": 10000 + g * 1000 + n, "used_memory_bytes": 64 * MIB * (n + 1),
+                 "sm_util": n % 100}
+                for n in range(int(gen.get("processes_per_gpu", 0)))]})
+    else:
+        specs = config.get("gpus", [{}])
+    gpus = [_gpu(i, s) for i, s in enumerate(specs)]
+    faults = config.get("faults", {})
+    for i in faults.get("lost_gpus", []):
+        gpus[int(i)].lost = True
+    for i, names in faults.get("not_supported", {}).items():
+        gpus[int(i)].not_supported.update(names)
+    return _fake.FakeNVML(gpus, driver_version=config.get("driver_version", "550.127.05"),
+                          no_gpu=bool(config.get("no_gpu", False)), hang=faults.get("hang"))
+
+
+def _load() -> Any:
+    path = os.environ.get("GPU_EXPORTER_FAKE_NVML")
+    config = json.loads(Path(path).read_text()) if path else {}
+    return build(config)
+
+
+FAKE = _load()
+
+
+def __getattr__(name: str) -> Any:
+    return getattr(FAKE, name)

@@ -1,0 +1,1 @@
+"""Tests that need real hardware (an NVIDIA GPU with NVML); skipped elsewhere."""

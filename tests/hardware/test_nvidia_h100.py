@@ -1,0 +1,146 @@
+"""The real daemon on a real NVIDIA GPU, checked against nvidia-smi read at the same moment.
+
+Starts ``python -m exporter.cli`` on a free port, scrapes it at idle, starts a PyTorch
+workload that holds a known amount of memory and runs matmuls, scrapes again and
+reads nvidia-smi right after. Prints every compared number (exported vs nvidia-smi)
+so they can be quoted. Skipped without a GPU (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+HOLD_BYTES = 6 * (1 << 30)
+SLOW_INTERVAL = 2.0
+
+WORKLOAD = f"""
+import sys, time, torch
+hold = torch.empty({HOLD_BYTES}, dtype=torch.uint8, device="cuda")
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+torch.cuda.synchronize()
+print("ready", flush=True)
+end = time.time() + 25
+while time.time() < end:
+    for _ in range(10):
+        b = a @ a
+    torch.cuda.synchronize()
+"""
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    want = set(labels.items())
+    found = [v for (n, ls), v in samples.items() if n == name and want <= ls]
+    assert len(found) == 1, f"{name}{labels}: {len(found)} series"
+    return found[0]
+
+
+def smi(*args: str) -> list[list[str]]:
+    out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True, timeout=30).stdout
+    return [[c.strip() for c in line.split(",")] for line in out.strip().splitlines() if line]
+
+
+@pytest.fixture
+def daemon() -> Iterator[int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter.cli", "--web.listen-address", f"127.0.0.1:{port}",
+         "--collector.slow-interval", f"{SLOW_INTERVAL}s"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("the exporter did not become ready") from None
+                time.sleep(0.2)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_exported_values_agree_with_nvidia_smi(daemon: int) -> None:
+    port = daemon
+    time.sleep(SLOW_INTERVAL + 1)
+    idle = scrape(port)
+    work = subprocess.Popen([sys.executable, "-c", WORKLOAD], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    try:
+        assert work.stdout is not None and work.stdout.readline().strip() == "ready"
+        time.sleep(3 * SLOW_INTERVAL)  # a few fast cycles and at least two slow ones
+        apps = {int(r[0]): (float(r[1]), r[2]) for r in
+                smi("--query-compute-apps=pid,used_memory,gpu_uuid")}
+        loaded = scrape(port)
+        gpus = {r[0]: [float(x) for x in r[1:]] for r in smi(
+            "--query-gpu=uuid,memory.used,utilization.gpu,power.draw,clocks.sm")}
+        time.sleep(SLOW_INTERVAL + 1)
+        later = scrape(port)
+    finally:
+        work.kill()
+        work.wait(10)
+
+    assert work.pid in apps, f"workload pid {work.pid} not in nvidia-smi {apps}"
+    smi_proc_mib, uuid = apps[work.pid]
+    smi_mem_mib, smi_util, smi_power, smi_sm_mhz = gpus[uuid]
+    g = {"uuid": uuid}
+    mem = value(loaded, "gpu_memory_used_bytes", **g) / MIB
+    proc_mem = value(loaded, "gpu_process_memory_used_bytes", pid=str(work.pid), **g) / MIB
+    util = value(loaded, "gpu_utilization_ratio", **g)
+    power = value(loaded, "gpu_power_watts", **g)
+    sm = value(loaded, "gpu_clock_hertz", clock="sm", **g) / 1e6
+    energy = value(loaded, "gpu_energy_joules_total", **g)
+    energy_later = value(later, "gpu_energy_joules_total", **g)
+    idle_util = value(idle, "gpu_utilization_ratio", **g)
+    idle_power = value(idle, "gpu_power_watts", **g)
+    idle_sm = value(idle, "gpu_clock_hertz", clock="sm", **g) / 1e6
+    print(f"\nGPU {uuid}          exported   nvidia-smi   idle(exported)")
+    print(f"memory used MiB     {mem:10.1f} {smi_mem_mib:12.1f}")
+    held = HOLD_BYTES / MIB
+    print(f"pid {work.pid} MiB      {proc_mem:10.1f} {smi_proc_mib:12.1f}  (held {held:.0f})")
+    print(f"utilization %       {util * 100:10.1f} {smi_util:12.1f} {idle_util * 100:12.1f}")
+    print(f"power W             {power:10.1f} {smi_power:12.1f} {idle_power:12.1f}")
+    print(f"SM clock MHz        {sm:10.1f} {smi_sm_mhz:12.1f} {idle_sm:12.1f}")
+    print(f"energy J            {energy:10.1f} -> {energy_later:.1f} "
+          f"after {SLOW_INTERVAL + 1:.0f} s")
+
+    assert mem == pytest.approx(smi_mem_mib, rel=0.01)
+    assert proc_mem == pytest.approx(smi_proc_mib, rel=0.01)
+    assert proc_mem * MIB >= HOLD_BYTES
+    assert util >= 0.5 and util > idle_util + 0.3
+    assert power > idle_power * 1.3 and power > 100
+    assert energy_later > energy
+    assert sm > idle_sm or sm >= 0.9 * smi_sm_mhz > 1000

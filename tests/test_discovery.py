@@ -1,0 +1,135 @@
+"""DRM card enumeration and rediscovery against real-layout sysfs trees."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from exporter.discovery import DrmDiscovery, enumerate_cards, parse_uevent
+from exporter.fs import SysFS
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def add_pci_card(
+    root: Path,
+    bus_id: str,
+    card: str,
+    driver: str = "amdgpu",
+    vendor: str = "0x1002",
+    device: str | None = "0x73bf",
+    render: str | None = "renderD129",
+) -> Path:
+    """A minimal PCI GPU the way sysfs shows it: real dirs plus relative symlinks."""
+    dev = root / "devices/pci0000:00/0000:00:02.0" / bus_id
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text(vendor + "\n")
+    if device is not None:
+        (dev / "device").write_text(device + "\n")
+    (dev / "uevent").write_text(f"DRIVER={driver}\nPCI_ID=1002:73BF\nPCI_SLOT_NAME={bus_id}\n")
+    drv = root / "bus/pci/drivers" / driver
+    drv.mkdir(parents=True, exist_ok=True)
+    (dev / "driver").symlink_to(os.path.relpath(drv, dev))
+    nodes = [card] + ([render] if render else [])
+    for node in nodes:
+        node_dir = dev / "drm" / node
+        node_dir.mkdir(parents=True)
+        (node_dir / "device").symlink_to(os.path.relpath(dev, node_dir))
+        link = root / "class/drm" / node
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(node_dir, link.parent))
+    return dev
+
+
+def test_fixture_card_identity() -> None:
+    sysfs = SysFS(FIXTURES / "amd-rdna3-rx7800xt/sys")
+    (card,) = enumerate_cards(sysfs)  # card1-DP-1 and renderD128 are not cards
+    assert card.card == "card1"
+    assert card.pci_bus_id == "0000:03:00.0"
+    assert card.vendor_id == 0x1002
+    assert card.device_id == 0x747E  # PCI_ID=1002:747E in the capture
+    assert card.driver == "amdgpu"
+    assert card.render_node == "renderD128"
+    assert card.device_dir == sysfs.path("class/drm/card1/device")
+    assert (card.device_dir / "gpu_busy_percent").is_file()
+
+
+def test_every_amd_fixture_is_found() -> None:
+    machines = sorted(p.parent.name for p in FIXTURES.glob("amd-*/sys"))
+    assert len(machines) >= 5
+    for machine in machines:
+        cards = enumerate_cards(SysFS(FIXTURES / machine / "sys"))
+        assert [c.driver for c in cards] == ["amdgpu"], machine
+
+
+def test_card10_and_sorting_by_bus_id(tmp_path: Path) -> None:
+    add_pci_card(tmp_path, "0000:0a:00.0", "card10", render="renderD130")
+    add_pci_card(tmp_path, "0000:03:00.0", "card2", driver="i915", vendor="0x8086")
+    add_pci_card(tmp_path, "0000:05:00.0", "card9", render=None)
+    cards = enumerate_cards(SysFS(tmp_path))
+    assert [c.card for c in cards] == ["card2", "card9", "card10"]
+    assert cards[1].render_node is None
+    assert cards[2].render_node == "renderD130"
+    disc = DrmDiscovery(SysFS(tmp_path), hotplug=False)
+    assert [c.card for c in disc.cards(["amdgpu"])] == ["card9", "card10"]
+    assert [c.vendor_id for c in disc.cards(["i915", "xe"])] == [0x8086]
+
+
+def test_device_id_from_uevent_when_attribute_missing(tmp_path: Path) -> None:
+    add_pci_card(tmp_path, "0000:03:00.0", "card0", device=None)
+    (card,) = enumerate_cards(SysFS(tmp_path))
+    assert card.device_id == 0x73BF
+
+
+def test_non_pci_and_deviceless_entries_are_skipped(tmp_path: Path) -> None:
+    platform = tmp_path / "devices/platform/simple-framebuffer.0/drm/card0"
+    platform.mkdir(parents=True)
+    (platform / "device").symlink_to("../..")
+    (tmp_path / "class/drm").mkdir(parents=True)
+    (tmp_path / "class/drm/card0").symlink_to(os.path.relpath(platform, tmp_path / "class/drm"))
+    (tmp_path / "class/drm/card3").mkdir()  # no device link at all
+    (tmp_path / "class/drm/version").write_text("drm 1.1.0 20060810\n")
+    assert enumerate_cards(SysFS(tmp_path)) == []
+    assert enumerate_cards(SysFS(tmp_path / "nothing")) == []
+
+
+def test_cached_until_rescan_and_generation_bumps(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt/sys", root, symlinks=True)
+    disc = DrmDiscovery(SysFS(root), hotplug=False)
+    assert [c.card for c in disc.cards()] == ["card1"]
+    gen = disc.generation
+
+    add_pci_card(root, "0000:0c:00.0", "card0")
+    assert [c.card for c in disc.cards()] == ["card1"]  # cached: no event yet
+    disc.rescan()  # what the udev "add" event triggers
+    assert [c.pci_bus_id for c in disc.cards()] == ["0000:03:00.0", "0000:0c:00.0"]
+    assert disc.generation == gen + 1
+
+    disc.rescan()  # nothing changed: same generation
+    assert disc.generation == gen + 1
+
+    (root / "class/drm/card1").unlink()  # "remove"
+    disc.rescan()
+    assert [c.card for c in disc.cards()] == ["card0"]
+    assert disc.generation == gen + 2
+
+
+def test_start_stop_are_noops_without_hotplug() -> None:
+    disc = DrmDiscovery(SysFS(FIXTURES / "amd-apu-phoenix/sys"), hotplug=False)
+    disc.start()
+    disc.start()
+    disc.stop()
+    disc.stop()
+    assert [c.card for c in disc.cards()] == ["card1"]
+
+
+def test_parse_uevent() -> None:
+    text = "DRIVER=amdgpu\nPCI_ID=1002:747E\nPCI_SLOT_NAME=0000:03:00.0\nbad line\n"
+    assert parse_uevent(text) == {
+        "DRIVER": "amdgpu",
+        "PCI_ID": "1002:747E",
+        "PCI_SLOT_NAME": "0000:03:00.0",
+    }
+    assert parse_uevent(None) == {}

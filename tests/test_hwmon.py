@@ -1,0 +1,121 @@
+"""exporter.hwmon against the real-layout fixture trees and small tmp_path chips."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from exporter import hwmon
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RX7800XT = FIXTURES / "amd-rdna3-rx7800xt/sys/class/drm/card1/device"
+PHOENIX = FIXTURES / "amd-apu-phoenix/sys/class/drm/card1/device"
+
+
+@pytest.fixture
+def rx7800xt_hwmon() -> Path:
+    (d,) = hwmon.hwmon_dirs(RX7800XT)
+    return d
+
+
+def chip(tmp_path: Path, files: dict[str, str]) -> Path:
+    d = tmp_path / "hwmon" / "hwmon3"
+    d.mkdir(parents=True)
+    for name, content in files.items():
+        (d / name).write_text(content)
+    return d
+
+
+def test_finds_hwmon_dir_through_the_device_symlink(rx7800xt_hwmon: Path) -> None:
+    assert rx7800xt_hwmon.name == "hwmon4"
+    assert hwmon.hwmon_name(rx7800xt_hwmon) == "amdgpu"
+
+
+def test_hwmon_dirs_order_numerically_and_ignore_other_entries(tmp_path: Path) -> None:
+    for name in ("hwmon10", "hwmon2", "hwmonX", "power"):
+        (tmp_path / "hwmon" / name).mkdir(parents=True)
+    assert [d.name for d in hwmon.hwmon_dirs(tmp_path)] == ["hwmon2", "hwmon10"]
+    assert hwmon.hwmon_dirs(tmp_path / "missing") == []
+
+
+def test_rx7800xt_values_in_base_units(rx7800xt_hwmon: Path) -> None:
+    d = rx7800xt_hwmon
+    # temp1_input 24000 m°C, temp2 31000, temp3 48000
+    assert hwmon.read_temperatures(d) == {"edge": 24.0, "junction": 31.0, "mem": 48.0}
+    assert hwmon.read_temperature_thresholds(d, "crit") == {
+        "edge": 100.0,
+        "junction": 110.0,
+        "mem": 108.0,
+    }
+    assert hwmon.read_temperature_thresholds(d, "emergency")["junction"] == 115.0
+    assert hwmon.read_power(d) == {"PPT": 32.0}  # 32000000 µW
+    assert hwmon.read_power_caps(d) == {"PPT": 236.0}
+    assert hwmon.read_power_caps(d, "cap_max") == {"PPT": 280.0}
+    assert hwmon.read_fans_rpm(d) == {"fan1": 868.0}
+    assert hwmon.read_fan_ratios(d) == {"fan1": pytest.approx(89 / 255)}
+    assert hwmon.read_frequencies(d) == {"sclk": 2_011_000_000.0, "mclk": 456_000_000.0}
+    assert hwmon.read_voltages(d) == {"vddgfx": pytest.approx(0.985)}
+    assert hwmon.read_energy(d) == {}
+
+
+def test_power_prefers_average_over_input() -> None:
+    (d,) = hwmon.hwmon_dirs(PHOENIX)
+    # phoenix has power1_average 3103000 and power1_input 3142000
+    assert hwmon.read_power(d) == {"PPT": pytest.approx(3.103)}
+
+
+def test_power_input_when_no_average(tmp_path: Path) -> None:
+    d = chip(tmp_path, {"power1_input": "12500000\n", "power1_label": "PPT\n"})
+    assert hwmon.read_power(d) == {"PPT": 12.5}
+
+
+def test_energy_and_unlabelled_channels(tmp_path: Path) -> None:
+    d = chip(
+        tmp_path,
+        {
+            "energy1_input": "123456789\n",
+            "energy1_label": "card\n",
+            "energy2_input": "5000000\n",
+            "temp1_input": "41500\n",
+        },
+    )
+    assert hwmon.read_energy(d) == {"card": pytest.approx(123.456789), "energy2": 5.0}
+    assert hwmon.read_temperatures(d) == {"temp1": 41.5}
+
+
+def test_fan_ratio_from_rpm_when_no_pwm(tmp_path: Path) -> None:
+    d = chip(tmp_path, {"fan1_input": "1650\n", "fan1_max": "3300\n", "fan2_input": "900\n"})
+    # fan2 has no max: no ratio rather than a guess
+    assert hwmon.read_fan_ratios(d) == {"fan1": 0.5}
+
+
+def test_pwm_without_max_uses_255(tmp_path: Path) -> None:
+    d = chip(tmp_path, {"pwm1": "51\n"})
+    assert hwmon.read_fan_ratios(d) == {"fan1": 0.2}
+
+
+def test_bad_values_are_skipped_and_counted(tmp_path: Path) -> None:
+    d = chip(
+        tmp_path,
+        {
+            "temp1_input": "N/A\n",  # not exposed: skipped, not an error
+            "temp2_input": "\0\0\0\0",  # empty after NUL strip: skipped
+            "temp3_input": "hot\n",  # garbage: parse error
+            "temp5_input": "50000   \n",  # trailing spaces are fine
+        },
+    )
+    (d / "temp4_input").mkdir()  # listed but unreadable (EISDIR): read error
+    (d / "temp6_input").symlink_to(d / "gone")  # dangling: read error
+    errors: Counter[str] = Counter()
+    assert hwmon.read_temperatures(d, errors) == {"temp5": 50.0}
+    assert errors == {"read": 2, "parse": 1}
+
+
+def test_parse_number() -> None:
+    assert hwmon.parse_number("56000", 0.001) == 56.0
+    assert hwmon.parse_number("-273150", 0.001) == -273.15
+    assert hwmon.parse_number("1.5") == 1.5
+    assert hwmon.parse_number(None) is None
+    assert hwmon.parse_number("x") is None
