@@ -78,6 +78,10 @@ class Hub:
         self.listener = listener
         self._lock = threading.Lock()
         self._states = {b.name: BackendState(b.name) for b in self.backends}
+        # A backend on a slower tier of its own (the /proc scan) is stale only after
+        # three of its own intervals, whatever --stale-after says for the fast tier.
+        self._stale_after = {b.name: max(config.stale_after_seconds, 3 * (b.interval or 0))
+                             for b in self.backends}
         self._gpu_index: dict[str, int] = {}
         self._numbered = False
         self._truncated = 0
@@ -227,8 +231,8 @@ class Hub:
             errors = dict(state.errors_total)
             for reason, n in cycle.errors.items():
                 errors[reason] = errors.get(reason, 0) + n
-            buckets = tuple(c + (duration <= b) for c, b in zip(state.duration_buckets,
-                                                                 DURATION_BUCKETS))
+            buckets = tuple(c + (duration <= b)
+                            for c, b in zip(state.duration_buckets, DURATION_BUCKETS, strict=True))
             if state.stale:
                 log.info("backend answering again", backend=name)
             self._states[name] = replace(
@@ -284,14 +288,14 @@ class Hub:
             changed = False
             with self._lock:
                 for name, state in self._states.items():
-                    stale = (state.up and state.last_success is not None
-                             and now - state.last_success > self.config.stale_after_seconds)
+                    age = now - (state.last_success or now)
+                    stale = state.up and age > self._stale_after[name]
                     if stale != state.stale:
                         changed = True
                         self._states[name] = replace(state, stale=stale)
                         if stale:
                             log.warning("backend stale: no completed collection",
-                                        backend=name, seconds=round(now - state.last_success, 1))
+                                        backend=name, seconds=round(age, 1))
             if changed or now - self.snapshot.created >= self.config.interval:
                 self.publish()
 

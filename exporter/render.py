@@ -13,6 +13,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import exposition as text_format
@@ -159,8 +160,32 @@ def _process_families(f: _Families, base: tuple[str, ...], p: ProcessSample) -> 
             f.add(name, doc, PROCESS_LABELS, labels, value)
 
 
+def _better_engines(s: Snapshot) -> dict[str, set[str]]:
+    """Engines a primary backend reports per GPU: fdinfo sums do not repeat those."""
+    engines: dict[str, set[str]] = {}
+    for state in s.backends:
+        if state.serving and state.last is not None:
+            for d in state.last.devices:
+                if d.primary:
+                    engines.setdefault(d.info.pci_bus_id, set()).update(
+                        d.engine_utilization_ratio, d.engine_busy_seconds)
+    return engines
+
+
+def _without_engines(d: DeviceSample, engines: set[str]) -> DeviceSample:
+    if not engines:
+        return d
+    return replace(
+        d,
+        engine_utilization_ratio={k: v for k, v in d.engine_utilization_ratio.items()
+                                  if k not in engines},
+        engine_busy_seconds={k: v for k, v in d.engine_busy_seconds.items()
+                             if k not in engines})
+
+
 def snapshot_families(s: Snapshot) -> Iterator[Metric]:
     f = _Families()
+    better = _better_engines(s)
     for state in s.backends:
         if state.last is None:
             continue
@@ -178,6 +203,8 @@ def snapshot_families(s: Snapshot) -> Iterator[Metric]:
                       (gpu, identity.uuid, identity.vendor, d.source),
                       1 if d.up and state.serving else 0)
             if state.serving and d.up:
+                if not d.primary:
+                    d = _without_engines(d, better.get(bus, set()))
                 _device_families(f, gpu, identity, d)
     yield from f.by_name.values()
     yield from _exporter_families(s)
@@ -202,7 +229,8 @@ def _exporter_families(s: Snapshot) -> Iterator[Metric]:
     for state in s.backends:
         up.add_metric([state.name], 1 if state.up and not state.stale else 0)
         if state.duration_count:
-            buckets = [(str(b), c) for b, c in zip(DURATION_BUCKETS, state.duration_buckets)]
+            buckets = [(str(b), c) for b, c in
+                       zip(DURATION_BUCKETS, state.duration_buckets, strict=True)]
             buckets.append(("+Inf", state.duration_count))
             hist.add_metric([state.name], buckets, state.duration_sum)
         for reason, n in sorted(state.errors_total.items()):
@@ -265,7 +293,7 @@ class Renderer:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._collector = _SnapshotCollector()
-        self.registry.register(self._collector)  # type: ignore[arg-type]
+        self.registry.register(self._collector)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
@@ -280,7 +308,8 @@ class Renderer:
         with self._render_lock:  # the registry's collector holds one snapshot at a time
             self._collector.snapshot = snapshot
             if openmetrics:
-                return om_format.generate_latest(self.registry)  # type: ignore[arg-type]
+                body: bytes = om_format.generate_latest(self.registry)  # type: ignore[no-untyped-call]
+                return body
             return text_format.generate_latest(self.registry)
 
     def render_now(self, snapshot: Snapshot) -> Exposition:

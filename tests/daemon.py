@@ -1,0 +1,99 @@
+"""Start the real daemon as a subprocess on a free port, and scrape it over HTTP.
+
+Used by the end-to-end and golden tests. NVIDIA is faked at the ``pynvml`` module
+boundary: ``tests/fakes/pynvml_shim`` goes first on PYTHONPATH and reads the JSON
+named by GPU_EXPORTER_FAKE_NVML; every other code path is the one a user runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures"
+SHIM = REPO / "tests" / "fakes" / "pynvml_shim"
+EMPTY_PROC = FIXTURES / "empty-proc"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def machine_args(machine: Path) -> list[str]:
+    """Flags that point the daemon at a fixture machine's trees."""
+    proc = machine / "proc" if (machine / "proc").is_dir() else EMPTY_PROC
+    return ["--path.sysfs", str(machine / "sys"), "--path.procfs", str(proc)]
+
+
+def daemon_env(nvml_json: Path | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(SHIM), str(REPO)])
+    env["PYTHONUNBUFFERED"] = "1"
+    if nvml_json is not None:
+        env["GPU_EXPORTER_FAKE_NVML"] = str(nvml_json)
+    else:  # a fake NVML that finds no driver, like a machine without NVIDIA GPUs
+        env["GPU_EXPORTER_FAKE_NVML"] = str(FIXTURES / "no-nvidia.json")
+    env.update(extra or {})
+    return env
+
+
+class Daemon:
+    def __init__(self, proc: subprocess.Popen[bytes], base_url: str, log_path: Path) -> None:
+        self.proc = proc
+        self.base_url = base_url
+        self.log_path = log_path
+
+    def get(self, path: str = "/metrics", **kwargs: object) -> httpx.Response:
+        return httpx.get(self.base_url + path, timeout=10, **kwargs)  # type: ignore[arg-type]
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}: {self.log()}")
+            try:
+                if self.get("/-/ready").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"daemon not ready after {timeout}s: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
+            env: Mapping[str, str] | None = None, ready: bool = True) -> Iterator[Daemon]:
+    port = free_port()
+    log_path = tmp_path / f"daemon-{port}.log"
+    cmd = [sys.executable, "-m", "exporter.cli", "--web.listen-address", f"127.0.0.1:{port}",
+           "--log.format", "json", *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=daemon_env(nvml_json, env), stdout=log,
+                                stderr=subprocess.STDOUT)
+    daemon = Daemon(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        if ready:
+            daemon.wait_ready()
+        yield daemon
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,222 @@
+"""One golden /metrics per fixture machine, from the real daemon over HTTP, linted by promtool.
+
+Every ``tests/fixtures/<machine>/`` with a ``sys/`` tree is a machine: the daemon runs
+with ``--path.sysfs``/``--path.procfs`` pointing at it (and the fake NVML reading its
+``nvml.json``, or finding no driver), collects once (intervals of an hour), and its
+/metrics is compared with ``tests/golden/<machine>.prom``. Values that change from run
+to run (timings, the Python process's own metrics) are left out of the comparison.
+
+A golden alone proves nothing: the second half of this file checks key values of the
+scrape against the fixture files themselves, read here independently of the exporter.
+
+Regenerate after an intended change: ``UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.daemon import FIXTURES, REPO, machine_args, running
+
+GOLDEN = REPO / "tests" / "golden"
+MACHINES = sorted(p.name for p in FIXTURES.iterdir() if (p / "sys").is_dir())
+ONE_CYCLE = ["--collector.interval", "1h", "--collector.slow-interval", "1h",
+             "--collector.processes.interval", "1h"]
+VOLATILE = ("process_", "python_", "gpu_exporter_collection_duration_seconds",
+            "gpu_exporter_last_collection_timestamp_seconds", "gpu_exporter_build_info")
+
+
+def normalize(text: str) -> str:
+    keep = []
+    for line in text.splitlines():
+        name = line.split(" ")[2] if line.startswith("# ") else line
+        if not name.startswith(VOLATILE):
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+@pytest.fixture(scope="module")
+def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Every machine's /metrics; the daemons start together to keep the suite quick."""
+    tmp = tmp_path_factory.mktemp("golden")
+    out: dict[str, str] = {}
+    with _all_running(tmp, MACHINES) as daemons:
+        for name, daemon in daemons.items():
+            out[name] = daemon.get().text
+    yield out
+
+
+def _all_running(tmp: Path, names: list[str]):  # type: ignore[no-untyped-def]
+    from contextlib import ExitStack, contextmanager
+
+    @contextmanager
+    def stack():  # type: ignore[no-untyped-def]
+        with ExitStack() as es:
+            daemons = {}
+            for name in names:
+                machine = FIXTURES / name
+                nvml = machine / "nvml.json"
+                daemons[name] = es.enter_context(running(
+                    [*machine_args(machine), *ONE_CYCLE], tmp,
+                    nvml_json=nvml if nvml.exists() else None, ready=False))
+            for d in daemons.values():
+                d.wait_ready(timeout=60)
+            yield daemons
+
+    return stack()
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_golden(machine: str, scrapes: dict[str, str]) -> None:
+    got = normalize(scrapes[machine])
+    path = GOLDEN / f"{machine}.prom"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(got)
+    assert path.exists(), f"no golden for {machine}: run with UPDATE_GOLDEN=1"
+    assert got == path.read_text(), f"/metrics of {machine} differs from {path}"
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_promtool_lints(machine: str, scrapes: dict[str, str]) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool missing: .ci/run installs Debian's prometheus")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    result = subprocess.run([promtool, "check", "metrics"], input=scrapes[machine],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- key values against the fixture files, read independently ---------------------------
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    found = [v for (n, ls), v in samples(text).items()
+             if n == name and set(labels.items()) <= set(ls)]
+    assert len(found) == 1, (name, labels, found)
+    return found[0]
+
+
+def card_dir(machine: str, driver: str) -> Path:
+    drm = FIXTURES / machine / "sys" / "class" / "drm"
+    for card in sorted(drm.iterdir()):
+        dev = card / "device"
+        if card.name.startswith("card") and "-" not in card.name and \
+                (dev / "driver").resolve().name == driver:
+            return dev
+    raise AssertionError(f"no {driver} card in {machine}")
+
+
+def hwmon_file(dev: Path, name: str) -> str:
+    (hwmon,) = (dev / "hwmon").iterdir()
+    return (hwmon / name).read_text().strip()
+
+
+AMD = [m for m in MACHINES if m.startswith("amd-")]
+
+
+@pytest.mark.parametrize("machine", AMD)
+def test_amd_values_match_the_sysfs_files(machine: str, scrapes: dict[str, str]) -> None:
+    text, dev = scrapes[machine], card_dir(machine, "amdgpu")
+    busy = int((dev / "gpu_busy_percent").read_text())
+    assert value(text, "gpu_utilization_ratio", vendor="amd") == pytest.approx(busy / 100)
+    edge_mdeg = int(hwmon_file(dev, "temp1_input"))
+    assert value(text, "gpu_temperature_celsius", sensor="edge") == edge_mdeg / 1000
+    if (dev / "mem_info_vram_used").exists() and machine != "amd-apu-phoenix":
+        vram_used = int((dev / "mem_info_vram_used").read_text())
+        assert value(text, "gpu_memory_used_bytes", vendor="amd") == vram_used
+    if (dev / "mem_info_gtt_used").exists():
+        gtt_used = int((dev / "mem_info_gtt_used").read_text())
+        assert value(text, "gpu_shared_memory_used_bytes", vendor="amd") >= gtt_used
+
+
+def test_apu_carve_out_is_not_reported_as_device_memory(scrapes: dict[str, str]) -> None:
+    text = scrapes["amd-apu-phoenix"]
+    assert not any(n == "gpu_memory_total_bytes" for n, _ in samples(text))
+    assert any(n == "gpu_shared_memory_total_bytes" for n, _ in samples(text))
+
+
+def test_intel_b580_values_match_the_sysfs_files(scrapes: dict[str, str]) -> None:
+    text, dev = scrapes["intel-xe-b580"], card_dir("intel-xe-b580", "xe")
+    act = int((dev / "tile0" / "gt0" / "freq0" / "act_freq").read_text())
+    assert value(text, "gpu_clock_hertz", clock="graphics") == act * 1e6
+    pkg = [f for f in (next((dev / "hwmon").iterdir())).glob("temp*_label")
+           if f.read_text().strip() == "pkg"]
+    mdeg = int((pkg[0].parent / pkg[0].name.replace("label", "input")).read_text())
+    assert value(text, "gpu_temperature_celsius", sensor="package") == mdeg / 1000
+
+
+@pytest.mark.parametrize("machine", [m for m in MACHINES
+                                     if (FIXTURES / m / "nvml.json").exists()])
+def test_nvidia_values_match_the_fake_nvml_config(machine: str,
+                                                  scrapes: dict[str, str]) -> None:
+    text = scrapes[machine]
+    config = json.loads((FIXTURES / machine / "nvml.json").read_text())
+    for spec in config.get("gpus", []):
+        if "uuid" not in spec or "power_mw" not in spec:
+            continue
+        lost = spec.get("uuid") in {config["gpus"][i].get("uuid")
+                                    for i in config.get("faults", {}).get("lost_gpus", [])}
+        up = value(text, "gpu_up", uuid=spec["uuid"])
+        assert up == (0 if lost else 1)
+        if not lost:
+            assert value(text, "gpu_power_watts", uuid=spec["uuid"]) == spec["power_mw"] / 1000
+            for proc in spec.get("processes", []):
+                assert value(text, "gpu_process_memory_used_bytes", uuid=spec["uuid"],
+                             pid=str(proc["pid"])) == proc["used_memory_bytes"]
+
+
+def test_fdinfo_process_memory_matches_the_fdinfo_files(scrapes: dict[str, str]) -> None:
+    """The rx7800xt machine's processes: drm-resident-vram summed per distinct client."""
+    proc = FIXTURES / "amd-rdna3-rx7800xt" / "proc"
+    per_pid: dict[str, dict[str, int]] = {}
+    seen: set[str] = set()
+    for pid_dir in sorted(proc.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+        if not pid_dir.name.isdigit():
+            continue
+        for info in sorted((pid_dir / "fdinfo").iterdir()):
+            if not info.is_file():
+                continue
+            fields = dict(line.split(":", 1) for line in info.read_text().splitlines()
+                          if ":" in line)
+            fields = {k.strip(): v.strip() for k, v in fields.items()}
+            client = fields.get("drm-client-id")
+            if client is None or client in seen:
+                continue
+            seen.add(client)
+            raw = fields.get("drm-resident-vram") or fields.get("drm-memory-vram")
+            if raw is None:
+                continue
+            number, _, unit = raw.partition(" ")
+            size = int(number) * {"": 1, "KiB": 1024, "MiB": 1 << 20}[unit]
+            per_pid.setdefault(pid_dir.name, {"vram": 0})["vram"] += size
+    assert per_pid, "fixture has no amdgpu clients"
+    text = scrapes["amd-rdna3-rx7800xt"]
+    for pid, mem in per_pid.items():
+        assert value(text, "gpu_process_memory_used_bytes", pid=pid,
+                     source="fdinfo") == mem["vram"]
+
+
+def test_mixed_machine_numbers_gpus_by_pci_bus_id(scrapes: dict[str, str]) -> None:
+    infos = {dict(ls)["pci_bus_id"]: dict(ls) for n, ls in samples(scrapes["mixed"])
+             if n == "gpu_info"}
+    ordered = sorted(infos)
+    assert [infos[b]["gpu"] for b in ordered] == [str(i) for i in range(len(ordered))]
+    assert {infos[b]["vendor"] for b in ordered} == {"amd", "nvidia", "intel"}
