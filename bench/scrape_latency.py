@@ -122,8 +122,8 @@ def start_daemon(real: bool, extra: Sequence[str] = (), gpus: int = 8, processes
         try:
             took = target.wait_ready(path)
             what = cmd.format(port=port) if cmd else " ".join(argv[3:])
-            print(f"started pid {proc.pid} ({'real' if real or cmd else 'fake'} NVML), ready "
-                  f"in {took:.2f}s: {what}", flush=True)
+            kind = "cmd" if cmd else ("real NVML" if real else "fake NVML")
+            print(f"started pid {proc.pid} ({kind}), ready in {took:.2f}s: {what}", flush=True)
             yield target
         finally:
             proc.send_signal(signal.SIGTERM)

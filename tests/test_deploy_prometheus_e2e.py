@@ -19,8 +19,10 @@ import pytest
 import yaml
 from test_deploy_dashboards import load, targets, to_promql
 
+from tests.daemon import daemon_env
+
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "tests" / "fixtures" / "amd-rdna3-rx7800xt"
+FIXTURE = ROOT / "tests" / "fixtures" / "mixed"  # AMD + NVIDIA (fake NVML) + Intel
 RULES = ROOT / "deploy" / "prometheus" / "gpu-exporter.rules.yml"
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
@@ -110,11 +112,11 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             str(FIXTURE / "sys"),
             "--path.procfs",
             str(FIXTURE / "proc"),
-            "--no-collector.nvidia",
             "--collector.interval",
             "1s",
         ],
         cwd=ROOT,
+        env=daemon_env(FIXTURE / "nvml.json"),
         stdout=exporter_log,
         stderr=subprocess.STDOUT,
     )
@@ -202,7 +204,7 @@ def test_rules_load_and_evaluate(prometheus: str) -> None:
     unhealthy = [r["name"] for g in groups for r in g["rules"] if r.get("health") == "err"]
     assert unhealthy == []
     result = query(prometheus, "vendor:gpu_utilization_ratio:avg")
-    assert [r["metric"]["vendor"] for r in result] == ["amd"]
+    assert sorted(r["metric"]["vendor"] for r in result) == ["amd", "nvidia"]
     # A healthy fixture machine: the exporter, its target and its GPU alerts are quiet.
     firing = query(prometheus, 'ALERTS{alertstate="firing"}')
     assert [r["metric"]["alertname"] for r in firing] == []
