@@ -135,7 +135,10 @@ class Hub:
         attempt = 0
         while not self._stop.is_set():
             if not self._open(backend):
-                delay = REOPEN_BACKOFF[min(attempt, len(REOPEN_BACKOFF) - 1)]
+                # A backend whose open() is cheap (a cached DRM listing) retries every
+                # cycle, so a hotplugged card is picked up within one interval.
+                delay = min(REOPEN_BACKOFF[min(attempt, len(REOPEN_BACKOFF) - 1)],
+                            getattr(backend, "retry_interval", None) or float("inf"))
                 attempt += 1
                 self._stop.wait(delay)
                 continue

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from exporter.backends.base import BackendFailed, BackendUnavailable
-from exporter.backends.nvidia import NvidiaBackend
+from exporter.backends.nvidia import ALL_LOST_REINIT, NvidiaBackend
 from exporter.backends.nvml_processes import parse_vm_rss
 from exporter.config import Config
 from exporter.model import DeviceSample
@@ -182,6 +182,22 @@ def test_gpu_lost_turns_that_gpu_down_while_others_report() -> None:
     back = b.sample(slow=False).devices[0]
     assert back.up and back.power_watts == pytest.approx(69.85)
     assert back.energy_joules is not None  # slow values re-read after a loss
+
+
+def test_every_gpu_lost_for_a_while_asks_for_nvml_to_be_reinitialised() -> None:
+    fake = FakeNVML([FakeGPU(index=0), FakeGPU(index=1)])
+    b = backend(fake)
+    b.sample(slow=True)
+    fake.gpus[0].lost = fake.gpus[1].lost = True
+    for _ in range(ALL_LOST_REINIT - 1):
+        assert [d.up for d in b.sample(slow=False).devices] == [False, False]
+    with pytest.raises(BackendFailed, match="re-initialising NVML"):
+        b.sample(slow=False)
+    b.close()  # what the collector does, then open() again after its back-off
+    assert fake.initialized == 0
+    fake.gpus[0].lost = fake.gpus[1].lost = False
+    assert len(b.open()) == 2 and fake.initialized == 1
+    assert all(d.up for d in b.sample(slow=False).devices)
 
 
 def test_gpu_lost_before_open_is_reported_down_not_dropped() -> None:

@@ -268,6 +268,8 @@ class AmdBackend:
         self._infos: dict[str, DeviceInfo] = {}  # card name -> identity
         self._cards: dict[str, DrmCard] = {}
         self._generation = -1
+        # open() only reads the cached card list: the collector may retry it every cycle.
+        self.retry_interval = config.interval
 
     def open(self) -> Sequence[DeviceInfo]:
         # With no card, stay down; the collector's reopen back-off calls us again and

@@ -159,6 +159,8 @@ class IntelBackend:
         self._discovery = discovery
         self._clock = clock  # injected so tests control the energy -> power interval
         self._states: dict[DrmCard, _CardState] = {}
+        # open() only reads the cached card list: the collector may retry it every cycle.
+        self.retry_interval = config.interval
 
     def open(self) -> Sequence[DeviceInfo]:
         cards = self._discovery.cards(DRIVERS)

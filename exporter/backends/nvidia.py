@@ -64,6 +64,9 @@ class _Gpu:
         self.up = True
 
 
+ALL_LOST_REINIT = 5  # cycles with every GPU lost before NVML is shut down and re-initialised
+
+
 class NvidiaBackend:
     name = "nvidia"
     interval: float | None = None
@@ -77,6 +80,7 @@ class NvidiaBackend:
         # uuid -> xid -> count; kept across close/open so the counters never go back.
         self._xids: dict[str, Counter[int]] = {}
         self._proc = ProcFS(config.procfs)
+        self._all_lost_cycles = 0
 
     def open(self) -> Sequence[DeviceInfo]:
         nvml = self._module
@@ -138,6 +142,13 @@ class NvidiaBackend:
         errors: Counter[str] = Counter()
         self._drain_xids(errors)
         devices = [self._sample_gpu(g, slow, errors) for g in self._gpus]
+        # Every GPU gone (a reset, a driver reload under us): the handles may never answer
+        # again, so let the collector shut NVML down and initialise it anew, with back-off.
+        self._all_lost_cycles = self._all_lost_cycles + 1 if not any(d.up for d in devices) else 0
+        if self._all_lost_cycles >= ALL_LOST_REINIT:
+            self._all_lost_cycles = 0
+            raise BackendFailed(
+                f"every GPU lost for {ALL_LOST_REINIT} cycles: re-initialising NVML")
         return Cycle(devices=devices, errors=dict(errors))
 
     def _drain_xids(self, errors: Counter[str]) -> None:

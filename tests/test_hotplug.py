@@ -1,0 +1,66 @@
+"""Hotplug through the whole collection path: DRM discovery, the AMD backend, the hub.
+
+The udev monitor only runs on a real /sys; here the event's effect, ``rescan()``, is
+driven by hand on a copy of a fixture tree, as the monitor thread would.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from exporter.backends.amd import AmdBackend
+from exporter.collector import Hub
+from exporter.config import Config
+from exporter.discovery import DrmDiscovery
+from exporter.fs import SysFS
+from tests.daemon import FIXTURES
+
+BUS = "0000:03:00.0"
+
+
+def wait_for(predicate, timeout: float = 3.0) -> float:  # type: ignore[no-untyped-def]
+    t0 = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def devices(hub: Hub) -> dict[str, bool]:
+    (state,) = hub.snapshot.backends
+    return {d.info.pci_bus_id: d.up for d in state.last.devices} if state.last else {}
+
+
+def test_card_added_then_removed(tmp_path: Path) -> None:
+    sys_root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt" / "sys", sys_root, symlinks=True)
+    drm = sys_root / "class" / "drm"
+    parked = tmp_path / "parked"
+    parked.mkdir()
+    for link in drm.iterdir():  # start with no card at all
+        link.rename(parked / link.name)
+
+    config = Config(sysfs=str(sys_root), interval=0.1)
+    discovery = DrmDiscovery(SysFS(sys_root), hotplug=False)
+    hub = Hub(config, [AmdBackend(config, discovery)])
+    hub.start()
+    try:
+        assert hub.snapshot.backends[0].up is False
+        assert "no amdgpu card" in hub.snapshot.backends[0].reason
+
+        for link in parked.iterdir():  # the card appears; udev says "add"
+            link.rename(drm / link.name)
+        discovery.rescan()
+        took = wait_for(lambda: devices(hub).get(BUS) is True)
+        assert took < 3 * config.interval + 0.5  # about one interval, not a back-off minute
+        assert hub.snapshot.gpu_index[BUS] == 0
+
+        for link in drm.iterdir():  # the card goes away; udev says "remove"
+            link.unlink()
+        discovery.rescan()
+        wait_for(lambda: devices(hub).get(BUS) is False)  # reported down first...
+        wait_for(lambda: BUS not in devices(hub))  # ...then withdrawn
+    finally:
+        hub.stop()
