@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from exporter import __version__
 from exporter.config import (
     COLLECTORS,
@@ -27,6 +25,7 @@ from exporter.config import (
     LOG_LEVELS,
     Config,
     ConfigError,
+    load_yaml_mapping,
     parse_bool,
     parse_choice,
     parse_duration,
@@ -145,16 +144,7 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def read_config_file(path: str, origin: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except OSError as e:
-        raise ConfigError(origin, f"cannot read {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(origin, f"{path} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(origin, f"{path} must be a YAML mapping of flag names to values")
-    flat = _flatten(data)
+    flat = _flatten(load_yaml_mapping(origin, path))
     for key in flat:
         if key not in KEYS and key not in COLLECTOR_KEYS:
             raise ConfigError(f"{path}: {key}", "unknown key")

@@ -10,6 +10,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
+
+import yaml
 
 # Collectors an operator can switch with --collector.<name> / --no-collector.<name>.
 # None = auto (on when its library/driver is present), True = on, False = off.
@@ -162,3 +165,17 @@ def parse_telemetry_path(key: str, value: object) -> str:
     if not text.startswith("/") or text in ("/", "/-/healthy", "/-/ready", "/snapshot"):
         raise ConfigError(key, f"must be a path starting with / and not a built-in one: {value!r}")
     return text
+
+
+def load_yaml_mapping(key: str, path: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping; any problem is a ConfigError naming ``key``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(key, f"{path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(key, f"{path} must be a YAML mapping")
+    return data

@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import bcrypt
-import yaml
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from exporter.config import ConfigError
+from exporter.config import ConfigError, load_yaml_mapping
 
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -80,15 +79,7 @@ def _section(data: Mapping[str, Any], name: str, allowed: set[str], key: str) ->
 
 
 def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except OSError as e:
-        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(key, f"{path} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(key, f"{path} must be a YAML mapping")
+    data = load_yaml_mapping(key, path)
     unknown = sorted(set(data) - {"tls_server_config", "http_server_config", "basic_auth_users"})
     if unknown:
         raise ConfigError(key, f"unknown key {unknown[0]} in {path}")

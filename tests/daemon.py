@@ -18,6 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -97,3 +100,15 @@ def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def parse_samples(text: str) -> Samples:
+    """Exposition text -> {(sample name, labels): value}, through prometheus-client's parser."""
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def values_of(text: str, name: str, **labels: str) -> list[float]:
+    """Every value of ``name`` whose labels include ``labels``."""
+    return [v for (n, ls), v in parse_samples(text).items()
+            if n == name and set(labels.items()) <= set(ls)]

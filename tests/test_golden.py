@@ -23,9 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.daemon import FIXTURES, REPO, machine_args, running
+from tests.daemon import FIXTURES, REPO, machine_args, parse_samples, running, values_of
 
 GOLDEN = REPO / "tests" / "golden"
 MACHINES = sorted(p.name for p in FIXTURES.iterdir() if (p / "sys").is_dir())
@@ -108,17 +107,8 @@ def test_promtool_lints(machine: str, scrapes: dict[str, str]) -> None:
 
 # -- key values against the fixture files, read independently ---------------------------
 
-def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
 def value(text: str, name: str, **labels: str) -> float:
-    found = [v for (n, ls), v in samples(text).items()
-             if n == name and set(labels.items()) <= set(ls)]
+    found = values_of(text, name, **labels)
     assert len(found) == 1, (name, labels, found)
     return found[0]
 
@@ -158,8 +148,8 @@ def test_amd_values_match_the_sysfs_files(machine: str, scrapes: dict[str, str])
 
 def test_apu_carve_out_is_not_reported_as_device_memory(scrapes: dict[str, str]) -> None:
     text = scrapes["amd-apu-phoenix"]
-    assert not any(n == "gpu_memory_total_bytes" for n, _ in samples(text))
-    assert any(n == "gpu_shared_memory_total_bytes" for n, _ in samples(text))
+    assert not any(n == "gpu_memory_total_bytes" for n, _ in parse_samples(text))
+    assert any(n == "gpu_shared_memory_total_bytes" for n, _ in parse_samples(text))
 
 
 def test_intel_b580_values_match_the_sysfs_files(scrapes: dict[str, str]) -> None:
@@ -224,7 +214,7 @@ def test_fdinfo_process_memory_matches_the_fdinfo_files(scrapes: dict[str, str])
 
 
 def test_mixed_machine_numbers_gpus_by_pci_bus_id(scrapes: dict[str, str]) -> None:
-    infos = {dict(ls)["pci_bus_id"]: dict(ls) for n, ls in samples(scrapes["mixed"])
+    infos = {dict(ls)["pci_bus_id"]: dict(ls) for n, ls in parse_samples(scrapes["mixed"])
              if n == "gpu_info"}
     ordered = sorted(infos)
     assert [infos[b]["gpu"] for b in ordered] == [str(i) for i in range(len(ordered))]

@@ -14,24 +14,11 @@ from pathlib import Path
 import bcrypt
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
+from tests.daemon import values_of as get
 
 NO_GPU = ["--path.sysfs", "{empty}", "--path.procfs", "{empty}"]
-
-
-def parse(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def get(text: str, name: str, **labels: str) -> list[float]:
-    return [v for (n, ls), v in parse(text).items()
-            if n == name and set(labels.items()) <= set(ls)]
 
 
 def no_gpu_args(tmp_path: Path) -> list[str]:
