@@ -226,3 +226,22 @@ def test_no_gpu_snapshot_explains_why_each_backend_is_off(tmp_path: Path) -> Non
     states = {b["backend"]: b for b in json.loads(result.stdout)["backends"]}
     assert states["amd"]["up"] is False and "amdgpu" in states["amd"]["reason"]
     assert states["nvidia"]["up"] is False and states["nvidia"]["reason"]
+
+
+def test_unix_socket_and_second_listen_address(tmp_path: Path) -> None:
+    sock = tmp_path / "gpu-exporter.sock"
+    args = [*no_gpu_args(tmp_path), "--web.listen-address", f"unix:{sock}"]
+    with running(args, tmp_path) as d:  # listens on its TCP port and on the socket
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(transport=transport) as client:
+            r = client.get("http://localhost/metrics")
+        assert r.status_code == 200 and "gpu_exporter_up 1.0" in r.text
+        assert d.get().status_code == 200
+
+
+def test_address_in_use_is_one_clear_line(tmp_path: Path) -> None:
+    with running(no_gpu_args(tmp_path), tmp_path) as d:
+        port = d.base_url.rsplit(":", 1)[1]
+        result = run_cli("--web.listen-address", f"127.0.0.1:{port}", *no_gpu_args(tmp_path))
+        assert result.returncode == 1
+        assert "cannot listen" in result.stderr and "Traceback" not in result.stderr
