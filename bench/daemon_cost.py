@@ -38,12 +38,19 @@ def cpu_ticks(stat_path: str) -> tuple[str, int]:
     return comm, int(fields[11]) + int(fields[12])  # fields 14 and 15 of stat(5)
 
 
-def rss_mib(pid: int) -> float:
+def status_mib(pid: int, keys: tuple[str, ...] = ("VmRSS",)) -> dict[str, float]:
+    """Lines of /proc/<pid>/status in MiB (the kernel gives kB)."""
+    out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+            key, _, rest = line.partition(":")
+            if key in keys:
+                out[key] = int(rest.split()[0]) / 1024
+    return out
+
+
+def rss_mib(pid: int) -> float:
+    return status_mib(pid).get("VmRSS", 0.0)
 
 
 def threads(pid: int) -> dict[int, tuple[str, int]]:
@@ -96,6 +103,8 @@ def measure(pid: int, port: int, window: float, scrape_every: float) -> None:
           f"{cpu_s / elapsed * 100:.3f} % of one core")
     print(f"RSS: median {statistics.median(rss):.1f} MiB, max {max(rss):.1f} MiB, "
           f"min {min(rss):.1f} MiB")
+    parts = status_mib(pid, ("RssAnon", "RssFile", "RssShmem", "VmHWM"))
+    print("     " + ", ".join(f"{k} {v:.1f} MiB" for k, v in parts.items()))
     print(f"\n{'tid':>8} {'thread':<16} {'CPU s':>7} {'CPU s/min':>10} {'% core':>8}")
     for tid in sorted(th1, key=lambda t: -(th1[t][1] - th0.get(t, ("", 0))[1])):
         comm, ticks = th1[tid]

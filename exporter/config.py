@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 # Collectors an operator can switch with --collector.<name> / --no-collector.<name>.
 # None = auto (on when its library/driver is present), True = on, False = off.
 COLLECTORS: Mapping[str, bool | None] = MappingProxyType(
@@ -169,6 +167,8 @@ def parse_telemetry_path(key: str, value: object) -> str:
 
 def load_yaml_mapping(key: str, path: str) -> dict[str, Any]:
     """A YAML file that must hold a mapping; any problem is a ConfigError naming ``key``."""
+    import yaml  # only when a file is given: keeps the daemon's resident size down
+
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}

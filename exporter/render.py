@@ -256,7 +256,32 @@ class _SnapshotCollector:
 
 
 VARIANTS = ("text", "text+gzip", "openmetrics", "openmetrics+gzip")
-WANT_TTL = 300.0  # a format asked for in the last 5 minutes is rendered ahead of time
+WANT_TTL = 300.0  # a format nobody asked for in 5 minutes is no longer rendered ahead
+
+
+class _Demand:
+    """When one format was last asked for, and how often (a moving average of the gaps).
+
+    Prometheus scrapes on a fixed cadence, usually much slower than the collection
+    interval; rendering every snapshot ahead of time would render fifteen to serve one.
+    So a snapshot is rendered ahead only when a scrape is due within ``lead`` seconds.
+    A scrape that comes early still gets the newest snapshot, rendered on the spot.
+    """
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.period: float | None = None
+
+    def asked(self, now: float) -> None:
+        if self.last is not None:
+            gap = now - self.last
+            self.period = gap if self.period is None else 0.7 * self.period + 0.3 * gap
+        self.last = now
+
+    def due(self, now: float, lead: float) -> bool:
+        if self.last is None or now - self.last > WANT_TTL:
+            return False
+        return self.period is None or now - self.last >= self.period - lead
 
 
 class Exposition:
@@ -287,17 +312,19 @@ class Renderer:
     """Receives snapshots (from the Hub), renders them off the request path, serves bytes.
 
     Rendering runs on a thread of its own, so snapshots published in quick succession by
-    several backends coalesce into one render.
+    several backends coalesce into one render, and only formats that scrapers ask for
+    are rendered, shortly before they are expected to ask (see _Demand).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, lead: float = 2.0) -> None:
+        self.lead = lead  # render ahead when a scrape is due within this many seconds
         self.registry = CollectorRegistry(auto_describe=False)
         self._collector = _SnapshotCollector()
         self.registry.register(self._collector)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
-        self._wanted: dict[str, float] = {"text": float("inf")}
+        self._demand = {variant: _Demand() for variant in VARIANTS}
         self._pending: Snapshot | None = None
         self._wake = threading.Event()
         self._render_lock = threading.Lock()
@@ -316,8 +343,8 @@ class Renderer:
         """Render ``snapshot`` in the formats wanted lately and make it current."""
         exposition = Exposition(snapshot, lambda om: self._render_bytes(snapshot, om))
         now = time.monotonic()
-        for variant, asked in list(self._wanted.items()):
-            if now - asked <= WANT_TTL:
+        for variant, demand in self._demand.items():
+            if demand.due(now, self.lead):
                 exposition.body(variant)
         current = self.current
         if current is None or snapshot.generation >= current.snapshot.generation:
@@ -325,8 +352,7 @@ class Renderer:
         return exposition
 
     def body(self, variant: str) -> tuple[bytes, Snapshot]:
-        if self._wanted.get(variant) != float("inf"):
-            self._wanted[variant] = time.monotonic()
+        self._demand[variant].asked(time.monotonic())
         exposition = self.current
         assert exposition is not None, "Renderer.body() before the first snapshot"
         return exposition.body(variant), exposition.snapshot

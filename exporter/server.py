@@ -118,7 +118,10 @@ def bind_sockets(addresses: tuple[str, ...]) -> list[socket.socket]:
         else:
             host, port = split_listen_address(address)
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only for
+            # sockets that say they are TCP; without it Nagle holds the body of a
+            # keep-alive response back until the scraper's delayed ACK (~40 ms).
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, port))
         sock.listen(128)

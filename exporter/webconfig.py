@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import bcrypt
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from exporter.config import ConfigError, load_yaml_mapping
@@ -167,6 +166,8 @@ class BasicAuthMiddleware:
         if digest in self._verified:
             self._verified.move_to_end(digest)
             return self._verified[digest]
+        import bcrypt  # only with basic auth configured
+
         ok = bcrypt.checkpw(password, hashed)
         self._verified[digest] = ok
         while len(self._verified) > self.CACHE_SIZE:

@@ -137,3 +137,28 @@ def test_fdinfo_engine_sums_yield_to_the_driver_s_own_engines() -> None:
     engines = {(dict(ls)["engine"], dict(ls)["source"]): v for (n, ls), v in scrape(hub).items()
                if n == "gpu_engine_utilization_ratio"}
     assert engines == {("gfx", "amd"): 0.5, ("compute", "processes"): 0.2}
+
+
+def test_render_ahead_only_for_formats_asked_for_and_only_near_the_next_scrape() -> None:
+    from exporter.render import _Demand
+
+    d = _Demand()
+    assert not d.due(0.0, lead=2.0)  # never asked for: rendered on the first request only
+    d.asked(100.0)
+    assert d.due(100.5, lead=2.0)  # one request, no cadence known yet: render ahead
+    d.asked(115.0)  # a 15 s scrape interval
+    assert not d.due(116.0, lead=2.0)  # the next scrape is ~14 s away: don't render
+    assert d.due(128.5, lead=2.0)  # due within the lead: render ahead
+    assert not d.due(115.0 + 301.0, lead=2.0)  # nobody asked for 5 minutes
+
+
+def test_a_scrape_always_gets_the_newest_snapshot() -> None:
+    hub = Hub(Config(), [Scripted("amd", ["0000:03:00.0"])])
+    renderer = Renderer(lead=2.0)
+    first = renderer.render_now(hub.collect_once())
+    assert first._bodies == {}  # nobody asked for anything yet: nothing rendered ahead
+    body, snap = renderer.body("text")
+    assert snap.generation == first.snapshot.generation and b"gpu_power_watts" in body
+    second = renderer.render_now(hub.collect_once())
+    assert "text" in second._bodies  # asked for once, cadence unknown: rendered ahead
+    assert renderer.body("text")[1].generation == second.snapshot.generation

@@ -76,7 +76,8 @@ def daemon() -> Iterator[int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter.cli", "--web.listen-address", f"127.0.0.1:{port}",
          "--collector.slow-interval", f"{SLOW_INTERVAL}s"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
     try:
         deadline = time.time() + 30
         while True:
@@ -112,6 +113,8 @@ def test_exported_values_agree_with_nvidia_smi(daemon: int) -> None:
     finally:
         work.kill()
         work.wait(10)
+        if work.stdout is not None:
+            work.stdout.close()
 
     assert work.pid in apps, f"workload pid {work.pid} not in nvidia-smi {apps}"
     smi_proc_mib, uuid = apps[work.pid]
