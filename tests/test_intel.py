@@ -139,7 +139,7 @@ def test_xe_b580_dgpu() -> None:
     assert dev.energy_joules == pytest.approx(11031.745544)  # energy1 "card", not pkg
     assert dev.power_limit_watts == pytest.approx(190.0)  # power1_cap, no power1_max
     assert dev.fan_speed_ratio == pytest.approx(
-        {"fan1": 1116 / 2160, "fan2": 1235 / 2160, "fan3": 0.0}
+        {"0": 1116 / 2160, "1": 1235 / 2160, "2": 0.0}
     )
     assert dev.memory_total_bytes is None
 
@@ -235,7 +235,7 @@ def test_unreadable_files_are_counted(b580: Path) -> None:
     assert errors == {"read": 3}
     assert dev.temperatures_celsius == {"package": 54.0}
     assert dev.clocks_hertz == {"video": 0.0}
-    assert dev.fan_speed_ratio == pytest.approx({"fan1": 1116 / 2160, "fan3": 0.0})
+    assert dev.fan_speed_ratio == pytest.approx({"0": 1116 / 2160, "2": 0.0})
     assert dev.power_limit_watts == pytest.approx(190.0)
 
 

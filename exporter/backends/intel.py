@@ -338,7 +338,7 @@ def _read_reasons(directory: Path, prefix: str, errors: Counter[str]) -> dict[st
 
 
 def _read_fan_ratios(chip: Path, errors: Counter[str]) -> dict[str, float]:
-    """fanN_input / fanN_max, keyed "fanN".
+    """fanN_input / fanN_max, keyed "N-1" (hwmon fan1 is fan "0", as AMD and NVML number them).
 
     Not hwmon.read_fan_ratios: that prefers pwmN, and xe reads pwmN as 0 while the
     firmware fan curve (pwmN_enable 2) spins the fan at 1116 RPM (B580 capture).
@@ -355,7 +355,7 @@ def _read_fan_ratios(chip: Path, errors: Counter[str]) -> dict[str, float]:
         rpm = read_attr_int(chip / filename, errors)
         top = read_attr_int(chip / f"fan{index}_max", errors)
         if rpm is not None and top:
-            out[f"fan{index}"] = min(max(rpm / top, 0.0), 1.0)
+            out[str(index - 1)] = min(max(rpm / top, 0.0), 1.0)
     return out
 
 
