@@ -30,6 +30,7 @@ class Scripted:
         self.block = threading.Event()
         self.block.set()
         self.primary = True
+        self.up = True
         self.engines: dict[str, float] = {}
 
     def open(self) -> Sequence[DeviceInfo]:
@@ -43,7 +44,7 @@ class Scripted:
         if self.fail_next:
             self.fail_next = False
             raise BackendFailed("driver reloaded")
-        return Cycle([DeviceSample(info=info(b), source=self.name, primary=self.primary,
+        return Cycle([DeviceSample(info=info(b), source=self.name, primary=self.primary, up=self.up,
                                    power_watts=10.0, engine_utilization_ratio=self.engines)
                       for b in self.buses], {"parse": 1})
 
@@ -162,3 +163,20 @@ def test_a_scrape_always_gets_the_newest_snapshot() -> None:
     second = renderer.render_now(hub.collect_once())
     assert "text" in second._bodies  # asked for once, cadence unknown: rendered ahead
     assert renderer.body("text")[1].generation == second.snapshot.generation
+
+
+def test_a_lost_gpu_is_logged_once_when_lost_and_once_when_back() -> None:
+    from structlog.testing import capture_logs
+
+    backend = Scripted("amd", ["0000:03:00.0"])
+    hub = Hub(Config(), [backend])
+    with capture_logs() as logs:
+        hub.collect_once()
+        backend.up = False
+        for _ in range(3):
+            hub._sample(backend, slow=False)
+        backend.up = True
+        for _ in range(3):
+            hub._sample(backend, slow=False)
+    events = [e["event"] for e in logs if e["event"].startswith("gpu ")]
+    assert events == ["gpu lost", "gpu back"]

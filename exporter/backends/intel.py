@@ -180,13 +180,16 @@ class IntelBackend:
         for card in cards:
             state = self._state(card)
             try:
-                devices.append(self._read_card(card, state, slow, errors))
+                sample = self._read_card(card, state, slow, errors)
             except Exception as exc:  # one card's surprise never ends the cycle
                 errors["internal"] += 1
                 if not state.lost:  # log the change, not every cycle
                     log.warning("intel card read failed", card=card.card, error=repr(exc))
-                state.lost = True
-                devices.append(DeviceSample(info=state.info, source=SOURCE, up=False))
+                sample = DeviceSample(info=state.info, source=SOURCE, up=False)
+            # Cleared only by a cycle that read the card: a card that raises every cycle
+            # logs once. GPU lost/back itself is logged by the collector for every backend.
+            state.lost = not sample.up
+            devices.append(sample)
         return Cycle(devices=devices, errors=dict(errors))
 
     def _state(self, card: DrmCard) -> _CardState:
@@ -211,13 +214,7 @@ class IntelBackend:
         dev = card.device_dir
         if not dev.is_dir():
             errors["gpu_lost"] += 1
-            if not state.lost:
-                log.warning("intel card unreadable", card=card.card, pci_bus_id=card.pci_bus_id)
-            state.lost = True
             return DeviceSample(info=state.info, source=SOURCE, up=False)
-        if state.lost:
-            log.info("intel card readable again", card=card.card, pci_bus_id=card.pci_bus_id)
-            state.lost = False
 
         if card.driver == "xe":
             clocks, max_clocks, throttle, vram = _read_xe_gts(dev, errors)

@@ -61,7 +61,6 @@ class _Gpu:
         self.gpm = gpm
         self.slow: dict[str, Any] = {}
         self.profiling: dict[str, float] = {}
-        self.up = True
 
 
 ALL_LOST_REINIT = 5  # cycles with every GPU lost before NVML is shut down and re-initialised
@@ -170,15 +169,11 @@ class NvidiaBackend:
                 if g.gpm is not None:
                     g.profiling = self._gpm(g, errors)
             processes = g.procs.read(errors)
-        except GpuLost as e:
+        except GpuLost:
+            # Counted here; the change of state is logged once by the collector.
             errors["gpu_lost"] += 1
-            if g.up:
-                log.warning("nvml_gpu_lost", gpu=g.dev.index, uuid=info.uuid, reason=str(e))
-            g.up, g.slow, g.profiling = False, {}, {}
+            g.slow, g.profiling = {}, {}  # re-read in full once the GPU answers again
             return DeviceSample(info=info, source=SOURCE, up=False)
-        if not g.up:
-            log.info("nvml_gpu_back", gpu=g.dev.index, uuid=info.uuid)
-            g.up = True
         values.update(g.slow)
         return DeviceSample(
             info=info,
