@@ -63,17 +63,13 @@ def _addresses(key: str, value: Any) -> tuple[str, ...]:
     return addresses
 
 
-def _optional_path(key: str, value: Any) -> str:
-    return parse_path(key, value)
-
-
 OPTIONS = (
     Option("web.listen-address", "listen_addresses", _addresses,
            "address to listen on, host:port or unix:/path; repeatable (default :9445)",
            "ADDR", repeated=True),
     Option("web.telemetry-path", "telemetry_path", parse_telemetry_path,
            "path of the metrics endpoint (default /metrics)", "PATH"),
-    Option("web.config.file", "web_config_file", _optional_path,
+    Option("web.config.file", "web_config_file", parse_path,
            "exporter-toolkit web config: TLS and basic auth (default none)", "FILE"),
     Option("path.sysfs", "sysfs", parse_path, "sysfs mount point (default /sys)", "DIR"),
     Option("path.procfs", "procfs", parse_path, "procfs mount point (default /proc)", "DIR"),

@@ -68,6 +68,14 @@ def cap_processes(device: DeviceSample, limit: int) -> tuple[DeviceSample, int]:
     return device.with_processes(tuple(ranked[:limit])), len(device.processes) - limit
 
 
+def _close_quietly(backend: Backend) -> None:
+    """Close a backend; a library that fails to close must not stop a re-open or shutdown."""
+    try:
+        backend.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 class Hub:
     """Holds the latest state of every backend and publishes Snapshots."""
 
@@ -116,10 +124,7 @@ class Hub:
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         for backend in self.backends:
-            try:
-                backend.close()
-            except Exception:  # noqa: BLE001 - closing must never stop shutdown
-                pass
+            _close_quietly(backend)
 
     def collect_once(self) -> Snapshot:
         """Open and sample every backend once, synchronously (``gpu-exporter snapshot``)."""
@@ -189,10 +194,7 @@ class Hub:
         try:
             cycle = backend.sample(slow)
         except BackendFailed as e:
-            try:
-                backend.close()
-            except Exception:  # noqa: BLE001
-                pass
+            _close_quietly(backend)
             self._set_down(backend.name, f"failed: {e}", level="warning")
             return False
         except Exception as e:  # noqa: BLE001 - a bug in one backend must not stop the others

@@ -12,7 +12,7 @@ import gzip
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -384,8 +384,3 @@ class Renderer:
     def stop(self) -> None:
         self._stopped = True
         self._wake.set()
-
-
-def families_by_name(snapshot: Snapshot) -> Mapping[str, Metric]:
-    """For tests and ``snapshot``: the GPU families of a snapshot, by name."""
-    return {m.name: m for m in snapshot_families(snapshot)}
