@@ -23,6 +23,7 @@ from exporter.config import (
     COLLECTORS,
     LOG_FORMATS,
     LOG_LEVELS,
+    METRIC_NAMES,
     Config,
     ConfigError,
     load_yaml_mapping,
@@ -53,6 +54,7 @@ class Option:
     help: str
     metavar: str = ""
     repeated: bool = False
+    switch: bool = False  # --key / --no-key on the command line, a boolean elsewhere
 
 
 def _addresses(key: str, value: Any) -> tuple[str, ...]:
@@ -90,6 +92,22 @@ OPTIONS = (
            "debug, info, warning or error (default info)", "LEVEL"),
     Option("log.format", "log_format", lambda k, v: parse_choice(k, v, LOG_FORMATS),
            "json, console or auto: console on a terminal (default auto)", "FORMAT"),
+    Option("metric-names", "metric_names", lambda k, v: parse_choice(k, v, METRIC_NAMES),
+           "gpu (default), dcgm (dcgm-exporter's DCGM_FI_* names) or both", "SCHEME"),
+    Option("kubernetes.pod-resources-socket", "kubernetes_pod_resources_socket", parse_path,
+           "kubelet pod-resources API socket, for device -> pod "
+           "(default /var/lib/kubelet/pod-resources/kubelet.sock)", "PATH"),
+    Option("kubernetes.cri-socket", "kubernetes_cri_socket", parse_path,
+           "CRI runtime socket, for process -> pod (default: the first of containerd's "
+           "and CRI-O's standard sockets that exists)", "PATH"),
+    Option("kubernetes.device-labels", "kubernetes_device_labels", parse_bool,
+           "also put pod/namespace/container on the per-GPU series of an exclusively "
+           "allocated GPU (default off)", switch=True),
+    Option("kubernetes.interval", "kubernetes_interval", parse_duration,
+           "refresh of the pod and container maps (default 5s)", "DURATION"),
+    Option("macmon.path", "macmon_path", parse_path,
+           "Apple Silicon: the macmon executable run as `macmon pipe` (default macmon on PATH)",
+           "PATH"),
 )
 COLLECTOR_HELP = {
     "nvidia": "NVIDIA GPUs through NVML",
@@ -97,6 +115,10 @@ COLLECTOR_HELP = {
     "intel": "Intel GPUs through i915/xe sysfs and hwmon",
     "processes": "per-process GPU use from /proc/<pid>/fdinfo",
     "gpm": "NVIDIA GPM profiling metrics (Hopper and later)",
+    "apple": "Apple Silicon GPUs through macmon (auto: on macOS when macmon is found)",
+    "level-zero": "Intel GPUs through Level Zero Sysman",
+    "amdsmi": "AMD GPUs through the amdsmi library",
+    "kubernetes": "pod attribution from the kubelet and the CRI runtime",
 }
 KEYS = {o.key: o for o in OPTIONS}
 COLLECTOR_KEYS = {f"collector.{name}": name for name in COLLECTORS}
@@ -117,15 +139,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config.file", dest="config.file", metavar="FILE",
                    help="YAML file with the same keys as the flags")
     for o in OPTIONS:
-        p.add_argument(f"--{o.key}", dest=o.key, metavar=o.metavar, help=o.help,
-                       action="append" if o.repeated else "store")
+        if o.switch:
+            _add_switch(p, o.key, o.help)
+        else:
+            p.add_argument(f"--{o.key}", dest=o.key, metavar=o.metavar, help=o.help,
+                           action="append" if o.repeated else "store")
     for key, name in COLLECTOR_KEYS.items():
-        group = p.add_mutually_exclusive_group()
-        group.add_argument(f"--{key}", dest=key, action="store_const", const=True,
-                           help=f"enable {COLLECTOR_HELP[name]} (default: auto)")
-        group.add_argument(f"--no-{key}", dest=key, action="store_const", const=False,
-                           help=argparse.SUPPRESS)
+        default = {None: "auto", True: "on", False: "off"}[COLLECTORS[name]]
+        _add_switch(p, key, f"enable {COLLECTOR_HELP[name]} (default: {default})")
     return p
+
+
+def _add_switch(p: argparse.ArgumentParser, key: str, help: str) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(f"--{key}", dest=key, action="store_const", const=True, help=help)
+    group.add_argument(f"--no-{key}", dest=key, action="store_const", const=False,
+                       help=argparse.SUPPRESS)
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

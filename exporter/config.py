@@ -21,12 +21,16 @@ COLLECTORS: Mapping[str, bool | None] = MappingProxyType(
         "intel": None,
         "processes": None,
         "gpm": None,
+        "apple": None,  # auto on macOS when macmon is found; elsewhere only when forced on
+        "level-zero": False,  # opt-in: see docs/vendors-intel.md
+        "amdsmi": None,  # auto when the amdsmi package imports and initialises
+        "kubernetes": None,  # auto when the kubelet pod-resources socket exists
     }
 )
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
-METRIC_NAMES = ("gpu",)
+METRIC_NAMES = ("gpu", "dcgm", "both")
 
 
 class ConfigError(ValueError):
@@ -54,6 +58,12 @@ class Config:
     log_level: str = "info"
     log_format: str = "auto"
     config_file: str | None = None
+    metric_names: str = "gpu"  # gpu, dcgm or both (METRICS.md "DCGM-compatible names")
+    kubernetes_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    kubernetes_cri_socket: str | None = None  # None: the first standard socket that exists
+    kubernetes_device_labels: bool = False
+    kubernetes_interval: float = 5.0  # refresh of the pod / container maps
+    macmon_path: str = "macmon"
 
     @property
     def stale_after_seconds(self) -> float:

@@ -53,6 +53,23 @@ class DeviceInfo:
     architecture: str = ""
     serial: str = ""
     device_node: str = ""  # "nvidia0", "card1": the dcgm-exporter `device` label
+    # The join key where there is no PCI bus id of its own: "soc0" for an Apple SoC GPU,
+    # the MIG UUID of a MIG instance, the partition's id of an AMD partition. Empty for a
+    # PCI GPU, whose key is its bus id. See ``key``.
+    device_key: str = ""
+    # A slice of a GPU (MIG instance, AMD partition): the parent's key. Its series carry
+    # the parent's `gpu` index plus ``slice_labels``.
+    parent_key: str = ""
+    # Labels that identify a slice next to `gpu` (METRICS.md: gpu_instance_id,
+    # compute_instance_id, mig_profile for NVIDIA MIG; partition_id for AMD).
+    slice_labels: Mapping[str, str] = _empty()
+    # Extra gpu_info labels where the source knows them (METRICS.md: partition, mig_mode).
+    info_labels: Mapping[str, str] = _empty()
+
+    @property
+    def key(self) -> str:
+        """What joins backends' views of one device: the PCI bus id, else ``device_key``."""
+        return self.device_key or self.pci_bus_id
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,26 @@ class ProcessSample:
     container: str | None = None
     pod: str | None = None
     namespace: str | None = None
+    # As DeviceSample.field_sources: set by the collector's merge where a field of this
+    # process came from another source than its device's.
+    field_sources: Mapping[str, str] = _empty()
+
+
+@dataclass(frozen=True)
+class PodRef:
+    """A Kubernetes container: what pod attribution puts on a series."""
+
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The kubelet gave this device to this container, as ``resource`` (nvidia.com/gpu)."""
+
+    pod: PodRef
+    resource: str
 
 
 @dataclass(frozen=True)
@@ -122,7 +159,19 @@ class DeviceSample:
     xid_errors: Mapping[int, int] = _empty()  # XID code -> counter
     profiling_ratio: Mapping[str, float] = _empty()  # "sm_active", "tensor_active", ... -> 0..1
     nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _empty()  # (link, dir)
+    power_instant_watts: float | None = None  # where the source splits it from the average
+    clock_event_seconds: Mapping[str, float] = _empty()  # throttle reason -> counter, seconds
+    remap_pending: bool | None = None  # a row remap waits for the next GPU reset
+    retired_pages: Mapping[str, int] = _empty()  # "single_bit" / "double_bit" -> pages
+    xid_last_timestamp_seconds: float | None = None  # wall clock of the newest XID event
+    memory_bandwidth_bytes_per_second: Mapping[str, float] = _empty()  # "read" / "write"
+    nvlink_up: Mapping[tuple[str, str], bool] = _empty()  # (link, remote) -> up
+    nvlink_errors: Mapping[tuple[str, str], int] = _empty()  # (link, type) -> counter
+    xgmi_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _empty()  # (link, dir)
+    ras_errors: Mapping[tuple[str, str], int] = _empty()  # (block, severity) -> counter
     processes: tuple[ProcessSample, ...] = ()
+    # Filled by the collector after the merge (Kubernetes attribution), never by a backend.
+    allocations: tuple[Allocation, ...] = ()
 
     def source_of(self, field_name: str) -> str:
         return self.field_sources.get(field_name, self.source)

@@ -31,7 +31,7 @@ from exporter.backends.amd_parse import (
     parse_ras_count,
     pcie_generation,
 )
-from exporter.backends.base import BackendUnavailable, Cycle
+from exporter.backends.base import BackendUnavailable, Cycle, KERNEL
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
 from exporter.fs import clean_text, read_bytes
@@ -260,6 +260,7 @@ class AmdBackend:
     """amdgpu sysfs backend. One "handle": the shared DrmDiscovery (and its udev monitor)."""
 
     name = "amd"
+    priority = KERNEL
     interval: float | None = None
 
     def __init__(self, config: Config, discovery: DrmDiscovery) -> None:

@@ -12,7 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from exporter.model import DeviceInfo, DeviceSample
+from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef
+
+# Source priority for the collector's merge (one device, one series): when several
+# backends report the same device key, each value comes from the backend with the
+# lowest number that has it. A new backend only declares which of these it is.
+LIBRARY = 0  # a vendor library (NVML, Level Zero, amdsmi, macmon)
+KERNEL = 10  # kernel files read directly (amdgpu / i915 / xe sysfs and hwmon)
+DERIVED = 20  # sums and estimates (per-process fdinfo summed per device)
 
 
 class BackendUnavailable(Exception):
@@ -36,12 +43,35 @@ class Cycle:
     devices: Sequence[DeviceSample]
     # reason -> values/processes dropped in this cycle ("parse", "permission", "gpu_lost", ...)
     errors: Mapping[str, int] = field(default_factory=dict)
+    # Pod attribution (the kubernetes backend): applied by the collector after the merge.
+    enricher: Enricher | None = None
+    # Child processes restarted since the backend was created (macmon); cumulative.
+    child_restarts: int | None = None
+
+
+class Enricher(Protocol):
+    """Labels the merged devices and processes with what they belong to (Kubernetes).
+
+    Called by the collector when it builds the merged view, so it must answer from
+    what it already holds (maps refreshed on its backend's own tier): no socket,
+    no network on this path.
+    """
+
+    def allocations(self, info: DeviceInfo) -> Sequence[Allocation]:
+        """The containers the kubelet allocated this device to (empty when none)."""
+        ...
+
+    def pod_of(self, pid: int) -> PodRef | None:
+        """The container a process runs in, or None for a host process / unknown."""
+        ...
 
 
 class Backend(Protocol):
     name: str  # "nvidia", "amd", "intel", "processes": the `backend` label
     # Seconds between samples; None means the fast tier (--collector.interval).
     interval: float | None
+    # LIBRARY, KERNEL or DERIVED: which backend's value wins when two report one device.
+    priority: int
 
     def open(self) -> Sequence[DeviceInfo]:
         """Acquire the persistent handle. Raises BackendUnavailable(reason)."""

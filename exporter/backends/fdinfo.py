@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from exporter.backends.base import BackendFailed, BackendUnavailable, Cycle
+from exporter.backends.base import BackendFailed, BackendUnavailable, Cycle, DERIVED
 from exporter.config import Config
 from exporter.fdinfo_parse import (
     VENDOR_OF_DRIVER,
@@ -274,6 +274,7 @@ class FdinfoBackend:
     """Augmenting backend: per-process rows and fdinfo engine sums for AMD/Intel GPUs."""
 
     name = "processes"
+    priority = DERIVED
 
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval: float | None = config.processes_interval

@@ -34,7 +34,7 @@ from pathlib import Path
 import structlog
 
 from exporter import hwmon
-from exporter.backends.base import BackendUnavailable, Cycle
+from exporter.backends.base import BackendUnavailable, Cycle, KERNEL
 from exporter.backends.intel_parse import (
     device_name,
     first_present,
@@ -147,6 +147,7 @@ class IntelBackend:
     """The i915/xe cards DrmDiscovery finds, read through its sysfs root."""
 
     name = "intel"
+    priority = KERNEL
     interval: float | None = None
 
     def __init__(

@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from exporter.backends.base import BackendFailed, BackendUnavailable, Cycle
+from exporter.backends.base import BackendFailed, BackendUnavailable, Cycle, LIBRARY
 from exporter.backends.nvml_calls import GpuLost, text
 from exporter.backends.nvml_device import NvmlDevice, read_info
 from exporter.backends.nvml_events import XidEvents
@@ -68,6 +68,7 @@ ALL_LOST_REINIT = 5  # cycles with every GPU lost before NVML is shut down and r
 
 class NvidiaBackend:
     name = "nvidia"
+    priority = LIBRARY
     interval: float | None = None
 
     def __init__(self, config: Config, nvml: ModuleType | Any | None = None) -> None:
