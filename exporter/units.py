@@ -1,0 +1,169 @@
+"""The one place where numbers from files, tools and libraries are parsed, bounded and converted.
+
+Every value the exporter serves passes through here first, so a corrupted sysfs file,
+a garbled fdinfo line or a library's sentinel can never reach the output as NaN, +Inf,
+a negative counter or 1.8e16 °C. A parser never raises: text that is not a number, a
+number that is not finite, or one outside what its unit can physically be returns
+``None``, and the caller counts it (reason ``parse``) and drops that one value.
+
+The plausible ranges are deliberately wide (a value outside them is garbage on every
+GPU made, not an unusual card); they are not alarms.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+
+U64_MAX = (1 << 64) - 1
+MAX_DIGITS = 20  # 2^64 has 20 decimal digits: anything longer is not a kernel counter
+
+# unit -> (lowest, highest) a reading of it can be, in the base unit.
+RANGES: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "celsius": (-60.0, 250.0),  # below any datacentre's floor, above any junction limit
+    "hertz": (0.0, 1e11),  # 100 GHz
+    "watts": (0.0, 1e5),  # 100 kW: a whole rack, far above any one device
+    "joules": (0.0, 1.8e19),  # a u64 µJ counter in J is at most 1.8e13; mJ/J sources more
+    "bytes": (0.0, float(U64_MAX)),
+    "bytes_per_second": (0.0, 1e14),  # 100 TB/s
+    "ratio": (0.0, 1.0),
+    "seconds": (0.0, 1e12),  # busy-time counters: 30,000 years
+    "volts": (0.0, 100.0),
+    "rpm": (0.0, 1e6),
+    "count": (0.0, float(U64_MAX)),
+})
+
+_INT_RE = re.compile(r"[+-]?[0-9]{1,%d}\Z" % MAX_DIGITS)
+_HEX_RE = re.compile(r"0[xX][0-9a-fA-F]{1,16}\Z")
+
+
+def parse_int(text: str | bytes | None) -> int | None:
+    """A decimal (or ``0x`` hex) integer of at most 20 digits, else None. Never raises.
+
+    ``int()`` alone accepts ``"1_000"``, Unicode digits, and 4,000-digit strings that
+    overflow every later float conversion: none of those are kernel output.
+    """
+    if text is None:
+        return None
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    text = text.strip()
+    if _INT_RE.match(text):
+        value = int(text)
+    elif _HEX_RE.match(text):
+        value = int(text, 16)
+    else:
+        return None
+    return value if -U64_MAX <= value <= U64_MAX else None
+
+
+def parse_number(text: str | bytes | None) -> float | None:
+    """An integer or a finite decimal number (``"56000"``, ``"1.5"``), else None."""
+    if text is None:
+        return None
+    as_int = parse_int(text)
+    if as_int is not None:
+        return float(as_int)
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    text = text.strip()
+    if not text or len(text) > 64 or not text.isascii():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def bounded(value: float | int | None, unit: str) -> float | None:
+    """``value`` as a float if finite and within ``RANGES[unit]``, else None."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        v = float(value)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    low, high = RANGES[unit]
+    return v if math.isfinite(v) and low <= v <= high else None
+
+
+def scaled(value: float | int | None, scale: int | float, unit: str) -> float | None:
+    """Convert to the base unit and bound it: ``scaled(56000, 1/1000, "celsius")`` -> 56.0.
+
+    A scale below 1 divides by its exact integer inverse, so 3103000 µW is exactly
+    3.103 W, not 3.1029999999999998.
+    """
+    if value is None:
+        return None
+    try:
+        if 0 < scale < 1:
+            v = value / round(1 / scale)
+        else:
+            v = value * scale
+    except (OverflowError, TypeError):
+        return None
+    return bounded(v, unit)
+
+
+def parse_scaled(text: str | bytes | None, scale: int | float, unit: str) -> float | None:
+    """Text in a sub-unit (m°C, µW, MHz, ...) -> base unit, bounded. Never raises."""
+    return scaled(parse_number(text), scale, unit)
+
+
+def ratio_from_percent(percent: float | int | None) -> float | None:
+    """0..100 % -> 0..1. Small overshoot (firmware reports up to a few % over) clamps to 1;
+    negative, NaN, infinite or more than 110 % is garbage and gives None."""
+    if percent is None or isinstance(percent, bool):
+        return None
+    try:
+        p = float(percent)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    if not math.isfinite(p) or p < 0 or p > 110:
+        return None
+    return min(p, 100.0) / 100.0
+
+
+def clamp_ratio(value: float | None) -> float | None:
+    """A computed ratio (busy time / elapsed) into 0..1; NaN/inf/negative -> None."""
+    if value is None or not math.isfinite(value) or value < 0:
+        return None
+    return min(value, 1.0)
+
+
+# PCIe signalling rate per lane (GT/s) -> generation (PCI Express base specification).
+_GEN_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+_GTS_RE = re.compile(r"([0-9]{1,3}(?:\.[0-9]{1,3})?)\s*GT/s", re.I)
+
+
+def pcie_generation(gts: float | None) -> int | None:
+    """8.0 -> 3; anything that is not a PCIe rate -> None."""
+    if gts is None or not math.isfinite(gts):
+        return None
+    return _GEN_BY_GTS.get(round(gts, 1))
+
+
+def parse_link_speed(text: str | None) -> int | None:
+    """sysfs ``current_link_speed`` (``"16.0 GT/s PCIe"``, ``"8 GT/s"``) -> 4; ``"Unknown"`` -> None."""
+    m = _GTS_RE.search(text or "")
+    return pcie_generation(float(m.group(1))) if m else None
+
+
+def parse_link_width(text: str | None) -> int | None:
+    """``"16"`` -> 16; ``"0"`` (an iGPU: no link) and garbage -> None."""
+    width = parse_int(text)
+    return width if width is not None and 0 < width <= 64 else None
+
+
+def process_name(raw: bytes | str | None) -> str:
+    """A process's ``comm`` as a label value: any bytes decode, control characters dropped.
+
+    The one reader for every backend (NVML's and fdinfo's processes are named alike).
+    """
+    if raw is None:
+        return ""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    return "".join(ch for ch in text.rstrip("\n") if ch.isprintable())[:64]
