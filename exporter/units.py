@@ -35,7 +35,7 @@ RANGES: Mapping[str, tuple[float, float]] = MappingProxyType({
     "count": (0.0, float(U64_MAX)),
 })
 
-_INT_RE = re.compile(r"[+-]?[0-9]{1,%d}\Z" % MAX_DIGITS)
+_INT_RE = re.compile(rf"[+-]?[0-9]{{1,{MAX_DIGITS}}}\Z")
 _HEX_RE = re.compile(r"0[xX][0-9a-fA-F]{1,16}\Z")
 
 
@@ -147,7 +147,7 @@ def pcie_generation(gts: float | None) -> int | None:
 
 
 def parse_link_speed(text: str | None) -> int | None:
-    """sysfs ``current_link_speed`` (``"16.0 GT/s PCIe"``, ``"8 GT/s"``) -> 4; ``"Unknown"`` -> None."""
+    """sysfs ``current_link_speed`` (``"16.0 GT/s PCIe"``) -> 4; ``"Unknown"`` -> None."""
     m = _GTS_RE.search(text or "")
     return pcie_generation(float(m.group(1))) if m else None
 
