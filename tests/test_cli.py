@@ -1,0 +1,200 @@
+"""The command line as an operator meets it: bad input is one line, the snapshot command,
+the configuration file's nested form, the environment, the web config (issues 8 and 14)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+
+from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
+from tests.daemon import values_of as get
+from tests.test_server import _self_signed, no_gpu_args, run_cli
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("value", ["inf", "1e9999", "nan", "1e-9", "2h"])
+def test_collection_intervals_are_bounded(value: str) -> None:
+    """8.9: `inf` killed the threads while serving frozen values; 1e-9 burnt 112 % CPU."""
+    one_line_error(run_cli("--collector.interval", value), "--collector.interval: must be")
+
+
+def test_the_range_is_named_in_the_error() -> None:
+    result = run_cli("--collector.interval", "1e-9")
+    assert "between 100ms and 1h" in result.stderr
+
+
+@pytest.mark.parametrize(("web", "needle"), [
+    ("tls_server_config:\n  cert_file: tls.crt\n  key_file: garbage.key\n", "tls_server_config"),
+    ("tls_server_config:\n  cert_file: garbage.key\n  key_file: tls.key\n", "tls_server_config"),
+    ("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
+     "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: garbage.key\n",
+     "tls_server_config"),
+    ("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
+     "  min_version: TLS13\n  max_version: TLS12\n", "min_version TLS13 is above max_version"),
+    ("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
+     "  cipher_suites: [TLS_RSA_WITH_RC4_128_SHA]\n", "cipher_suites: unknown"),
+    ("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
+     "  client_allowed_sans: [a]\n", "client_allowed_sans needs client_auth_type"),
+])
+def test_a_bad_certificate_key_ca_or_tls_setting_is_one_line(tmp_path: Path, web: str,
+                                                              needle: str) -> None:
+    """Startup with a bad certificate, key or CA printed a 20-35 line traceback."""
+    _self_signed(tmp_path)
+    (tmp_path / "garbage.key").write_text("-----BEGIN PRIVATE KEY-----\nnope\n")
+    (tmp_path / "web.yml").write_text(web)
+    one_line_error(run_cli("--web.config.file", str(tmp_path / "web.yml")), needle)
+
+
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "config.yml"
+    config.write_bytes(b"collector:\n  interval: \xff\xfe2s\n")
+    one_line_error(run_cli("--config.file", str(config)), "is not UTF-8 text")
+
+
+def test_every_key_of_the_exporter_toolkit_format_is_accepted(tmp_path: Path) -> None:
+    """14: cipher_suites, curve_preferences, prefer_server_cipher_suites,
+    client_allowed_sans and http2 made the exporter exit 2."""
+    cert, key = _self_signed(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text(
+        "tls_server_config:\n"
+        f"  cert_file: {cert.name}\n  key_file: {key.name}\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n"
+        f"  client_ca_file: {cert.name}\n"
+        "  client_allowed_sans: [localhost]\n"
+        "  min_version: TLS12\n  max_version: TLS13\n"
+        "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_AES_128_GCM_SHA256]\n"
+        "  prefer_server_cipher_suites: true\n"
+        "  curve_preferences: [CurveP256, X25519]\n"
+        "http_server_config:\n  http2: true\n  headers: {X-Frame-Options: deny}\n"
+        "rate_limit:\n  interval: 1s\n  burst: 1\n")
+    with running([*no_gpu_args(tmp_path), "--web.config.file", str(web)], tmp_path,
+                 ready=False) as d:
+        deadline = time.monotonic() + 20
+        while "listening" not in d.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = d.log()
+        assert d.proc.poll() is None, log
+        assert log.count("HTTP/2 is not supported") == 1
+        assert log.count("curve_preferences") == 1
+
+
+def test_rate_limit_answers_429_but_never_to_the_probes(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("rate_limit:\n  interval: 10s\n  burst: 2\n")
+    with running([*no_gpu_args(tmp_path), "--web.config.file", str(web)], tmp_path) as d:
+        codes = [d.get("/metrics").status_code for _ in range(4)]
+        assert codes[:2] == [200, 200] and codes[2:] == [429, 429]
+        assert all(d.get("/-/ready").status_code == 200 for _ in range(5))
+
+
+def test_snapshot_may_come_after_the_flags() -> None:
+    """14: `--config.file x snapshot` was rejected."""
+    machine = FIXTURES / "mixed"
+    result = run_cli(*machine_args(machine), "snapshot", env=daemon_env(machine / "nvml.json"))
+    assert result.returncode == 0, result.stderr
+    snap = json.loads(result.stdout)
+    assert sorted(d["gpu"] for d in snap["devices"]) == ["0", "1", "2"]
+
+
+def test_snapshot_from_the_running_daemon(tmp_path: Path) -> None:
+    """14: inside a pod, `snapshot` read the container's /sys; --from asks the daemon."""
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prom: '{hashed}'\n")
+    machine = FIXTURES / "mixed"
+    with running([*machine_args(machine), "--web.config.file", str(web)], tmp_path,
+                 nvml_json=machine / "nvml.json") as d:
+        authed = d.base_url.replace("http://", "http://prom:pw@")
+        # A fresh process without the fixture flags would see this machine's empty /sys:
+        result = run_cli("snapshot", "--from", authed, *no_gpu_args(tmp_path))
+        assert result.returncode == 0, result.stderr
+        snap = json.loads(result.stdout)
+        assert {b["backend"]: b["up"] for b in snap["backends"]}["amd"] is True
+        assert len(snap["devices"]) == 3
+        refused = run_cli("snapshot", "--from", d.base_url)
+        assert refused.returncode == 2 and "401" in refused.stderr
+    assert run_cli("--from", "http://x").returncode == 2  # only with snapshot
+
+
+def test_nested_config_where_a_key_is_a_switch_and_a_prefix(tmp_path: Path) -> None:
+    """14: `collector: {processes: {interval: 3s}}` failed with 'not a boolean'."""
+    config = tmp_path / "config.yml"
+    config.write_text("collector:\n  processes:\n    interval: 3s\n    budget: 100ms\n"
+                      "  interval: 2s\n")
+    result = run_cli("snapshot", "--config.file", str(config), *no_gpu_args(tmp_path))
+    assert result.returncode == 0, result.stderr
+    from exporter.cli import load_config
+
+    cfg = load_config(["--config.file", str(config)], {})
+    assert (cfg.processes_interval, cfg.processes_budget, cfg.interval) == (3.0, 0.1, 2.0)
+    config.write_text("collector:\n  processes: false\n")
+    assert load_config(["--config.file", str(config)], {}).collector_enabled(
+        "processes") is False
+
+
+def test_an_unknown_environment_variable_is_an_error_as_in_the_file() -> None:
+    """14: GPU_EXPORTER_COLLECTOR_INTERVL was silently ignored."""
+    env = daemon_env(None, {"GPU_EXPORTER_COLLECTOR_INTERVL": "2s"})
+    one_line_error(run_cli(env=env), "GPU_EXPORTER_COLLECTOR_INTERVL: unknown variable")
+
+
+def test_a_collector_forced_on_without_its_library_fails_at_start(tmp_path: Path) -> None:
+    """14: --collector.nvidia where NVML is absent acted as auto."""
+    result = run_cli("--collector.nvidia", *no_gpu_args(tmp_path))
+    one_line_error(result, "--collector.nvidia is on but unavailable: NVML could not start")
+    result = run_cli("--collector.amd", *no_gpu_args(tmp_path))
+    one_line_error(result, "--collector.amd is on but unavailable: no amdgpu card")
+
+
+def test_python_dash_m_exporter() -> None:
+    """14: `python -m exporter` failed (no __main__)."""
+    result = subprocess.run([sys.executable, "-m", "exporter", "--version"], cwd=REPO,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and result.stdout.startswith("gpu-exporter ")
+
+
+def test_address_in_use_names_the_address(tmp_path: Path) -> None:
+    """14: 'Address already in use' did not say which address."""
+    with running(no_gpu_args(tmp_path), tmp_path) as d:
+        address = d.base_url.removeprefix("http://")
+        result = run_cli("--web.listen-address", address, *no_gpu_args(tmp_path))
+        assert result.returncode == 1
+        assert f"cannot listen on {address}: Address already in use" in result.stderr
+
+
+def test_the_exporter_s_own_cpu_time_is_visible(tmp_path: Path) -> None:
+    """13: gpu_exporter_backend_cpu_seconds_total for each collector thread, the renderer
+    and the server; a counter that never goes back."""
+    machine = FIXTURES / "mixed"
+    with running([*machine_args(machine), "--collector.interval", "200ms"], tmp_path,
+                  nvml_json=machine / "nvml.json") as d:
+        first = d.get().text
+        time.sleep(1.0)
+        second = d.get().text
+    for backend in ("nvidia", "amd", "intel", "processes", "renderer", "server"):
+        [a] = get(first, "gpu_exporter_backend_cpu_seconds_total", backend=backend)
+        [b] = get(second, "gpu_exporter_backend_cpu_seconds_total", backend=backend)
+        assert 0 <= a <= b, backend
+    [nvidia] = get(second, "gpu_exporter_backend_cpu_seconds_total", backend="nvidia")
+    assert nvidia > 0
+
+
+def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
+    with running(no_gpu_args(tmp_path), tmp_path) as d:
+        d.proc.send_signal(signal.SIGTERM)
+        assert d.proc.wait(10) == 0
+        assert httpx is not None and "Traceback" not in d.log()
