@@ -1,7 +1,8 @@
 """Hotplug through the whole collection path: DRM discovery, the AMD backend, the hub.
 
-The udev monitor only runs on a real /sys; here the event's effect, ``rescan()``, is
-driven by hand on a copy of a fixture tree, as the monitor thread would.
+The udev monitor only runs on a real /sys; the first test drives the event's effect,
+``rescan()``, by hand on a copy of a fixture tree, as the monitor thread would. The
+second runs as in a container: no event at all, discovery notices on its own.
 """
 
 from __future__ import annotations
@@ -63,5 +64,37 @@ def test_card_added_then_removed(tmp_path: Path) -> None:
         discovery.rescan()
         wait_for(lambda: devices(hub).get(BUS) is False)  # reported down first...
         wait_for(lambda: BUS not in devices(hub))  # ...then withdrawn
+    finally:
+        hub.stop()
+
+
+def test_container_sysfs_without_udev_events(tmp_path: Path) -> None:
+    # Item 8 of issue 8, as a container runs: --path.sysfs=/host/sys, no uevent ever
+    # arrives and nobody calls rescan(). The card must still be found when it appears,
+    # and reported down (then withdrawn) within about one interval when it goes.
+    sys_root = tmp_path / "host" / "sys"
+    shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt" / "sys", sys_root, symlinks=True)
+    drm = sys_root / "class" / "drm"
+    parked = tmp_path / "parked"
+    parked.mkdir()
+    for link in drm.iterdir():
+        link.rename(parked / link.name)
+
+    config = Config(sysfs=str(sys_root), interval=0.1)
+    discovery = DrmDiscovery(SysFS(sys_root), hotplug=config.sysfs == "/sys")
+    hub = Hub(config, [AmdBackend(config, discovery)])
+    hub.start()
+    try:
+        assert hub.snapshot.backends[0].up is False
+        for link in parked.iterdir():
+            link.rename(drm / link.name)
+        took = wait_for(lambda: devices(hub).get(BUS) is True)
+        assert took < 2.0
+
+        for link in drm.iterdir():
+            link.unlink()
+        took = wait_for(lambda: devices(hub).get(BUS) is False)
+        assert took < 2.0
+        wait_for(lambda: BUS not in devices(hub))
     finally:
         hub.stop()
