@@ -7,11 +7,13 @@ render node. The AMD and Intel backends ask ``cards(["amdgpu"])`` /
 whose driver writes usage stats is bound.
 
 Every ``cards()`` call checks that the list is current without udev: it lists
-``class/drm`` and compares each ``card<N>`` name, link target and whether its
-``device`` is still there with what the last enumeration saw (a listdir and, per
-card, a readlink and a stat: microseconds). Only a difference re-reads the cards.
-So a card that appears or goes is seen within one cycle under any ``--path.sysfs``,
-in a container where no uevent reaches the exporter too.
+``class/drm`` and compares each ``card<N>`` name and link target with what the last
+enumeration saw (a listdir and a readlink per card: microseconds). Only a
+difference re-reads the cards. So a card that appears or goes (the kernel removes
+its class link before the device directory) is seen within one cycle under any
+``--path.sysfs``, in a container where no uevent reaches the exporter too. A
+device directory that vanished under a link still there is the backends' to see:
+they report that card down (``gpu_lost``) until the link goes.
 
 Attributes are read through ``SysFS`` so fixture roots work. pyudev is used only to
 *hear* DRM add/remove events on the real ``/sys`` (its root is fixed there); each
@@ -118,7 +120,7 @@ def read_card(sysfs: SysFS, card: str) -> DrmCard | None:
     )
 
 
-Fingerprint = tuple[tuple[str, str, bool], ...]  # (card, link target, device present)
+Fingerprint = tuple[tuple[str, str], ...]  # (card, class/drm link target), sorted
 
 
 def card_fingerprint(sysfs: SysFS) -> Fingerprint:
@@ -130,13 +132,12 @@ def card_fingerprint(sysfs: SysFS) -> Fingerprint:
         return ()
     out = []
     for name in entries:
-        if not _CARD_RE.fullmatch(name):
-            continue
-        try:
-            target = os.readlink(drm / name)
-        except OSError:
-            target = ""  # a plain directory (some fixture trees) or gone meanwhile
-        out.append((name, target, os.path.isdir(drm / name / "device")))
+        if _CARD_RE.fullmatch(name):
+            try:
+                target = os.readlink(drm / name)
+            except OSError:
+                target = ""  # a plain directory (some fixture trees) or gone meanwhile
+            out.append((name, target))
     return tuple(sorted(out))
 
 
