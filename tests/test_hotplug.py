@@ -2,7 +2,7 @@
 
 The udev monitor only runs on a real /sys; the first test drives the event's effect,
 ``rescan()``, by hand on a copy of a fixture tree, as the monitor thread would. The
-second runs as in a container: no event at all, discovery notices on its own.
+others run as in a container: no event at all, discovery notices on its own.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 
 from exporter.backends.amd import AmdBackend
+from exporter.backends.fdinfo import FdinfoBackend
 from exporter.collector import Hub
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
 from exporter.fs import SysFS
 from tests.daemon import FIXTURES
+from tests.drm_tree import add_pci_card
 
 BUS = "0000:03:00.0"
 
@@ -96,5 +98,30 @@ def test_container_sysfs_without_udev_events(tmp_path: Path) -> None:
         took = wait_for(lambda: devices(hub).get(BUS) is False)
         assert took < 2.0
         wait_for(lambda: BUS not in devices(hub))
+    finally:
+        hub.stop()
+
+
+def test_processes_backend_waits_for_a_usage_stats_card(tmp_path: Path) -> None:
+    # Issue 13: on an NVIDIA-only host the /proc walk is skipped (backend_up 0 with the
+    # reason); an amdgpu card bound later turns it on within about one interval.
+    sys_root = tmp_path / "sys"
+    add_pci_card(sys_root, "0000:18:00.0", "card0", driver="nvidia", render="renderD128")
+    shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt" / "proc", tmp_path / "proc", symlinks=True)
+    config = Config(sysfs=str(sys_root), procfs=str(tmp_path / "proc"), interval=0.1,
+                    processes_interval=0.1)
+    discovery = DrmDiscovery(SysFS(sys_root), hotplug=False)
+    hub = Hub(config, [FdinfoBackend(config, discovery)])
+    hub.start()
+    try:
+        time.sleep(3.5)  # long enough that a back-off would now wait 5 s or more
+        (state,) = hub.snapshot.backends
+        assert (state.up, state.last) == (False, None)
+        assert "no amdgpu, i915 or xe card" in state.reason
+
+        add_pci_card(sys_root, BUS, "card1", render="renderD129")  # the fdinfo's drm-pdev
+        took = wait_for(lambda: BUS in devices(hub))
+        assert took < 2.0
+        assert hub.snapshot.backends[0].up
     finally:
         hub.stop()
