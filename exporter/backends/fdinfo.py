@@ -162,7 +162,7 @@ class FdinfoBackend:
             self.scanner.pids()
         except OSError as e:
             raise BackendUnavailable(f"cannot list {self.scanner.proc.root}: {e.strerror}") from e
-        return ()  # GPUs appear with their first client; the renderer joins by pci_bus_id
+        return ()  # GPUs appear with their first client; the collector joins by pci_bus_id
 
     def close(self) -> None:
         # No handle to release. Client baselines are kept on purpose: forgetting them
@@ -180,8 +180,9 @@ class FdinfoBackend:
         scan = self.scanner.scan(pids, self.clock() + self.budget, cards, self._resume)
         self._resume = scan.resume
         self._log_changes(scan)
-        self._forget(set(pids), cards)
-        self._account(scan, set(pids))
+        alive = set(pids)
+        self._forget(alive, cards)
+        self._account(scan, alive)
         return Cycle(devices=self._devices_out(scan.errors), errors=dict(scan.errors))
 
     def _forget(self, alive: set[int], cards: KnownCards) -> None:
