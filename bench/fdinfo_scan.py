@@ -15,6 +15,13 @@ contention), it times ``--rounds`` calls of:
 
 Prints the median CPU time (process_time) and wall time per scan of each and the
 ratio. Usage: ``python bench/fdinfo_scan.py [--rounds 9]``.
+
+``--nvidia-only``: the same host with no driver that writes DRM usage stats. The
+``--clients`` processes hold ``/dev/dri/card0`` of an NVIDIA card (nvidia-drm's fdinfo
+has no ``drm-`` keys), ``class/drm`` has only that card. It times what the backend
+did there every scan before it checked for such a card (the same /proc walk, finding
+nothing) next to what it does now: ``open()``, a look at ``class/drm`` that says
+"no amdgpu, i915 or xe card", which the collector repeats every ``retry_interval``.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from exporter.backends.base import BackendUnavailable  # noqa: E402
 from exporter.backends.fdinfo import FdinfoBackend  # noqa: E402
+from exporter.backends.fdinfo_scan import KnownCards  # noqa: E402
 from exporter.config import Config  # noqa: E402
 
 FDINFO = (
@@ -41,13 +50,16 @@ FDINFO = (
     "amd-evicted-visible-vram:\t0 KiB\namd-requested-vram:\t{vram} KiB\n"
     "amd-requested-visible-vram:\t{vram} KiB\namd-requested-gtt:\t65536 KiB\n"
 )
+# nvidia-drm implements no show_fdinfo: only the VFS lines.
+NVIDIA_FDINFO = "pos:\t0\nflags:\t02100002\nmnt_id:\t25\nino:\t{pasid}\n"
 OTHER_TARGETS = ("socket:[{n}]", "pipe:[{n}]", "/dev/null", "anon_inode:[eventfd]",
                  "/usr/lib/x86_64-linux-gnu/libc.so.6", "/var/log/journal/{n}.journal")
 
 
-def generate(root: Path, processes: int, fds: int, clients: int) -> None:
+def generate(root: Path, processes: int, fds: int, clients: int, nvidia: bool = False) -> None:
     step = max(1, processes // clients)
     client_pids = {1000 + i * step for i in range(clients)}
+    node, text = ("/dev/dri/card0", NVIDIA_FDINFO) if nvidia else ("/dev/dri/renderD128", FDINFO)
     for i in range(processes):
         pid = 1000 + i
         d = root / str(pid)
@@ -57,13 +69,28 @@ def generate(root: Path, processes: int, fds: int, clients: int) -> None:
         (d / "statm").write_text("25000 4000 1000 200 0 9000 0\n")
         for fd in range(fds):
             if pid in client_pids and fd == fds - 1:
-                os.symlink("/dev/dri/renderD128", d / "fd" / str(fd))
-                (d / "fdinfo" / str(fd)).write_text(FDINFO.format(
+                os.symlink(node, d / "fd" / str(fd))
+                (d / "fdinfo" / str(fd)).write_text(text.format(
                     pasid=32768 + i, cid=pid, gfx=pid * 1_000_003, compute=pid * 7,
                     vram=4096 + pid))
             else:
                 target = OTHER_TARGETS[fd % len(OTHER_TARGETS)].format(n=pid * 100 + fd)
                 os.symlink(target, d / "fd" / str(fd))
+
+
+def add_card(sys_root: Path, bus: str, driver: str, pci_id: str) -> None:
+    """``class/drm/card0`` -> a PCI function bound to ``driver``, as sysfs links it."""
+    dev = sys_root / "devices" / "pci0000:00" / bus
+    (dev / "drm" / "card0").mkdir(parents=True)
+    (dev / "vendor").write_text(f"0x{pci_id[:4].lower()}\n")
+    (dev / "device").write_text(f"0x{pci_id[5:].lower()}\n")
+    (dev / "uevent").write_text(f"DRIVER={driver}\nPCI_ID={pci_id}\nPCI_SLOT_NAME={bus}\n")
+    drivers = sys_root / "bus" / "pci" / "drivers" / driver
+    drivers.mkdir(parents=True)
+    os.symlink(os.path.relpath(drivers, dev), dev / "driver")
+    os.symlink("../..", dev / "drm" / "card0" / "device")
+    (sys_root / "class" / "drm").mkdir(parents=True)
+    os.symlink(f"../../devices/pci0000:00/{bus}/drm/card0", sys_root / "class" / "drm" / "card0")
 
 
 def floor(root: str) -> int:
@@ -94,22 +121,70 @@ def timed(fn: object) -> tuple[float, float]:
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
+def med(xs: list[tuple[float, float]], i: int) -> float:
+    return statistics.median(x[i] for x in xs) * 1000
+
+
+def nvidia_only(tmp: Path, args: argparse.Namespace) -> None:
+    """Before: the walk every scan. Now: open() finds no usage-stats card and stops."""
+    sys_root = tmp / "sys"
+    add_card(sys_root, "0000:18:00.0", "nvidia", "10DE:2330")  # H100 SXM5
+    config = Config(procfs=str(tmp / "proc"), sysfs=str(sys_root), processes_budget=60.0)
+    backend = FdinfoBackend(config)
+    scanner = backend.scanner
+
+    def walk() -> None:  # what sample() did on this host before the check
+        scan = scanner.scan(scanner.pids(), float("inf"), KnownCards({}, {}))
+        assert not scan.clients and not scan.errors
+
+    def check() -> None:
+        try:
+            backend.open()
+        except BackendUnavailable:
+            return
+        raise AssertionError("open() should find no amdgpu/i915/xe card here")
+
+    walk_t: list[tuple[float, float]] = []
+    check_t: list[tuple[float, float]] = []
+    for _ in range(args.rounds):
+        walk_t.append(timed(walk))
+        check_t.append(timed(lambda: [check() for _ in range(1000)]))
+    scan_every, check_every = config.processes_interval, backend.retry_interval
+    print(f"nvidia-only host, rounds: {args.rounds} (median)")
+    print(f"{'':32}{'cpu ms':>10}{'wall ms':>10}")
+    print(f"{'before: /proc walk per scan':32}{med(walk_t, 0):10.2f}{med(walk_t, 1):10.2f}")
+    print(f"{'now: open() check per call':32}{med(check_t, 0) / 1000:10.4f}"
+          f"{med(check_t, 1) / 1000:10.4f}")
+    before = med(walk_t, 0) / scan_every
+    now = med(check_t, 0) / 1000 / check_every
+    print(f"CPU per second at the defaults (scan every {scan_every:g} s, check every "
+          f"{check_every:g} s): before {before:.2f} ms/s, now {now:.4f} ms/s "
+          f"({before / now:.0f}x less)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--processes", type=int, default=5000)
     ap.add_argument("--fds", type=int, default=20)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--nvidia-only", action="store_true",
+                    help="no amdgpu/i915/xe card: the scan before vs the check now")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="fdinfo-bench-") as tmp:
         proc = Path(tmp) / "proc"
         t0 = time.perf_counter()
-        generate(proc, args.processes, args.fds, args.clients)
+        generate(proc, args.processes, args.fds, args.clients, nvidia=args.nvidia_only)
         print(f"generated {args.processes} processes x {args.fds} fds "
               f"({args.clients} DRM clients) in {time.perf_counter() - t0:.1f} s")
+        if args.nvidia_only:
+            nvidia_only(Path(tmp), args)
+            return
 
-        config = Config(procfs=str(proc), sysfs=str(Path(tmp) / "sys"), processes_budget=60.0)
+        sys_root = Path(tmp) / "sys"
+        add_card(sys_root, "0000:03:00.0", "amdgpu", "1002:747E")  # the fdinfo's drm-pdev
+        config = Config(procfs=str(proc), sysfs=str(sys_root), processes_budget=60.0)
         backend = FdinfoBackend(config)
         backend.open()
         assert floor(str(proc)) == args.clients
@@ -121,9 +196,6 @@ def main() -> None:
         for _ in range(args.rounds):
             floor_t.append(timed(lambda: floor(str(proc))))
             scan_t.append(timed(lambda: backend.sample(slow=False)))
-
-    def med(xs: list[tuple[float, float]], i: int) -> float:
-        return statistics.median(x[i] for x in xs) * 1000
 
     print(f"rounds: {args.rounds} (median per scan)")
     print(f"{'':8}{'cpu ms':>10}{'wall ms':>10}")

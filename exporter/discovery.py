@@ -3,12 +3,22 @@
 Owns the list of ``class/drm/card<N>`` entries (any N, never connectors such as
 ``card0-DP-1``) and what each one is: PCI bus id, vendor/device id, kernel driver,
 render node. The AMD and Intel backends ask ``cards(["amdgpu"])`` /
-``cards(["i915", "xe"])`` every cycle; that is a cached list, re-enumerated only
-after ``rescan()``.
+``cards(["i915", "xe"])`` every cycle, the processes backend asks whether any card
+whose driver writes usage stats is bound.
+
+Every ``cards()`` call checks that the list is current without udev: it lists
+``class/drm`` and compares each ``card<N>`` name and link target with what the last
+enumeration saw (a listdir and a readlink per card: microseconds). Only a
+difference re-reads the cards. So a card that appears or goes (the kernel removes
+its class link before the device directory) is seen within one cycle under any
+``--path.sysfs``, in a container where no uevent reaches the exporter too. A
+device directory that vanished under a link still there is the backends' to see:
+they report that card down (``gpu_lost``) until the link goes.
 
 Attributes are read through ``SysFS`` so fixture roots work. pyudev is used only to
 *hear* DRM add/remove events on the real ``/sys`` (its root is fixed there); each
-event triggers ``rescan()``, exactly what tests call by hand.
+event triggers ``rescan()`` (a full re-read, which also catches a ``change`` that
+leaves the links as they were).
 """
 
 from __future__ import annotations
@@ -110,6 +120,27 @@ def read_card(sysfs: SysFS, card: str) -> DrmCard | None:
     )
 
 
+Fingerprint = tuple[tuple[str, str], ...]  # (card, class/drm link target), sorted
+
+
+def card_fingerprint(sysfs: SysFS) -> Fingerprint:
+    """What identifies the current set of cards, read as cheaply as sysfs allows."""
+    drm = sysfs.path("class", "drm")
+    try:
+        entries = os.listdir(drm)
+    except OSError:
+        return ()
+    out = []
+    for name in entries:
+        if _CARD_RE.fullmatch(name):
+            try:
+                target = os.readlink(drm / name)
+            except OSError:
+                target = ""  # a plain directory (some fixture trees) or gone meanwhile
+            out.append((name, target))
+    return tuple(sorted(out))
+
+
 def enumerate_cards(sysfs: SysFS) -> list[DrmCard]:
     """Every PCI DRM card under ``<root>/class/drm``, sorted by PCI bus id."""
     try:
@@ -133,6 +164,7 @@ class DrmDiscovery:
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()  # one enumeration at a time (threads, events)
         self._cards: list[DrmCard] | None = None  # None: not enumerated yet
+        self._fingerprint: Fingerprint = ()  # what class/drm looked like at that enumeration
         self._generation = 0
         self._observer: Any = None  # pyudev.MonitorObserver while started
 
@@ -142,9 +174,11 @@ class DrmDiscovery:
         return self._generation
 
     def cards(self, drivers: Collection[str] | None = None) -> list[DrmCard]:
-        if self._cards is None:
+        """The cards bound to one of ``drivers`` (all cards if None), current as of now."""
+        if self._cards is None or card_fingerprint(self.sysfs) != self._fingerprint:
             with self._scan_lock:
-                if self._cards is None:  # another backend's thread may have just done it
+                # Another backend's thread may have just re-enumerated: check again.
+                if self._cards is None or card_fingerprint(self.sysfs) != self._fingerprint:
                     self._rescan()
         with self._lock:
             current = list(self._cards or ())
@@ -158,8 +192,11 @@ class DrmDiscovery:
             self._rescan()
 
     def _rescan(self) -> None:
+        # Fingerprint first: a change while enumerating then shows on the next call.
+        fingerprint = card_fingerprint(self.sysfs)
         found = enumerate_cards(self.sysfs)
         with self._lock:
+            self._fingerprint = fingerprint
             before = {c.card: c for c in self._cards or ()}
             after = {c.card: c for c in found}
             first = self._cards is None
@@ -181,7 +218,7 @@ class DrmDiscovery:
                 log.info("drm card removed", card=name, pci_bus_id=card.pci_bus_id)
 
     def start(self) -> None:
-        """Listen for DRM add/remove uevents (real /sys only). Idempotent."""
+        """Also listen for DRM uevents (real /sys only): a re-read on any event. Idempotent."""
         if not self.hotplug:
             return
         with self._lock:
@@ -197,8 +234,9 @@ class DrmDiscovery:
                 )
                 observer.start()
             except Exception as exc:  # no netlink in this namespace, no libudev, ...
-                # Without events, cards only change on restart: say so once.
-                log.warning("drm hotplug monitor unavailable", reason=str(exc))
+                # Not fatal: cards() notices changes by itself. Said once.
+                log.info("drm hotplug events unavailable, polling class/drm",
+                         reason=str(exc))
                 self.hotplug = False
                 return
             self._observer = observer

@@ -14,7 +14,9 @@ drivers really print it (samples in ../shared/fixtures/fdinfo):
   prints first, and the pair is only used consistently as an identity.
 - unknown keys (``pos``, ``pasid``, ``v3d-jobs-*``, ``drm-curfreq-*``) are ignored;
   a ``drm-`` key with a value that is not the documented shape is counted in
-  ``malformed`` and dropped.
+  ``malformed`` and dropped. Numbers go through ``units.parse_int`` and must fit a
+  u64 once their unit is applied (the kernel prints u64s): a 400-digit counter is
+  a dropped line, not an int that overflows every later float conversion.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from exporter.model import normalize_pci_bus_id
+from exporter.units import U64_MAX, parse_int
 
 # Bounds against a garbled or hostile file: names become label values.
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
@@ -52,8 +55,9 @@ _PREFIXES = (
     ("drm-purgeable-", "purgeable"),
     ("amd-", "amd"),  # amdgpu legacy: amd-memory-visible-vram, amd-requested-gtt, ...
 )
-_UNIT_OF = {"engine_ns": {"ns": 1}, "maxfreq_hz": _FREQ_UNITS, "engine_capacity": {"": 1},
-            "total_cycles": {"": 1}, "cycles": {"": 1}}  # everything else: memory units
+_COUNT = {"": 1}
+_UNIT_OF = {"engine_ns": {"ns": 1}, "maxfreq_hz": _FREQ_UNITS, "engine_capacity": _COUNT,
+            "total_cycles": _COUNT, "cycles": _COUNT}  # everything else: memory units
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
 
@@ -101,13 +105,17 @@ class _Builder:
 
 
 def _number(value: str, units: Mapping[str, int]) -> int | None:
+    """``"<digits> [unit]"`` -> an int in 0..u64 after the unit is applied, else None."""
     parts = value.split()
     if not 1 <= len(parts) <= 2:
         return None
-    number, unit = parts[0], parts[1] if len(parts) == 2 else ""
-    if not number.isdigit() or not number.isascii() or unit not in units:
+    scale = units.get(parts[1] if len(parts) == 2 else "")
+    number = parse_int(parts[0])
+    if scale is None or number is None or number < 0:
         return None
-    return int(number) * units[unit]
+    number *= scale
+    # The kernel prints u64s: anything larger is garbage, and would not fit a float later.
+    return number if number <= U64_MAX else None
 
 
 def _feed(b: _Builder, key: str, value: str) -> None:
@@ -154,13 +162,10 @@ def parse_fdinfo(text: str) -> DrmClientStats:
     capacity = {k: v for k, v in maps.get("engine_capacity", {}).items() if v > 0}
     malformed = b.malformed + len(maps.get("engine_capacity", {})) - len(capacity)
 
-    client_id: int | None = None
     raw_id = b.scalars.get("client_id")
-    if raw_id is not None:
-        if raw_id.isdigit() and raw_id.isascii():
-            client_id = int(raw_id)
-        else:
-            malformed += 1
+    client_id = _number(raw_id, _COUNT) if raw_id is not None else None
+    if raw_id is not None and client_id is None:
+        malformed += 1
     pdev = b.scalars.get("pdev")
     driver = b.scalars.get("driver")
 

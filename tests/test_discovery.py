@@ -8,38 +8,9 @@ from pathlib import Path
 
 from exporter.discovery import DrmDiscovery, enumerate_cards, parse_uevent
 from exporter.fs import SysFS
+from tests.drm_tree import add_pci_card, remove_card
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def add_pci_card(
-    root: Path,
-    bus_id: str,
-    card: str,
-    driver: str = "amdgpu",
-    vendor: str = "0x1002",
-    device: str | None = "0x73bf",
-    render: str | None = "renderD129",
-) -> Path:
-    """A minimal PCI GPU the way sysfs shows it: real dirs plus relative symlinks."""
-    dev = root / "devices/pci0000:00/0000:00:02.0" / bus_id
-    dev.mkdir(parents=True)
-    (dev / "vendor").write_text(vendor + "\n")
-    if device is not None:
-        (dev / "device").write_text(device + "\n")
-    (dev / "uevent").write_text(f"DRIVER={driver}\nPCI_ID=1002:73BF\nPCI_SLOT_NAME={bus_id}\n")
-    drv = root / "bus/pci/drivers" / driver
-    drv.mkdir(parents=True, exist_ok=True)
-    (dev / "driver").symlink_to(os.path.relpath(drv, dev))
-    nodes = [card] + ([render] if render else [])
-    for node in nodes:
-        node_dir = dev / "drm" / node
-        node_dir.mkdir(parents=True)
-        (node_dir / "device").symlink_to(os.path.relpath(dev, node_dir))
-        link = root / "class/drm" / node
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(node_dir, link.parent))
-    return dev
 
 
 def test_fixture_card_identity() -> None:
@@ -94,26 +65,50 @@ def test_non_pci_and_deviceless_entries_are_skipped(tmp_path: Path) -> None:
     assert enumerate_cards(SysFS(tmp_path / "nothing")) == []
 
 
-def test_cached_until_rescan_and_generation_bumps(tmp_path: Path) -> None:
+def test_cards_are_current_without_udev(tmp_path: Path) -> None:
+    # Item 8 of issue 8: under a --path.sysfs other than /sys no uevent ever arrives.
+    # Before this, cards() kept its first list until rescan() (udev) and a removed
+    # card stayed "up"; now every call notices a card that came or went.
     root = tmp_path / "sys"
     shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt/sys", root, symlinks=True)
     disc = DrmDiscovery(SysFS(root), hotplug=False)
     assert [c.card for c in disc.cards()] == ["card1"]
     gen = disc.generation
 
-    add_pci_card(root, "0000:0c:00.0", "card0")
-    assert [c.card for c in disc.cards()] == ["card1"]  # cached: no event yet
-    disc.rescan()  # what the udev "add" event triggers
+    add_pci_card(root, "0000:0c:00.0", "card0")  # hotplugged: no event, no rescan()
     assert [c.pci_bus_id for c in disc.cards()] == ["0000:03:00.0", "0000:0c:00.0"]
     assert disc.generation == gen + 1
+    assert [c.card for c in disc.cards(["amdgpu"])] == ["card1", "card0"]
+    assert disc.generation == gen + 1  # nothing changed since: same generation
 
-    disc.rescan()  # nothing changed: same generation
-    assert disc.generation == gen + 1
-
-    (root / "class/drm/card1").unlink()  # "remove"
-    disc.rescan()
+    remove_card(root, "card1")  # PCI remove / unbind: its class/drm links go
     assert [c.card for c in disc.cards()] == ["card0"]
     assert disc.generation == gen + 2
+
+
+def test_unchanged_cards_are_not_read_again(tmp_path: Path) -> None:
+    # The per-call check only looks at class/drm's names and links: a card's attribute
+    # files are read at enumeration, not on every call (that is what keeps it cheap).
+    dev = add_pci_card(tmp_path, "0000:0c:00.0", "card0")
+    disc = DrmDiscovery(SysFS(tmp_path), hotplug=False)
+    assert [c.device_id for c in disc.cards()] == [0x73BF]
+    (dev / "device").write_text("0x7480\n")
+    assert [c.device_id for c in disc.cards()] == [0x73BF]
+    disc.rescan()  # a udev "change" event still re-reads everything
+    assert [c.device_id for c in disc.cards()] == [0x7480]
+
+
+def test_rescan_bumps_generation_only_on_change(tmp_path: Path) -> None:
+    disc = DrmDiscovery(SysFS(tmp_path), hotplug=False)
+    assert disc.cards() == []
+    gen = disc.generation
+    disc.rescan()
+    assert disc.generation == gen
+    add_pci_card(tmp_path, "0000:0c:00.0", "card0")
+    disc.rescan()  # what the udev "add" event triggers
+    assert disc.generation == gen + 1
+    assert [c.card for c in disc.cards()] == ["card0"]
+    assert disc.generation == gen + 1
 
 
 def test_start_stop_are_noops_without_hotplug() -> None:

@@ -249,3 +249,28 @@ def test_i915_dgpu_local_regions_are_device_local() -> None:
         "drm-resident-stolen-local0: 1 KiB\n"
     )
     assert memory_split(s) == (4096, 1024)
+
+
+def test_numbers_are_u64_or_dropped() -> None:
+    # Item 11 of issue 8: a 400-digit counter parsed as a Python int and raised
+    # OverflowError later, in float conversion. Every number is now a u64 (what the
+    # kernel prints) once its unit is applied, else the line is dropped and counted.
+    u64_max = 2**64 - 1
+    s = parse_fdinfo(
+        "drm-driver:\tamdgpu\n"
+        f"drm-client-id:\t{'7' * 400}\n"
+        f"drm-engine-gfx:\t{'9' * 400} ns\n"
+        f"drm-engine-compute:\t{u64_max + 1} ns\n"
+        f"drm-engine-dma:\t{u64_max} ns\n"
+        "drm-engine-jpeg:\t1e400 ns\n"
+        "drm-engine-vcn:\tNaN ns\n"
+        f"drm-memory-vram:\t{u64_max // 1024 + 1} KiB\n"  # a u64, but not once in bytes
+        f"drm-memory-gtt:\t{u64_max // 1024} KiB\n"
+        f"drm-maxfreq-gfx:\t{u64_max} MHz\n"
+        f"drm-engine-capacity-gfx:\t{'1' * 30}\n"
+    )
+    assert s.client_id is None
+    assert dict(s.engine_ns) == {"dma": u64_max}
+    assert dict(s.resident) == {"gtt": u64_max // 1024 * 1024}
+    assert dict(s.maxfreq_hz) == {} and dict(s.engine_capacity) == {}
+    assert s.malformed == 8

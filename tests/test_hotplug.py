@@ -1,7 +1,8 @@
 """Hotplug through the whole collection path: DRM discovery, the AMD backend, the hub.
 
-The udev monitor only runs on a real /sys; here the event's effect, ``rescan()``, is
-driven by hand on a copy of a fixture tree, as the monitor thread would.
+The udev monitor only runs on a real /sys; the first test drives the event's effect,
+``rescan()``, by hand on a copy of a fixture tree, as the monitor thread would. The
+others run as in a container: no event at all, discovery notices on its own.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import time
 from pathlib import Path
 
 from exporter.backends.amd import AmdBackend
+from exporter.backends.fdinfo import FdinfoBackend
 from exporter.collector import Hub
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
 from exporter.fs import SysFS
 from tests.daemon import FIXTURES
+from tests.drm_tree import add_pci_card
 
 BUS = "0000:03:00.0"
 
@@ -63,5 +66,62 @@ def test_card_added_then_removed(tmp_path: Path) -> None:
         discovery.rescan()
         wait_for(lambda: devices(hub).get(BUS) is False)  # reported down first...
         wait_for(lambda: BUS not in devices(hub))  # ...then withdrawn
+    finally:
+        hub.stop()
+
+
+def test_container_sysfs_without_udev_events(tmp_path: Path) -> None:
+    # Item 8 of issue 8, as a container runs: --path.sysfs=/host/sys, no uevent ever
+    # arrives and nobody calls rescan(). The card must still be found when it appears,
+    # and reported down (then withdrawn) within about one interval when it goes.
+    sys_root = tmp_path / "host" / "sys"
+    shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt" / "sys", sys_root, symlinks=True)
+    drm = sys_root / "class" / "drm"
+    parked = tmp_path / "parked"
+    parked.mkdir()
+    for link in drm.iterdir():
+        link.rename(parked / link.name)
+
+    config = Config(sysfs=str(sys_root), interval=0.1)
+    discovery = DrmDiscovery(SysFS(sys_root), hotplug=config.sysfs == "/sys")
+    hub = Hub(config, [AmdBackend(config, discovery)])
+    hub.start()
+    try:
+        assert hub.snapshot.backends[0].up is False
+        for link in parked.iterdir():
+            link.rename(drm / link.name)
+        took = wait_for(lambda: devices(hub).get(BUS) is True)
+        assert took < 2.0
+
+        for link in drm.iterdir():
+            link.unlink()
+        took = wait_for(lambda: devices(hub).get(BUS) is False)
+        assert took < 2.0
+        wait_for(lambda: BUS not in devices(hub))
+    finally:
+        hub.stop()
+
+
+def test_processes_backend_waits_for_a_usage_stats_card(tmp_path: Path) -> None:
+    # Issue 13: on an NVIDIA-only host the /proc walk is skipped (backend_up 0 with the
+    # reason); an amdgpu card bound later turns it on within about one interval.
+    sys_root = tmp_path / "sys"
+    add_pci_card(sys_root, "0000:18:00.0", "card0", driver="nvidia", render="renderD128")
+    shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt" / "proc", tmp_path / "proc", symlinks=True)
+    config = Config(sysfs=str(sys_root), procfs=str(tmp_path / "proc"), interval=0.1,
+                    processes_interval=0.1)
+    discovery = DrmDiscovery(SysFS(sys_root), hotplug=False)
+    hub = Hub(config, [FdinfoBackend(config, discovery)])
+    hub.start()
+    try:
+        time.sleep(3.5)  # long enough that a back-off would now wait 5 s or more
+        (state,) = hub.snapshot.backends
+        assert (state.up, state.last) == (False, None)
+        assert "no amdgpu, i915 or xe card" in state.reason
+
+        add_pci_card(sys_root, BUS, "card1", render="renderD129")  # the fdinfo's drm-pdev
+        took = wait_for(lambda: BUS in devices(hub))
+        assert took < 2.0
+        assert hub.snapshot.backends[0].up
     finally:
         hub.stop()

@@ -22,7 +22,9 @@ def build_backends(config: Config) -> list[Backend]:
 
     wants_amd = config.collector_enabled("amd") is not False
     wants_intel = config.collector_enabled("intel") is not False
-    if wants_amd or wants_intel:
+    wants_processes = config.collector_enabled("processes") is not False
+    # One DRM discovery for every backend that asks which cards are bound.
+    if wants_amd or wants_intel or wants_processes:
         from exporter.discovery import DrmDiscovery
         from exporter.fs import SysFS
 
@@ -35,9 +37,8 @@ def build_backends(config: Config) -> list[Backend]:
             from exporter.backends.intel import IntelBackend
 
             backends.append(IntelBackend(config, discovery))
+        if wants_processes:
+            from exporter.backends.fdinfo import FdinfoBackend
 
-    if config.collector_enabled("processes") is not False:
-        from exporter.backends.fdinfo import FdinfoBackend
-
-        backends.append(FdinfoBackend(config))
+            backends.append(FdinfoBackend(config, discovery))
     return backends
