@@ -36,6 +36,11 @@ def build_backends(config: Config) -> list[Backend]:
 
             backends.append(IntelBackend(config, discovery))
 
+    if config.collector_enabled("level-zero"):  # opt-in: docs/vendors-intel.md says why
+        from exporter.backends.level_zero import LevelZeroBackend
+
+        backends.append(LevelZeroBackend(config))
+
     if config.collector_enabled("processes") is not False:
         from exporter.backends.fdinfo import FdinfoBackend
 

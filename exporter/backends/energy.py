@@ -57,10 +57,12 @@ class EnergyCounter:
         self._waited = 0  # cycles spent waiting for an unreadable preferred channel
 
     def update(
-        self, channels: Sequence[str], readings: Mapping[str, float | None], seconds: float
+        self, channels: Sequence[str], readings: Mapping[str, float | None],
+        seconds: float | Mapping[str, float],
     ) -> tuple[float | None, float | None]:
         """``channels``: the ones that exist, preferred first; ``readings``: this cycle's
-        values in J (None or absent: not readable now). Returns (joules, watts)."""
+        values in J (None or absent: not readable now); ``seconds``: when they were read
+        (one clock, or each counter's own timestamp). Returns (joules, watts)."""
         if self.stuck:
             return None, None
         if self.chosen is None:
@@ -82,8 +84,11 @@ class EnergyCounter:
                 return None, None
         elif chosen in moved:
             self._still = 0
-        watts = power_from_energy(self._previous, (joules, seconds))
-        self._previous = (joules, seconds)
+        at = seconds if isinstance(seconds, (int, float)) else seconds.get(chosen)
+        if at is None:
+            return joules, None
+        watts = power_from_energy(self._previous, (joules, at))
+        self._previous = (joules, at)
         return joules, watts
 
 
