@@ -229,6 +229,19 @@ def test_unsupported_call_gives_no_series_and_is_not_asked_again(
     assert stub.zeStubCalls(b"zesMemoryGetState") == 3
 
 
+def test_permission_denied_is_counted_once_and_skipped(
+        stub: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "no-processes.tsv"
+    data.write_text(DATA.read_text() + "denied\tzesDeviceProcessesGetState\n")
+    monkeypatch.setenv("ZE_STUB_DATA", str(data))
+    b = backend(stub)
+    b.open()
+    first, second = b.sample(slow=True), b.sample(slow=True)
+    assert dict(first.errors) == {"permission": 1} and dict(second.errors) == {}
+    assert second.devices[0].processes == () and second.devices[0].up
+    assert stub.zeStubCalls(b"zesDeviceProcessesGetState") == 1
+
+
 def test_a_vanished_device_is_down_and_comes_back(stub: ctypes.CDLL) -> None:
     b = backend(stub)
     b.open()

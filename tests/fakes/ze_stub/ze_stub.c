@@ -13,6 +13,7 @@
  *   ras     type reset programming driver compute non_compute cache display
  *   process pid memSize sharedSize engines
  *   unsupported functionName     (that call answers ZE_RESULT_ERROR_UNSUPPORTED_FEATURE)
+ *   denied functionName          (that call answers ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS)
  * Component lines belong to the device above them. Counters advance by their step on
  * every read, so a test knows each reading: base + n * step.
  *
@@ -58,6 +59,7 @@ typedef struct {
     ras_t ras[MAXN]; uint32_t n_ras;
     proc_t procs[64]; uint32_t n_procs;
     char unsupported[MAXN][64]; uint32_t n_unsupported;
+    char denied[MAXN][64]; uint32_t n_denied;
     int lost;
 } device_t;
 
@@ -134,6 +136,8 @@ static __attribute__((unused)) void load(const char *path) {
             p->engines = u64(tok[4]);
         } else if (!strcmp(tok[0], "unsupported") && d->n_unsupported < MAXN) {
             copy(d->unsupported[d->n_unsupported++], tok[1]);
+        } else if (!strcmp(tok[0], "denied") && d->n_denied < MAXN) {
+            copy(d->denied[d->n_denied++], tok[1]);
         }
     }
     fclose(f);
@@ -157,6 +161,8 @@ static ze_result_t check(const void *h, const char *fn) {
     if (d->lost) return DEVICE_LOST;
     for (uint32_t i = 0; i < d->n_unsupported; i++)
         if (!strcmp(d->unsupported[i], fn)) return UNSUPPORTED;
+    for (uint32_t i = 0; i < d->n_denied; i++)
+        if (!strcmp(d->denied[i], fn)) return 0x70010000u; /* INSUFFICIENT_PERMISSIONS */
     return OK;
 }
 
