@@ -51,7 +51,7 @@ from exporter.backends.intel_parse import (
 )
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
-from exporter.fs import clean_text, read_bytes, read_int, read_text
+from exporter.fs import clean_text, read_bytes, read_text
 from exporter.model import DeviceInfo, DeviceSample, pci_uuid
 
 log = structlog.get_logger(__name__).bind(backend="intel")
@@ -152,8 +152,8 @@ def _link_dir(device_dir: Path) -> Path:
 
 
 def _is_intel_bridge(directory: Path) -> bool:
-    bridge = (read_int(directory / "class") or 0) >> 8 == 0x0604
-    return bridge and read_int(directory / "vendor") == 0x8086
+    bridge = (units.parse_int(read_text(directory / "class")) or 0) >> 8 == 0x0604
+    return bridge and units.parse_int(read_text(directory / "vendor")) == 0x8086
 
 
 @dataclass(frozen=True)
