@@ -15,14 +15,9 @@ from types import ModuleType
 import pytest
 
 from exporter.backends.base import BackendUnavailable
+from exporter.backends.energy import power_from_energy
 from exporter.backends.intel import IntelBackend
-from exporter.backends.intel_parse import (
-    gt_clock_label,
-    map_throttle_reasons,
-    parse_link_speed,
-    parse_link_width,
-    power_from_energy,
-)
+from exporter.backends.intel_parse import gt_clock_label, map_throttle_reasons
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
 from exporter.fs import SysFS
@@ -336,10 +331,6 @@ def test_xe_vram_size_and_host_link_through_arc_switch(b580: Path) -> None:
 
 
 def test_parsers() -> None:
-    assert parse_link_speed("2.5 GT/s PCIe") == 1
-    assert parse_link_speed("32.0 GT/s PCIe") == 5
-    assert parse_link_speed("Unknown") is None
-    assert parse_link_width("0") is None and parse_link_width("16") == 16
     assert gt_clock_label("gt0-rc", "gt0") == "graphics"
     assert gt_clock_label("gt1-mc", "gt1") == "video"
     assert gt_clock_label(None, "gt0") == "graphics" and gt_clock_label(None, "gt1") is None

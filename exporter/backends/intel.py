@@ -11,10 +11,16 @@ Owns: turning one i915/xe DRM card's sysfs files into a DeviceSample each cycle.
 - Throttle reasons of the render GT (xe ``freq0/throttle/reason_*``, i915
   ``gt/gt0/throttle_reason_*``), mapped in intel_parse.THROTTLE_REASONS.
 - hwmon (dGPUs only; iGPUs have none): energy counter (µJ -> J; the "card" channel,
-  else i915's unlabelled energy1, else "pkg"), power in W from the energy delta
-  between two samples (``field_sources["power_watts"] = "sysfs_energy_delta"``, no
-  power series on the first sample), power limit, "pkg"/"vram" temperatures and the
-  pkg crit/emergency thresholds, fans as fanN_input / fanN_max.
+  else i915's unlabelled energy1, else "pkg", chosen by exporter.backends.energy: a
+  channel that reads 0 or stands still while another counts is not exported), power
+  in W from the energy delta between two samples (``field_sources["power_watts"] =
+  "sysfs_energy_delta"``, no power series on the first sample), power limit,
+  "pkg"/"vram" temperatures (i915's unlabelled temp1 is the package) and the pkg
+  crit/emergency thresholds, fans as fanN_input / fanN_max.
+
+Every number goes through exporter.units: text that is not a number, NaN, infinities,
+more than 20 digits or a value outside its unit's range is dropped and counted as
+``parse``; it never reaches the output and never marks the card down.
 - PCIe link, and xe ``tile<T>/physical_vram_size_bytes`` as memory total.
 
 Engine utilisation is not read here (it comes from the fdinfo backend); GT idle
@@ -33,22 +39,19 @@ from pathlib import Path
 
 import structlog
 
-from exporter import hwmon
+from exporter import hwmon, units
 from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
+from exporter.backends.energy import EnergyCounter
 from exporter.backends.intel_parse import (
     device_name,
     first_present,
     gt_clock_label,
     map_throttle_reasons,
-    mhz_to_hertz,
-    parse_int,
-    parse_link_speed,
-    parse_link_width,
-    power_from_energy,
+    temperature_sensor,
 )
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
-from exporter.fs import clean_text, read_bytes, read_int, read_text
+from exporter.fs import clean_text, read_bytes, read_text
 from exporter.model import DeviceInfo, DeviceSample, pci_uuid
 
 log = structlog.get_logger(__name__).bind(backend="intel")
@@ -58,10 +61,6 @@ SOURCE = "sysfs"
 POWER_SOURCE = "sysfs_energy_delta"
 HWMON_NAMES = ("xe", "i915")
 
-# hwmon channel labels -> METRICS.md `sensor`. xe also labels mctrl, pcie and
-# vram_ch_<N> sensors (Battlemage); METRICS has no sensor value for them, so they
-# stay out rather than invent label values.
-TEMP_SENSORS = {"pkg": "package", "vram": "vram"}
 # hwmon tempN_crit / tempN_emergency of the pkg sensor -> METRICS `threshold`.
 # (xe's temp2_max reads 60 °C on a B580 at idle: not a max operating temperature.)
 TEMP_THRESHOLDS = {"crit": "critical", "emergency": "shutdown"}
@@ -88,8 +87,14 @@ def _numbered(parent: Path, prefix: str) -> list[Path]:
     return [parent / n for _, n in sorted(found)]
 
 
-def read_attr_int(path: Path, errors: Counter[str]) -> int | None:
-    """One integer attribute; a missing file is "not exposed", a failing one is counted."""
+MHZ = 1_000_000
+
+
+def read_attr(
+    path: Path, errors: Counter[str], scale: float = 1, unit: str = "count"
+) -> float | None:
+    """One numeric attribute in ``unit`` (after ``scale``); a missing file is "not
+    exposed", a failing read counts as ``read``, garbage or an impossible value as ``parse``."""
     raw = read_bytes(path)
     if raw is None:
         # EAGAIN/ENODATA/EACCES/EISDIR on a file that is there: count it, go on.
@@ -97,10 +102,36 @@ def read_attr_int(path: Path, errors: Counter[str]) -> int | None:
             errors["read"] += 1
         return None
     text = clean_text(raw)  # NUL padding, trailing whitespace, "N/A", empty -> None
-    value = parse_int(text)
-    if text is not None and value is None:
+    if text is None:
+        return None
+    value = units.parse_scaled(text, scale, unit)
+    if value is None:
         errors["parse"] += 1
     return value
+
+
+def _hwmon(
+    read: Callable[..., dict[str, float]], chip: Path, unit: str, errors: Counter[str],
+    *args: str,
+) -> dict[str, float]:
+    """An exporter.hwmon reader's channels, each bounded for ``unit`` (garbage counted).
+
+    hwmon's own parser lets NaN and infinities through and overflows on a 400-digit
+    file; this keeps both out of the output and the card up, whatever hwmon does.
+    """
+    try:
+        values = read(chip, *args, errors=errors)
+    except (ArithmeticError, ValueError):
+        errors["parse"] += 1
+        return {}
+    out: dict[str, float] = {}
+    for label, value in values.items():
+        bounded = units.bounded(value, unit)
+        if bounded is None:
+            errors["parse"] += 1
+        else:
+            out[label] = bounded
+    return out
 
 
 def _link_dir(device_dir: Path) -> Path:
@@ -121,8 +152,8 @@ def _link_dir(device_dir: Path) -> Path:
 
 
 def _is_intel_bridge(directory: Path) -> bool:
-    bridge = (read_int(directory / "class") or 0) >> 8 == 0x0604
-    return bridge and read_int(directory / "vendor") == 0x8086
+    bridge = (units.parse_int(read_text(directory / "class")) or 0) >> 8 == 0x0604
+    return bridge and units.parse_int(read_text(directory / "vendor")) == 0x8086
 
 
 @dataclass(frozen=True)
@@ -137,8 +168,8 @@ class _Slow:
 class _CardState:
     info: DeviceInfo
     link_dir: Path
-    energy: tuple[float, float] | None = None  # last (joules, monotonic seconds)
-    energy_channel: str | None = None  # hwmon label the counter is read from
+    energy: EnergyCounter
+    energy_channels: list[str] | None = None  # hwmon energy labels present, preferred first
     slow: _Slow | None = None
     lost: bool = False
 
@@ -206,7 +237,8 @@ class IntelBackend:
                 architecture=architecture,
                 device_node=card.card,
             )
-            state = self._states[card] = _CardState(info, _link_dir(card.device_dir))
+            state = self._states[card] = _CardState(
+                info, _link_dir(card.device_dir), EnergyCounter(card.pci_bus_id))
         return state
 
     def _read_card(
@@ -225,26 +257,25 @@ class IntelBackend:
 
         temps: dict[str, float] = {}
         fans: dict[str, float] = {}
-        energy: float | None = None
-        chips = [d for d in hwmon.hwmon_dirs(dev) if hwmon.hwmon_name(d) in HWMON_NAMES]
-        for chip in chips:
-            for label, celsius in hwmon.read_temperatures(chip, errors).items():
-                if label in TEMP_SENSORS:
-                    temps.setdefault(TEMP_SENSORS[label], celsius)
+        readings: dict[str, float | None] = {}
+        chips = [(d, hwmon.hwmon_name(d)) for d in hwmon.hwmon_dirs(dev)]
+        chips = [(d, name) for d, name in chips if name in HWMON_NAMES]
+        for chip, chip_name in chips:
+            for label, celsius in _hwmon(hwmon.read_temperatures, chip, "celsius",
+                                         errors).items():
+                sensor = temperature_sensor(chip_name, label)
+                if sensor is not None:
+                    temps.setdefault(sensor, celsius)
             fans.update(_read_fan_ratios(chip, errors))
-            if energy is None:
-                if state.energy_channel is None:
-                    state.energy_channel = _energy_channel(chip)
-                if state.energy_channel is not None:
-                    energy = hwmon.read_energy(chip, errors).get(state.energy_channel)
+            if not readings:
+                if not state.energy_channels:
+                    state.energy_channels = _energy_channels(chip)
+                joules = _hwmon(hwmon.read_energy, chip, "joules", errors)
+                readings = {c: joules.get(c) for c in state.energy_channels}
         if slow or state.slow is None:
-            state.slow = _read_slow(chips, errors)
-
-        power: float | None = None
-        if energy is not None:
-            now = (energy, self._clock())
-            power = power_from_energy(state.energy, now)
-            state.energy = now
+            state.slow = _read_slow([c for c, _ in chips], errors)
+        energy, power = state.energy.update(state.energy_channels or [], readings,
+                                            self._clock())
 
         link = state.link_dir
         return DeviceSample(
@@ -261,10 +292,10 @@ class IntelBackend:
             clocks_hertz=clocks,
             clocks_max_hertz=max_clocks,
             throttle_reasons=throttle,
-            pcie_link_generation=parse_link_speed(read_text(link / "current_link_speed")),
-            pcie_link_width=parse_link_width(read_text(link / "current_link_width")),
-            pcie_link_max_generation=parse_link_speed(read_text(link / "max_link_speed")),
-            pcie_link_max_width=parse_link_width(read_text(link / "max_link_width")),
+            pcie_link_generation=units.parse_link_speed(read_text(link / "current_link_speed")),
+            pcie_link_width=units.parse_link_width(read_text(link / "current_link_width")),
+            pcie_link_max_generation=units.parse_link_speed(read_text(link / "max_link_speed")),
+            pcie_link_max_width=units.parse_link_width(read_text(link / "max_link_width")),
         )
 
 
@@ -280,7 +311,7 @@ def _read_xe_gts(
     throttle: dict[str, bool] = {}
     vram: float | None = None
     for tile in _numbered(dev, "tile"):
-        size = read_attr_int(tile / "physical_vram_size_bytes", errors)
+        size = read_attr(tile / "physical_vram_size_bytes", errors, unit="bytes")
         if size is not None:
             vram = (vram or 0.0) + size
         for gt in _numbered(tile, "gt"):
@@ -288,10 +319,10 @@ def _read_xe_gts(
             if label is None or label in clocks or label in max_clocks:
                 continue
             freq = gt / "freq0"
-            act = mhz_to_hertz(read_attr_int(freq / "act_freq", errors))
-            top = mhz_to_hertz(read_attr_int(freq / "rp0_freq", errors))
+            act = read_attr(freq / "act_freq", errors, MHZ, "hertz")
+            top = read_attr(freq / "rp0_freq", errors, MHZ, "hertz")
             if top is None:
-                top = mhz_to_hertz(read_attr_int(freq / "max_freq", errors))
+                top = read_attr(freq / "max_freq", errors, MHZ, "hertz")
             if act is not None:
                 clocks[label] = act
             if top is not None:
@@ -311,10 +342,10 @@ def _read_i915_gt(card_dir: Path, errors: Counter[str]) -> tuple[Clocks, Clocks,
         base, prefix, throttle = card_dir, "gt_", {}
     clocks: Clocks = {}
     max_clocks: Clocks = {}
-    act = mhz_to_hertz(read_attr_int(base / f"{prefix}act_freq_mhz", errors))
-    top = mhz_to_hertz(read_attr_int(base / f"{prefix}RP0_freq_mhz", errors))
+    act = read_attr(base / f"{prefix}act_freq_mhz", errors, MHZ, "hertz")
+    top = read_attr(base / f"{prefix}RP0_freq_mhz", errors, MHZ, "hertz")
     if top is None:
-        top = mhz_to_hertz(read_attr_int(base / f"{prefix}max_freq_mhz", errors))
+        top = read_attr(base / f"{prefix}max_freq_mhz", errors, MHZ, "hertz")
     if act is not None:
         clocks["graphics"] = act
     if top is not None:
@@ -329,9 +360,13 @@ def _read_reasons(directory: Path, prefix: str, errors: Counter[str]) -> dict[st
         return {}
     bits: dict[str, int] = {}
     for name in names:
-        value = read_attr_int(directory / name, errors)
-        if value is not None:
-            bits[name.removeprefix(prefix)] = value
+        value = read_attr(directory / name, errors)
+        if value is None:
+            continue
+        if value not in (0, 1):  # a reason bit is 0 or 1; anything else is garbage
+            errors["parse"] += 1
+            continue
+        bits[name.removeprefix(prefix)] = int(value)
     return map_throttle_reasons(bits)
 
 
@@ -350,28 +385,27 @@ def _read_fan_ratios(chip: Path, errors: Counter[str]) -> dict[str, float]:
     for index, filename in hwmon.channels(names, "fan", "input"):
         if f"fan{index}_max" not in names:
             continue
-        rpm = read_attr_int(chip / filename, errors)
-        top = read_attr_int(chip / f"fan{index}_max", errors)
+        rpm = read_attr(chip / filename, errors, unit="rpm")
+        top = read_attr(chip / f"fan{index}_max", errors, unit="rpm")
         if rpm is not None and top:
             out[str(index - 1)] = min(max(rpm / top, 0.0), 1.0)
     return out
 
 
-def _energy_channel(chip: Path) -> str | None:
-    """The hwmon label to take the energy counter from, chosen once per card.
+def _energy_channels(chip: Path) -> list[str]:
+    """The hwmon energy labels this chip has, in ENERGY_CHANNELS' order of preference.
 
-    Chosen by which channels exist, not by which read well this cycle: falling back
-    to "pkg" when "card" fails once would splice two counters and fake a power spike.
+    Read once per card: which one is exported is EnergyCounter's choice among these.
     """
     try:
         names = os.listdir(chip)
     except OSError:
-        return None
+        return []
     labels = [
         read_text(chip / f"energy{index}_label") or f"energy{index}"
         for index, _ in hwmon.channels(names, "energy", "input")
     ]
-    return next((c for c in ENERGY_CHANNELS if c in labels), None)
+    return [c for c in ENERGY_CHANNELS if c in labels]
 
 
 def _read_slow(chips: list[Path], errors: Counter[str]) -> _Slow:
@@ -379,12 +413,13 @@ def _read_slow(chips: list[Path], errors: Counter[str]) -> _Slow:
     limit: float | None = None
     thresholds: dict[str, float] = {}
     for chip in chips:
-        if limit is None:
-            limit = first_present(hwmon.read_power_caps(chip, "max", errors), LIMIT_CHANNELS)
-        if limit is None:
-            limit = first_present(hwmon.read_power_caps(chip, "cap", errors), LIMIT_CHANNELS)
+        for kind in ("max", "cap"):
+            if limit is None:
+                caps = _hwmon(hwmon.read_power_caps, chip, "watts", errors, kind)
+                limit = first_present(caps, LIMIT_CHANNELS)
         for kind, threshold in TEMP_THRESHOLDS.items():
-            value = hwmon.read_temperature_thresholds(chip, kind, errors).get("pkg")
+            value = _hwmon(hwmon.read_temperature_thresholds, chip, "celsius", errors,
+                           kind).get("pkg")
             if value is not None:
                 thresholds.setdefault(threshold, value)
     return _Slow(limit, thresholds)

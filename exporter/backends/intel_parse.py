@@ -1,8 +1,9 @@
 """Pure parsers and tables for the Intel (i915 / xe) backend: no file access here.
 
-Owns: what an i915/xe sysfs string means in METRICS.md terms. Frequencies (MHz),
-PCIe link speed strings, the throttle-reason mapping, which GT is the render one
-and which the media one, PCI device id -> marketing name, energy -> power.
+Owns: what an i915/xe sysfs attribute means in METRICS.md terms: the throttle-reason
+mapping, which GT is the render one and which the media one, which hwmon channel is
+which sensor, PCI device id -> marketing name. Numbers themselves are parsed and
+bounded by exporter.units, energy -> power by exporter.backends.energy.
 
 Kernel references: drivers/gpu/drm/xe/xe_gt_freq.c and xe_gt_throttle.c
 (``device/tile<T>/gt<G>/freq0/*``), drivers/gpu/drm/xe/xe_gt_idle.c (``gtidle/name``),
@@ -13,57 +14,6 @@ drivers/gpu/drm/i915/gt/intel_gt_sysfs_pm.c (``gt_*_freq_mhz``, ``gt/gt<N>/rps_*
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-MHZ = 1_000_000.0
-
-
-def parse_int(text: str | None) -> int | None:
-    """A decimal sysfs integer (already cleaned of NULs/whitespace), else None."""
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-def mhz_to_hertz(value: int | None) -> float | None:
-    """i915 ``gt_*_freq_mhz`` / xe ``*_freq`` are MHz; negative means garbage."""
-    if value is None or value < 0:
-        return None
-    return value * MHZ
-
-
-# PCIe signalling rate -> generation (PCI Express base spec; the kernel prints
-# "<rate> GT/s PCIe" in current_link_speed / max_link_speed, "Unknown" for iGPUs).
-_LINK_GENERATIONS = {
-    "2.5": 1,
-    "5.0": 2,
-    "5": 2,
-    "8.0": 3,
-    "8": 3,
-    "16.0": 4,
-    "16": 4,
-    "32.0": 5,
-    "32": 5,
-    "64.0": 6,
-    "64": 6,
-}
-
-
-def parse_link_speed(text: str | None) -> int | None:
-    """``"16.0 GT/s PCIe"`` -> 4; ``"Unknown"`` (integrated GPUs) -> None."""
-    if not text:
-        return None
-    rate = text.split()[0]
-    return _LINK_GENERATIONS.get(rate)
-
-
-def parse_link_width(text: str | None) -> int | None:
-    """``"8"`` -> 8; ``"0"`` (integrated GPUs: no link) -> None."""
-    width = parse_int(text)
-    return width if width else None
-
 
 # xe ``freq0/throttle/reason_<x>`` and i915 ``gt/gtN/throttle_reason_<x>`` both read
 # the PCU's PERF_LIMIT_REASONS bits. Mapped onto METRICS.md's NVML-derived `reason`
@@ -103,6 +53,26 @@ def map_throttle_reasons(bits: Mapping[str, int]) -> dict[str, bool]:
     return out
 
 
+# hwmon channel labels -> METRICS.md `sensor`. xe also labels mctrl, pcie and
+# vram_ch_<N> sensors (Battlemage); METRICS has no sensor value for them, so they
+# stay out rather than invent label values.
+TEMP_SENSORS: Mapping[str, str] = {"pkg": "package", "vram": "vram"}
+
+
+def temperature_sensor(chip: str | None, label: str) -> str | None:
+    """The METRICS sensor of hwmon channel ``label`` on chip ``chip`` ("xe", "i915").
+
+    i915 writes no label files: its ABI (Documentation/ABI/testing/
+    sysfs-driver-intel-i915-hwmon, kernel 6.12) documents ``temp1_input`` as the
+    "GPU package temperature", so discrete Arc on i915 reports its package sensor.
+    """
+    if label in TEMP_SENSORS:
+        return TEMP_SENSORS[label]
+    if chip == "i915" and label == "temp1":
+        return "package"
+    return None
+
+
 # xe names each GT's idle (C-state) domain "gt<N>-rc" for a render/compute GT and
 # "gt<N>-mc" for a media GT (xe_gt_idle.c). The media GT clocks the video engines
 # (vcs/vecs), which is what METRICS's clock="video" means (NVML's video clock).
@@ -131,23 +101,6 @@ DEVICE_NAMES: Mapping[int, tuple[str, str]] = {
 
 def device_name(device_id: int) -> tuple[str, str]:
     return DEVICE_NAMES.get(device_id, (f"Intel GPU {device_id:04x}", ""))
-
-
-def power_from_energy(
-    previous: tuple[float, float] | None, current: tuple[float, float]
-) -> float | None:
-    """Average watts between two ``(joules, monotonic seconds)`` readings.
-
-    None on the first reading, when no time passed, or when the counter went
-    backwards (driver reload, wrap): a wrong spike is worse than one missing point.
-    """
-    if previous is None:
-        return None
-    d_joules = current[0] - previous[0]
-    d_seconds = current[1] - previous[1]
-    if d_seconds <= 0 or d_joules < 0:
-        return None
-    return d_joules / d_seconds
 
 
 def first_present(values: Mapping[str, float], keys: tuple[str, ...]) -> float | None:
