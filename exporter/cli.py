@@ -75,6 +75,9 @@ OPTIONS = (
            "exporter-toolkit web config: TLS and basic auth (default none)", "FILE"),
     Option("path.sysfs", "sysfs", parse_path, "sysfs mount point (default /sys)", "DIR"),
     Option("path.procfs", "procfs", parse_path, "procfs mount point (default /proc)", "DIR"),
+    Option("path.amdgpu-ids", "amdgpu_ids", parse_path,
+           "libdrm's amdgpu.ids, the AMD marketing-name table (default "
+           "usr/share/libdrm/amdgpu.ids beside the sysfs root)", "FILE"),
     Option("collector.interval", "interval", parse_duration,
            "fast tier: seconds between samples (default 1s)", "DURATION"),
     Option("collector.slow-interval", "slow_interval", parse_duration,
