@@ -7,6 +7,8 @@ BackendUnavailable and it reports ``gpu_exporter_backend_up 0`` with the reason.
 
 from __future__ import annotations
 
+import importlib.util
+
 from exporter.backends.base import Backend, BackendFailed, BackendUnavailable, Cycle
 from exporter.config import Config
 
@@ -35,6 +37,14 @@ def build_backends(config: Config) -> list[Backend]:
             from exporter.backends.intel import IntelBackend
 
             backends.append(IntelBackend(config, discovery))
+
+    # amdsmi is an optional extra: without the package there is no amdsmi backend at all
+    # (no backend_up series), unless --collector.amdsmi asks for it and is told why not.
+    amdsmi_switch = config.collector_enabled("amdsmi")
+    if amdsmi_switch or (amdsmi_switch is None and importlib.util.find_spec("amdsmi")):
+        from exporter.backends.amdsmi import AmdSmiBackend
+
+        backends.append(AmdSmiBackend(config))
 
     if config.collector_enabled("processes") is not False:
         from exporter.backends.fdinfo import FdinfoBackend
