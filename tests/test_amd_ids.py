@@ -23,7 +23,8 @@ from exporter.fs import SysFS
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = Path(__file__).parent / "golden"
 IDS = FIXTURES / "libdrm" / "amdgpu.ids"
-AMD = sorted(p.name for p in FIXTURES.iterdir() if p.name.startswith("amd-") and (p / "sys").is_dir())
+AMD = sorted(p.name for p in FIXTURES.iterdir()
+             if p.name.startswith("amd-") and (p / "sys").is_dir())
 
 
 def test_parse_format() -> None:

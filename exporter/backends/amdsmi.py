@@ -33,7 +33,7 @@ import structlog
 
 from exporter.backends import amdsmi_device as dev
 from exporter.backends.amd_rates import AccumulatorRates
-from exporter.backends.amdsmi_calls import Caller, GpuLost, error_code, text
+from exporter.backends.amdsmi_calls import Caller, GpuLost, text
 from exporter.backends.base import LIBRARY, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.model import DeviceInfo, DeviceSample, normalize_pci_bus_id
@@ -55,6 +55,15 @@ class _Device:
 def _physical(bdf: str) -> str:
     """The GPU's own bus id: the partition's BDF with function 0."""
     return bdf[:-1] + "0" if bdf[-2:-1] == "." else bdf
+
+
+def _identity_call(call: Caller, errors: Counter[str], fn: str) -> Any:
+    """An identity getter at discovery: a device that is already gone reads as unknown
+    here, and reports up=0 from its first sample."""
+    try:
+        return call.get(errors, fn)
+    except GpuLost:
+        return None
 
 
 class AmdSmiBackend:
@@ -80,7 +89,9 @@ class AmdSmiBackend:
             amdsmi.amdsmi_init(amdsmi.AmdSmiInitFlags.INIT_AMD_GPUS)
             handles = list(amdsmi.amdsmi_get_processor_handles())
         except amdsmi.AmdSmiException as e:
-            raise BackendUnavailable(f"amdsmi_init failed: {e} (code {error_code(e)})") from None
+            # The package's messages span lines ("Error code:\n\t34 | ..."): one line here.
+            reason = " ".join(str(e).split())
+            raise BackendUnavailable(f"amdsmi_init failed: {reason}") from None
         self.lib = amdsmi
         if not handles:
             self.close()
@@ -121,10 +132,10 @@ class AmdSmiBackend:
                 continue
             devices.append(_Device(base, first, "parent"))
             for bdf, call in parts:
-                kfd = call.get(errors, "amdsmi_get_gpu_kfd_info") or {}
+                kfd = _identity_call(call, errors, "amdsmi_get_gpu_kfd_info") or {}
                 pid = kfd.get("current_partition_id")
                 partition = str(pid) if isinstance(pid, int) else str(int(bdf[-1], 16))
-                uuid = text(call.get(errors, "amdsmi_get_gpu_device_uuid"))
+                uuid = text(_identity_call(call, errors, "amdsmi_get_gpu_device_uuid"))
                 info = DeviceInfo(
                     vendor="amd", pci_bus_id=bus_id, uuid=uuid or f"{base.uuid}-p{partition}",
                     name=base.name, driver=base.driver, driver_version=base.driver_version,
@@ -135,15 +146,18 @@ class AmdSmiBackend:
         return devices
 
     def _info(self, call: Caller, bus_id: str, errors: Counter[str]) -> DeviceInfo:
-        asic = call.get(errors, "amdsmi_get_gpu_asic_info") or {}
-        driver = call.get(errors, "amdsmi_get_gpu_driver_info") or {}
-        vbios = call.get(errors, "amdsmi_get_gpu_vbios_info") or {}
-        compute = text(call.get(errors, "amdsmi_get_gpu_compute_partition"))
-        memory = text(call.get(errors, "amdsmi_get_gpu_memory_partition"))
+        def get(fn: str) -> Any:
+            return _identity_call(call, errors, fn)
+
+        asic = get("amdsmi_get_gpu_asic_info") or {}
+        driver = get("amdsmi_get_gpu_driver_info") or {}
+        vbios = get("amdsmi_get_gpu_vbios_info") or {}
+        compute = text(get("amdsmi_get_gpu_compute_partition"))
+        memory = text(get("amdsmi_get_gpu_memory_partition"))
         mode = "/".join(p for p in (compute, memory) if p)
         return DeviceInfo(
             vendor="amd", pci_bus_id=bus_id,
-            uuid=text(call.get(errors, "amdsmi_get_gpu_device_uuid")) or f"pci-{bus_id}",
+            uuid=text(get("amdsmi_get_gpu_device_uuid")) or f"pci-{bus_id}",
             name=text(asic.get("market_name")), driver=text(driver.get("driver_name")),
             driver_version=text(driver.get("driver_version")),
             vbios_version=text(vbios.get("version")), serial=text(asic.get("asic_serial")),
