@@ -49,6 +49,7 @@ class Config:
     web_config_file: str | None = None
     sysfs: str = "/sys"
     procfs: str = "/proc"
+    amdgpu_ids: str | None = None  # None: usr/share/libdrm/amdgpu.ids beside the sysfs root
     interval: float = 1.0  # fast tier, seconds
     slow_interval: float = 10.0  # expensive calls, seconds
     processes_interval: float = 5.0  # per-process /proc scan

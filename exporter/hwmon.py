@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from exporter import units
 from exporter.fs import clean_text, read_bytes, read_text
 
 _HWMON_RE = re.compile(r"hwmon(\d+)")
@@ -61,20 +62,9 @@ def hwmon_name(hwmon_dir: Path) -> str | None:
     return read_text(hwmon_dir / "name")
 
 
-def parse_number(text: str | None, scale: float = 1.0) -> float | None:
-    """``"56000"`` with scale 0.001 -> 56.0; None/garbage -> None (pure)."""
-    if text is None:
-        return None
-    try:
-        value: float = int(text)
-    except ValueError:
-        try:
-            value = float(text)
-        except ValueError:
-            return None
-    # Divide by the integer 1000 / 1000000 rather than multiply by 0.001 / 1e-6, so
-    # 3103000 µW is exactly 3.103 W in the output, not 3.1029999999999998.
-    return value / round(1 / scale) if 0 < scale < 1 else value * scale
+def is_u64_sentinel(text: str | None) -> bool:
+    """2^64-1, the all-ones "no value" of a u64 sysfs attribute: never a reading."""
+    return units.parse_int(text) == units.U64_MAX
 
 
 def channels(names: Iterable[str], prefix: str, suffix: str) -> list[tuple[int, str]]:
@@ -91,7 +81,9 @@ def _listing(hwmon_dir: Path) -> list[str]:
         return []
 
 
-def _read_value(path: Path, scale: float, errors: ErrorCounter | None) -> float | None:
+def _read_value(path: Path, scale: float, unit: str, errors: ErrorCounter | None) -> float | None:
+    """One channel file in base units; garbage (NaN, inf, 400 digits, the u64 all-ones
+    sentinel, a value its unit cannot be) is dropped and counted as ``parse``."""
     raw = read_bytes(path)
     if raw is None:
         # Listed but unreadable: hwmon drivers return EAGAIN/ENODATA while the SMU is busy.
@@ -101,7 +93,7 @@ def _read_value(path: Path, scale: float, errors: ErrorCounter | None) -> float 
     text = clean_text(raw)
     if text is None:
         return None  # N/A or empty: not exposed, not an error
-    value = parse_number(text, scale)
+    value = None if is_u64_sentinel(text) else units.parse_scaled(text, scale, unit)
     if value is None and errors is not None:
         errors["parse"] += 1
     return value
@@ -118,6 +110,7 @@ def _read_channels(
     prefix: str,
     suffix: str,
     scale: float,
+    unit: str,
     errors: ErrorCounter | None,
     names: list[str] | None = None,
 ) -> dict[str, float]:
@@ -125,7 +118,7 @@ def _read_channels(
     name_set = set(listed)
     out: dict[str, float] = {}
     for index, filename in channels(listed, prefix, suffix):
-        value = _read_value(hwmon_dir / filename, scale, errors)
+        value = _read_value(hwmon_dir / filename, scale, unit, errors)
         if value is not None:
             out.setdefault(_label(hwmon_dir, name_set, prefix, index), value)
     return out
@@ -133,14 +126,14 @@ def _read_channels(
 
 def read_temperatures(hwmon_dir: Path, errors: ErrorCounter | None = None) -> dict[str, float]:
     """tempN_input, millidegrees Celsius -> °C."""
-    return _read_channels(hwmon_dir, "temp", "input", 0.001, errors)
+    return _read_channels(hwmon_dir, "temp", "input", 0.001, "celsius", errors)
 
 
 def read_temperature_thresholds(
     hwmon_dir: Path, kind: str, errors: ErrorCounter | None = None
 ) -> dict[str, float]:
     """tempN_<kind> (crit, emergency, max, crit_hyst, ...), millidegrees -> °C."""
-    return _read_channels(hwmon_dir, "temp", kind, 0.001, errors)
+    return _read_channels(hwmon_dir, "temp", kind, 0.001, "celsius", errors)
 
 
 def read_power(hwmon_dir: Path, errors: ErrorCounter | None = None) -> dict[str, float]:
@@ -149,8 +142,9 @@ def read_power(hwmon_dir: Path, errors: ErrorCounter | None = None) -> dict[str,
     amdgpu exposes one or the other (or both) depending on ASIC and kernel.
     """
     names = _listing(hwmon_dir)
-    out = _read_channels(hwmon_dir, "power", "average", 1e-6, errors, names)
-    for label, value in _read_channels(hwmon_dir, "power", "input", 1e-6, errors, names).items():
+    out = _read_channels(hwmon_dir, "power", "average", 1e-6, "watts", errors, names)
+    inputs = _read_channels(hwmon_dir, "power", "input", 1e-6, "watts", errors, names)
+    for label, value in inputs.items():
         out.setdefault(label, value)
     return out
 
@@ -159,17 +153,17 @@ def read_power_caps(
     hwmon_dir: Path, kind: str = "cap", errors: ErrorCounter | None = None
 ) -> dict[str, float]:
     """powerN_<kind> (cap, cap_max, cap_default, max, crit, ...), µW -> W."""
-    return _read_channels(hwmon_dir, "power", kind, 1e-6, errors)
+    return _read_channels(hwmon_dir, "power", kind, 1e-6, "watts", errors)
 
 
 def read_energy(hwmon_dir: Path, errors: ErrorCounter | None = None) -> dict[str, float]:
     """energyN_input, µJ -> J (a counter since driver load)."""
-    return _read_channels(hwmon_dir, "energy", "input", 1e-6, errors)
+    return _read_channels(hwmon_dir, "energy", "input", 1e-6, "joules", errors)
 
 
 def read_fans_rpm(hwmon_dir: Path, errors: ErrorCounter | None = None) -> dict[str, float]:
     """fanN_input, RPM."""
-    return _read_channels(hwmon_dir, "fan", "input", 1.0, errors)
+    return _read_channels(hwmon_dir, "fan", "input", 1.0, "rpm", errors)
 
 
 def read_fan_ratios(hwmon_dir: Path, errors: ErrorCounter | None = None) -> dict[str, float]:
@@ -184,28 +178,30 @@ def read_fan_ratios(hwmon_dir: Path, errors: ErrorCounter | None = None) -> dict
     out: dict[str, float] = {}
     pwm_re = re.compile(r"pwm(\d+)")
     for index in sorted(int(m.group(1)) for n in names if (m := pwm_re.fullmatch(n))):
-        duty = _read_value(hwmon_dir / f"pwm{index}", 1.0, errors)
+        duty = _read_value(hwmon_dir / f"pwm{index}", 1.0, "count", errors)
         top: float | None = 255.0
         if f"pwm{index}_max" in name_set:
-            top = _read_value(hwmon_dir / f"pwm{index}_max", 1.0, errors)
+            top = _read_value(hwmon_dir / f"pwm{index}_max", 1.0, "count", errors)
         if duty is not None and top:
-            out[f"fan{index}"] = min(max(duty / top, 0.0), 1.0)
+            if (ratio := units.clamp_ratio(duty / top)) is not None:
+                out[f"fan{index}"] = ratio
     for index, filename in channels(names, "fan", "input"):
         key = f"fan{index}"
         if key in out or f"fan{index}_max" not in name_set:
             continue
-        rpm = _read_value(hwmon_dir / filename, 1.0, errors)
-        top = _read_value(hwmon_dir / f"fan{index}_max", 1.0, errors)
+        rpm = _read_value(hwmon_dir / filename, 1.0, "rpm", errors)
+        top = _read_value(hwmon_dir / f"fan{index}_max", 1.0, "rpm", errors)
         if rpm is not None and top:
-            out[key] = min(max(rpm / top, 0.0), 1.0)
+            if (ratio := units.clamp_ratio(rpm / top)) is not None:
+                out[key] = ratio
     return out
 
 
 def read_frequencies(hwmon_dir: Path, errors: ErrorCounter | None = None) -> dict[str, float]:
     """freqN_input, Hz (amdgpu labels them "sclk", "mclk", "fclk", ...)."""
-    return _read_channels(hwmon_dir, "freq", "input", 1.0, errors)
+    return _read_channels(hwmon_dir, "freq", "input", 1.0, "hertz", errors)
 
 
 def read_voltages(hwmon_dir: Path, errors: ErrorCounter | None = None) -> dict[str, float]:
     """inN_input, millivolts -> volts (amdgpu labels "vddgfx", "vddnb")."""
-    return _read_channels(hwmon_dir, "in", "input", 0.001, errors)
+    return _read_channels(hwmon_dir, "in", "input", 0.001, "volts", errors)

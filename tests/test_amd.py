@@ -13,13 +13,7 @@ from pathlib import Path
 import pytest
 
 from exporter.backends.amd import AmdBackend
-from exporter.backends.amd_parse import (
-    dpm_current_hz,
-    dpm_max_hz,
-    parse_link_speed,
-    parse_pp_dpm,
-    parse_ras_count,
-)
+from exporter.backends.amd_parse import dpm_current_hz, dpm_max_hz, parse_pp_dpm, parse_ras_count
 from exporter.backends.base import BackendUnavailable
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
@@ -258,30 +252,32 @@ def test_card_vanishing_before_rescan_does_not_crash(rx7800xt: tuple[Path, Path]
 
 
 def test_parse_pp_dpm_with_deep_sleep_level() -> None:
-    levels = parse_pp_dpm("S: 19Mhz *\n0: 615Mhz\n1: 800Mhz\n3: 1000Mhz\n")
-    assert [(lvl.level, lvl.mhz, lvl.current) for lvl in levels][0] == ("S", 19, True)
+    levels, bad = parse_pp_dpm("S: 19Mhz *\n0: 615Mhz\n1: 800Mhz\n3: 1000Mhz\n")
+    assert [(lvl.level, lvl.hz, lvl.current) for lvl in levels][0] == ("S", 19e6, True)
+    assert bad == 0
     assert dpm_current_hz(levels) == 19e6
     assert dpm_max_hz(levels) == 1000e6
 
 
 def test_parse_pp_dpm_pcie_and_garbage() -> None:
-    levels = parse_pp_dpm("0: 2.5GT/s, x1 78Mhz \n1: 16.0GT/s, x16 623Mhz *\nbogus\n")
+    levels, bad = parse_pp_dpm("0: 2.5GT/s, x1 78Mhz \n1: 16.0GT/s, x16 623Mhz *\nbogus\n")
+    assert bad == 0  # "bogus" is not a level line at all
     assert [(lvl.pcie_gts, lvl.pcie_width, lvl.current) for lvl in levels] == [
         (2.5, 1, False),
         (16.0, 16, True),
     ]
-    assert parse_pp_dpm(None) == [] and dpm_max_hz([]) is None and dpm_current_hz([]) is None
+    assert parse_pp_dpm(None) == ([], 0) and dpm_max_hz([]) is None and dpm_current_hz([]) is None
 
 
-@pytest.mark.parametrize(
-    ("text", "gen"),
-    [("2.5 GT/s PCIe", 1), ("8.0 GT/s PCIe", 3), ("16.0 GT/s PCIe", 4), ("32.0 GT/s PCIe", 5),
-     ("Unknown", None), (None, None)],
-)  # fmt: skip
-def test_parse_link_speed(text: str | None, gen: int | None) -> None:
-    assert parse_link_speed(text) == gen
+def test_parse_pp_dpm_drops_impossible_levels() -> None:
+    huge = "9" * 400
+    levels, bad = parse_pp_dpm(f"0: 500Mhz\n1: {huge}Mhz *\n2: 2254Mhz\n3: 16.0GT/s, x99 1Mhz\n")
+    assert [lvl.hz for lvl in levels] == [500e6, 2254e6]
+    assert bad == 2
+    assert dpm_current_hz(levels) is None
 
 
 def test_parse_ras_count() -> None:
-    assert parse_ras_count("ue: 0\nce: 3\n") == {"uncorrected": 0, "corrected": 3}
-    assert parse_ras_count("") == {}
+    assert parse_ras_count("ue: 0\nce: 3\n") == ({"uncorrected": 0, "corrected": 3}, 0)
+    assert parse_ras_count("") == ({}, 0)
+    assert parse_ras_count(f"ue: {'9' * 400}\nce: 18446744073709551615\n") == ({}, 2)

@@ -111,11 +111,3 @@ def test_bad_values_are_skipped_and_counted(tmp_path: Path) -> None:
     errors: Counter[str] = Counter()
     assert hwmon.read_temperatures(d, errors) == {"temp5": 50.0}
     assert errors == {"read": 2, "parse": 1}
-
-
-def test_parse_number() -> None:
-    assert hwmon.parse_number("56000", 0.001) == 56.0
-    assert hwmon.parse_number("-273150", 0.001) == -273.15
-    assert hwmon.parse_number("1.5") == 1.5
-    assert hwmon.parse_number(None) is None
-    assert hwmon.parse_number("x") is None

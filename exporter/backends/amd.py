@@ -15,22 +15,29 @@ comes from where). Per-value problems are counted into ``Cycle.errors``:
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 
-from exporter import hwmon
-from exporter.backends.amd_gpu_metrics import GpuMetrics, GpuMetricsError, parse_gpu_metrics
+from exporter import hwmon, units
+from exporter.backends.amd_gpu_metrics import (
+    MI300_THROTTLERS,
+    GpuMetrics,
+    GpuMetricsError,
+    parse_gpu_metrics,
+)
+from exporter.backends.amd_ids import AmdgpuIds, default_path
 from exporter.backends.amd_parse import (
+    DpmLevel,
     dpm_current_hz,
     dpm_max_hz,
-    parse_link_speed,
     parse_pp_dpm,
     parse_ras_count,
-    pcie_generation,
 )
+from exporter.backends.amd_rates import AccumulatorRates, ResidencyFlags
 from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
@@ -60,12 +67,41 @@ class _Reader:
             return None
         return clean_text(raw)
 
-    def number(self, name: str, scale: float = 1.0) -> float | None:
+    def number(self, name: str, unit: str, scale: float = 1.0) -> float | None:
+        """A number in base units, bounded for ``unit``; garbage is dropped and counted."""
         text = self.text(name)
-        value = hwmon.parse_number(text, scale)
+        value = None if hwmon.is_u64_sentinel(text) else units.parse_scaled(text, scale, unit)
         if value is None and text is not None:
             self.errors["parse"] += 1
         return value
+
+    def ratio(self, name: str) -> float | None:
+        """A ``*_busy_percent`` file as 0..1."""
+        text = self.text(name)
+        value = units.ratio_from_percent(units.parse_number(text))
+        if value is None and text is not None:
+            self.errors["parse"] += 1
+        return value
+
+    def dpm(self, name: str) -> list[DpmLevel]:
+        levels, bad = parse_pp_dpm(self.text(name))
+        self.errors["parse"] += bad
+        return levels
+
+    def link_speed(self, name: str) -> int | None:
+        text = self.text(name)
+        gen = units.parse_link_speed(text)
+        # "Unknown" (no link: an APU, a powered-down port) is not an error; a number is.
+        if gen is None and text is not None and any(c.isdigit() for c in text):
+            self.errors["parse"] += 1
+        return gen
+
+    def link_width(self, name: str) -> int | None:
+        text = self.text(name)
+        width = units.parse_link_width(text)
+        if width is None and text is not None and text.strip() != "0":
+            self.errors["parse"] += 1
+        return width
 
     def raw(self, name: str) -> bytes | None:
         path = self.dir / name
@@ -77,15 +113,19 @@ class _Reader:
         return data
 
 
-def device_info(card: DrmCard) -> DeviceInfo:
-    """Static identity: product_name, unique_id (the uuid), vbios_version."""
+def device_info(card: DrmCard, ids: AmdgpuIds | None = None) -> DeviceInfo:
+    """Static identity: product_name (else libdrm's name for device + revision),
+    unique_id (the uuid), vbios_version."""
     r = _Reader(card.device_dir, Counter())
     unique_id = r.text("unique_id")
+    name = r.text("product_name") or ""
+    if not name and ids is not None:
+        name = ids.name(r.text("device"), r.text("revision"))
     return DeviceInfo(
         vendor="amd",
         pci_bus_id=card.pci_bus_id,
         uuid=unique_id or pci_uuid(card.pci_bus_id),
-        name=r.text("product_name") or "",
+        name=name,
         driver=card.driver,
         vbios_version=r.text("vbios_version") or "",
         serial=r.text("serial_number") or "",
@@ -105,14 +145,34 @@ def _first(values: dict[str, float], *preferred: str) -> float | None:
     return next(iter(values.values()), None)
 
 
-def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str]) -> DeviceSample:
+class CardCounters:
+    """What one card's sample needs from the previous one: XGMI accumulators and MI300
+    throttler residencies (gpu_metrics v1.4+) become rates and flags across cycles."""
+
+    def __init__(self) -> None:
+        self.xgmi: AccumulatorRates[tuple[str, str]] = AccumulatorRates()
+        self.residency = ResidencyFlags()
+
+    def xgmi_rates(self, metrics: GpuMetrics) -> dict[tuple[str, str], float]:
+        # "read" data arrived over the link (rx), "write" data left through it (tx).
+        counters = {**{(link, "rx"): v for link, v in metrics.xgmi_read_bytes.items()},
+                    **{(link, "tx"): v for link, v in metrics.xgmi_write_bytes.items()}}
+        # The driver's timestamp of the table, so a cached table is not a zero rate.
+        now = metrics.system_clock_ns / 1e9 if metrics.system_clock_ns else time.monotonic()
+        return self.xgmi.update(now, counters)
+
+
+def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
+              counters: CardCounters | None = None) -> DeviceSample:
     """One sample of one card; never raises for a bad value (it is skipped and counted)."""
     r = _Reader(card.device_dir, errors)
+    counters = counters or CardCounters()
     metrics: GpuMetrics | None = None
     blob = r.raw("gpu_metrics")
     if blob:
         try:
             metrics = parse_gpu_metrics(blob)
+            errors["parse"] += metrics.dropped
         except GpuMetricsError:
             errors["gpu_metrics"] += 1
 
@@ -147,8 +207,8 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str]) -> DeviceSa
             if sensor not in temps and sensor in metrics.temperatures_celsius:
                 temps[sensor] = metrics.temperatures_celsius[sensor]
 
-    sclk = parse_pp_dpm(r.text("pp_dpm_sclk"))
-    mclk = parse_pp_dpm(r.text("pp_dpm_mclk"))
+    sclk = r.dpm("pp_dpm_sclk")
+    mclk = r.dpm("pp_dpm_mclk")
     clocks: dict[str, float] = {}
     for clock, label, levels in (("graphics", "sclk", sclk), ("memory", "mclk", mclk)):
         value = freqs.get(label) or dpm_current_hz(levels)
@@ -164,18 +224,18 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str]) -> DeviceSa
 
     # PCIe: the starred pp_dpm_pcie level is the link the SMU runs; Navi dGPUs sit
     # behind an internal switch whose current_link_* shows the switch's link instead.
-    pcie = [lvl for lvl in parse_pp_dpm(r.text("pp_dpm_pcie")) if lvl.current]
-    gen = pcie_generation(pcie[0].pcie_gts) if pcie else None
+    pcie = [lvl for lvl in r.dpm("pp_dpm_pcie") if lvl.current]
+    gen = units.pcie_generation(pcie[0].pcie_gts) if pcie else None
     width = pcie[0].pcie_width if pcie else None
     if gen is None:
-        gen = parse_link_speed(r.text("current_link_speed"))
+        gen = r.link_speed("current_link_speed")
     if width is None:
-        width = _int(r.number("current_link_width"))
+        width = r.link_width("current_link_width")
 
-    util = _ratio(r.number("gpu_busy_percent"))
-    mem_util = _ratio(r.number("mem_busy_percent"))
+    util = r.ratio("gpu_busy_percent")
+    mem_util = r.ratio("mem_busy_percent")
     engines: dict[str, float] = {}
-    video = _ratio(r.number("vcn_busy_percent"))
+    video = r.ratio("vcn_busy_percent")
     if metrics is not None:
         util = util if util is not None else metrics.gfx_activity_ratio
         mem_util = mem_util if mem_util is not None else metrics.memory_activity_ratio
@@ -185,10 +245,10 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str]) -> DeviceSa
     if video is not None:
         engines["video"] = video
 
-    vram_total = r.number("mem_info_vram_total")
-    vram_used = r.number("mem_info_vram_used")
-    gtt_total = r.number("mem_info_gtt_total")
-    gtt_used = r.number("mem_info_gtt_used")
+    vram_total = r.number("mem_info_vram_total", "bytes")
+    vram_used = r.number("mem_info_vram_used", "bytes")
+    gtt_total = r.number("mem_info_gtt_total", "bytes")
+    gtt_used = r.number("mem_info_gtt_used", "bytes")
     apu = is_apu(metrics, list(volts))
     if apu:
         # The "VRAM" of an APU is a carve-out of system RAM: report it with GTT as
@@ -198,14 +258,18 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str]) -> DeviceSa
         vram_total = vram_used = None
     else:
         shared_total, shared_used = gtt_total, gtt_used
-    vram_free = vram_total - vram_used if vram_total is not None and vram_used is not None else None
+    vram_free = None
+    if vram_total is not None and vram_used is not None and vram_used <= vram_total:
+        vram_free = vram_total - vram_used
 
     ecc: dict[str, int] = {}
     ras_dir = card.device_dir / "ras"
     if ras_dir.is_dir():
         for name in sorted(os.listdir(ras_dir)):
             if name.endswith("_err_count"):
-                for kind, count in parse_ras_count(r.text(f"ras/{name}")).items():
+                counts, bad = parse_ras_count(r.text(f"ras/{name}"))
+                errors["parse"] += bad
+                for kind, count in counts.items():
                     ecc[kind] = ecc.get(kind, 0) + count
 
     power_w = _first(power, "PPT")
@@ -214,6 +278,15 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str]) -> DeviceSa
     energy_j = _first(energy)
     if energy_j is None and metrics is not None:
         energy_j = metrics.energy_joules
+
+    throttle: dict[str, bool] = {}
+    xgmi: dict[tuple[str, str], float] = {}
+    links: dict[tuple[str, str], bool] = {}
+    if metrics is not None:
+        throttle = metrics.throttle_reasons or counters.residency.update(
+            metrics.throttle_residency, MI300_THROTTLERS)
+        xgmi = counters.xgmi_rates(metrics)
+        links = {(link, "gpu"): up for link, up in metrics.xgmi_link_up.items()}
 
     return DeviceSample(
         info=info,
@@ -233,19 +306,17 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str]) -> DeviceSa
         fan_speed_ratio=fans,
         clocks_hertz=clocks,
         clocks_max_hertz=max_clocks,
-        throttle_reasons=metrics.throttle_reasons if metrics is not None else {},
+        throttle_reasons=throttle,
         pcie_link_generation=gen,
         pcie_link_width=width,
-        pcie_link_max_generation=parse_link_speed(r.text("max_link_speed")),
-        pcie_link_max_width=_int(r.number("max_link_width")),
-        pcie_replay_errors=_int(r.number("pcie_replay_count")),
+        pcie_link_max_generation=r.link_speed("max_link_speed"),
+        pcie_link_max_width=r.link_width("max_link_width"),
+        pcie_replay_errors=_int(r.number("pcie_replay_count", "count")),
         engine_utilization_ratio=engines,
         ecc_errors=ecc,
+        xgmi_throughput_bytes_per_second=xgmi,
+        nvlink_up=links,
     )
-
-
-def _ratio(percent: float | None) -> float | None:
-    return None if percent is None else min(max(percent, 0.0), 100.0) / 100.0
 
 
 def _int(value: float | None) -> int | None:
@@ -269,6 +340,9 @@ class AmdBackend:
         self._infos: dict[str, DeviceInfo] = {}  # card name -> identity
         self._cards: dict[str, DrmCard] = {}
         self._generation = -1
+        self._counters: dict[str, CardCounters] = {}
+        self._ids = AmdgpuIds(Path(config.amdgpu_ids) if config.amdgpu_ids
+                              else default_path(config.sysfs))
         # open() only reads the cached card list: the collector may retry it every cycle.
         self.retry_interval = config.interval
 
@@ -289,9 +363,10 @@ class AmdBackend:
         gone = [c for name, c in self._cards.items() if current.get(name) != c]
         for c in gone:
             self._infos.pop(c.card, None)
+            self._counters.pop(c.card, None)
         for name, c in current.items():
             if name not in self._infos:
-                self._infos[name] = device_info(c)
+                self._infos[name] = device_info(c, self._ids)
         self._cards = current
         self._generation = self.discovery.generation
         return gone
@@ -303,7 +378,8 @@ class AmdBackend:
         devices: list[DeviceSample] = []
         for c in self._cards.values():
             try:
-                devices.append(read_card(c, self._infos[c.card], errors))
+                counters = self._counters.setdefault(c.card, CardCounters())
+                devices.append(read_card(c, self._infos[c.card], errors, counters))
             except Exception as exc:  # a card torn down mid-read: keep the others going
                 errors["card"] += 1
                 log.debug("amdgpu card read failed", card=c.card, reason=str(exc))
@@ -314,10 +390,11 @@ class AmdBackend:
             if info is not None and info.pci_bus_id not in {d.info.pci_bus_id for d in devices}:
                 devices.append(DeviceSample(info=info, source=SOURCE, up=False))
         devices.sort(key=lambda d: d.info.pci_bus_id)
-        return Cycle(devices=devices, errors=dict(errors))
+        return Cycle(devices=devices, errors={k: n for k, n in errors.items() if n})
 
     def close(self) -> None:
         # The discovery (and its udev observer) is shared with the Intel backend:
         # it is not ours to stop here.
         self._cards.clear()
         self._infos.clear()
+        self._counters.clear()

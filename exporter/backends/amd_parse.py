@@ -1,9 +1,11 @@
 """Pure parsers for amdgpu's text sysfs attributes (text in, values out; no I/O).
 
 Owns the formats of ``pp_dpm_sclk`` / ``pp_dpm_mclk`` (DPM level tables),
-``pp_dpm_pcie``, ``current_link_speed`` / ``max_link_speed`` and the RAS
-``ras/<block>_err_count`` files. Kernel reference: Documentation/gpu/amdgpu/thermal.rst
-("pp_dpm_*") and amdgpu-ras ("ras/<block>_err_count").
+``pp_dpm_pcie`` and the RAS ``ras/<block>_err_count`` files. Numbers go through
+exporter.units (link speeds too: ``units.parse_link_speed``); a level whose number
+is garbage (400 digits, a negative clock) is dropped and counted, never raised.
+Kernel reference: Documentation/gpu/amdgpu/thermal.rst ("pp_dpm_*") and amdgpu-ras
+("ras/<block>_err_count").
 """
 
 from __future__ import annotations
@@ -11,47 +13,50 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from exporter import units
+
 # "1: 456Mhz *", "S: 19Mhz *", "0: 2.5GT/s, x1 78Mhz " (pcie), tabs or spaces.
 _DPM_RE = re.compile(r"^\s*(\w+):\s*(?:([\d.]+)GT/s,\s*x(\d+)\s+)?(\d+)\s*mhz\s*(\*)?", re.I)
-_GTS_RE = re.compile(r"([\d.]+)\s*GT/s", re.I)
 _RAS_RE = re.compile(r"^\s*(ue|ce)\s*:\s*(\d+)\s*$", re.I | re.M)
-
-# PCIe generation by per-lane transfer rate (GT/s).
-_GEN_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 
 
 @dataclass(frozen=True)
 class DpmLevel:
     level: str  # "0", "1", ... or "S" (deep sleep)
-    mhz: int
+    hz: float  # the level's clock, bounded by units ("hertz")
     current: bool
     pcie_gts: float | None = None  # pp_dpm_pcie only
     pcie_width: int | None = None
 
 
-def parse_pp_dpm(text: str | None) -> list[DpmLevel]:
-    """All levels of a ``pp_dpm_*`` table; unparsable lines are skipped."""
+def parse_pp_dpm(text: str | None) -> tuple[list[DpmLevel], int]:
+    """All levels of a ``pp_dpm_*`` table, and how many lines held a garbage number.
+
+    A line that is not a level at all is skipped silently (the kernel prints headers on
+    some ASICs); a level whose clock, rate or width is not plausible is dropped and counted.
+    """
     levels: list[DpmLevel] = []
+    bad = 0
     for line in (text or "").splitlines():
         m = _DPM_RE.match(line)
-        if m:
-            levels.append(
-                DpmLevel(
-                    level=m.group(1),
-                    mhz=int(m.group(4)),
-                    current=m.group(5) is not None,
-                    pcie_gts=float(m.group(2)) if m.group(2) else None,
-                    pcie_width=int(m.group(3)) if m.group(3) else None,
-                )
-            )
-    return levels
+        if not m:
+            continue
+        hz = units.scaled(units.parse_int(m.group(4)), 1_000_000, "hertz")
+        gts = units.parse_number(m.group(2)) if m.group(2) else None
+        width = units.parse_link_width(m.group(3)) if m.group(3) else None
+        if hz is None or (m.group(2) and gts is None) or (m.group(3) and width is None):
+            bad += 1
+            continue
+        levels.append(DpmLevel(level=m.group(1), hz=hz, current=m.group(5) is not None,
+                               pcie_gts=gts, pcie_width=width))
+    return levels, bad
 
 
 def dpm_current_hz(levels: list[DpmLevel]) -> float | None:
     """The ``*`` level's clock in Hz (the deep-sleep ``S:`` level counts: it is real)."""
     for lvl in levels:
         if lvl.current:
-            return lvl.mhz * 1e6
+            return lvl.hz
     return None
 
 
@@ -59,24 +64,18 @@ def dpm_max_hz(levels: list[DpmLevel]) -> float | None:
     """Highest level in Hz. On RDNA the table can list the current clock between the
     min and max rows ("0: 500Mhz / 1: 77Mhz * / 2: 2254Mhz"), so take the max, not the last.
     """
-    return max(lvl.mhz for lvl in levels) * 1e6 if levels else None
+    return max(lvl.hz for lvl in levels) if levels else None
 
 
-def pcie_generation(gts: float | None) -> int | None:
-    if gts is None:
-        return None
-    return _GEN_BY_GTS.get(round(gts, 1))
-
-
-def parse_link_speed(text: str | None) -> int | None:
-    """``"16.0 GT/s PCIe"`` -> 4. ``"Unknown"`` or garbage -> None."""
-    m = _GTS_RE.search(text or "")
-    return pcie_generation(float(m.group(1))) if m else None
-
-
-def parse_ras_count(text: str | None) -> dict[str, int]:
-    """``"ue: 0\\nce: 3"`` -> {"uncorrected": 0, "corrected": 3}."""
+def parse_ras_count(text: str | None) -> tuple[dict[str, int], int]:
+    """``"ue: 0\\nce: 3"`` -> ({"uncorrected": 0, "corrected": 3}, 0); the second value
+    counts counts that are not a u64 (dropped)."""
     out: dict[str, int] = {}
+    bad = 0
     for kind, value in _RAS_RE.findall(text or ""):
-        out["uncorrected" if kind.lower() == "ue" else "corrected"] = int(value)
-    return out
+        count = units.parse_int(value)
+        if count is None or count < 0 or count == units.U64_MAX:
+            bad += 1
+            continue
+        out["uncorrected" if kind.lower() == "ue" else "corrected"] = count
+    return out, bad
