@@ -1,9 +1,13 @@
-"""The processes on one NVIDIA GPU: NVML's compute and graphics lists plus /proc details.
+"""The processes on one NVIDIA GPU (or MIG device): NVML's compute and graphics lists plus /proc.
 
 Memory per process comes from NVML (fast tier: the list getters cost microseconds);
 SM utilisation per process from ``nvmlDeviceGetProcessUtilization`` (slow tier:
-milliseconds). The process name is the kernel's ``comm`` and the host memory is
-``VmRSS``, both read through ``ProcFS`` so a container sees the host's /proc.
+milliseconds). The process name is the kernel's ``comm`` through
+``units.process_name`` (the one reader every backend uses) and the host memory is the
+resident set from ``statm`` (one short line, cheaper than ``status``), both read only
+for the pids NVML listed and through ``ProcFS`` so a container sees the host's /proc.
+On a MIG device handle the lists hold only that instance's processes, which is how a
+process is attributed to its instance.
 """
 
 from __future__ import annotations
@@ -12,27 +16,18 @@ import os
 from collections import Counter
 from typing import Any
 
-from exporter.backends.nvml_calls import Caller, ratio, text, u32, u64
+from exporter.backends.fdinfo import parse_rss
+from exporter.backends.nvml_calls import Caller, text, u32, u64
 from exporter.fs import ProcFS
 from exporter.model import ProcessSample
+from exporter.units import process_name
+from exporter.units import ratio_from_percent as ratio
 
 PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
 
 
-def parse_vm_rss(status: str) -> float | None:
-    """``VmRSS:\\t  123456 kB`` from /proc/<pid>/status -> bytes; None for kernel threads."""
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                unit = parts[2].lower() if len(parts) > 2 else "kb"
-                return float(int(parts[1]) * (1024 if unit == "kb" else 1))
-            return None
-    return None
-
-
 class ProcessReader:
-    """Per-GPU process list with a name cache (comm does not change under a live pid)."""
+    """Per-device process list with a name cache (comm does not change under a live pid)."""
 
     def __init__(self, nvml: Any, call: Caller, proc: ProcFS) -> None:
         self.nvml = nvml
@@ -63,7 +58,7 @@ class ProcessReader:
                 process=self._name(pid),
                 memory_used_bytes=None if used is None else float(used),
                 utilization_ratio={} if util is None else {"sm": util},
-                host_memory_bytes=self._rss(pid),
+                host_memory_bytes=parse_rss(self.proc.read_bytes(str(pid), "statm"), None),
             ))
         out.sort(key=lambda s: (-(s.memory_used_bytes or 0.0), s.pid))
         return tuple(out)
@@ -96,16 +91,15 @@ class ProcessReader:
     def _name(self, pid: int) -> str:
         name = self._names.get(pid)
         if name is None:
-            name = self.proc.read_text(str(pid), "comm")
-            if name is None:
+            comm = self.proc.read_bytes(str(pid), "comm")
+            if comm is not None:
+                name = process_name(comm)
+            else:
                 # Not in our /proc (another pid namespace): ask the driver, keep the basename.
                 try:
-                    name = os.path.basename(text(self.nvml.nvmlSystemGetProcessName(pid)))
+                    name = process_name(os.path.basename(
+                        text(self.nvml.nvmlSystemGetProcessName(pid))))
                 except (self.nvml.NVMLError, AttributeError):
                     name = ""
             self._names[pid] = name
         return name
-
-    def _rss(self, pid: int) -> float | None:
-        status = self.proc.read_text(str(pid), "status")
-        return None if status is None else parse_vm_rss(status)
