@@ -394,8 +394,13 @@ def test_fixture_machine_h100x2() -> None:
     busy, idle = b.sample(slow=True).devices
     assert busy.utilization_ratio == 1.0 and busy.power_watts == pytest.approx(631.25)
     assert busy.energy_joules == pytest.approx(987654.321)
-    assert busy.xid_errors == {79: 1, 13: 2}
+    assert busy.xid_errors == {0: 0, 79: 1, 13: 2} and idle.xid_errors == {0: 0}
     assert busy.profiling_ratio["tensor_active"] == pytest.approx(0.933)
+    assert len(busy.nvlink_up) == 18 and len(idle.nvlink_up) == 17  # idle link 17 never up
+    assert busy.nvlink_throughput_bytes_per_second[("5", "tx")] == 4 * (1 << 30)
+    assert busy.nvlink_errors[("3", "crc_flit")] == 2
+    assert busy.power_instant_watts == pytest.approx(625.68) and busy.remap_pending is True
+    assert busy.info.info_labels == {"mig_mode": "disabled"}
     assert busy.memory_used_bytes == (15690 + 2566 + 38 + 512) * MIB
     assert [(p.pid, p.process) for p in busy.processes] == [
         (11345, "gpu_burn"), (11327, "memhog"), (2210, "Xorg")]

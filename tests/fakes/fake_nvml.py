@@ -110,6 +110,8 @@ class FakeGPU:
     retired_pages: dict[str, int] | None = None  # "single_bit"/"double_bit" -> pages
     mig_mode: int | None = None  # None: no MIG; 0 disabled; 1 enabled
     mig_devices: list[FakeMig] = field(default_factory=list)
+    # field id -> (nvmlReturn, valueType, value): answer this instead (value types, faults)
+    field_overrides: dict[int, tuple[int, int, Any]] = field(default_factory=dict)
     lost: bool = False
     not_supported: set[str] = field(default_factory=set)
 
@@ -322,6 +324,14 @@ class FakeNVML(LinksAndMig):
             v = values[i]
             v.fieldId, v.scopeId = fid, scope
             v.timestamp = self._clock_us
+            if fid in g.field_overrides:
+                v.nvmlReturn, v.valueType, value = g.field_overrides[fid]
+                member = {N.NVML_VALUE_TYPE_DOUBLE: "dVal",
+                          N.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+                          N.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+                          N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal"}.get(v.valueType, "uiVal")
+                setattr(v.value, member, value)
+                continue
             if self.nvlink_field(h, fid, scope, v):
                 continue
             value = plain.get(fid)
