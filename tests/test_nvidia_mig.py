@@ -1,4 +1,4 @@
-"""MIG through the NVIDIA backend against FakeNVML: instances as devices, appearing and vanishing."""
+"""MIG through the NVIDIA backend against FakeNVML: instances as devices that come and go."""
 
 from __future__ import annotations
 
