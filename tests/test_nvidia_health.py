@@ -180,3 +180,23 @@ def test_process_name_and_rss_through_the_shared_readers(tmp_path: Path) -> None
     import os
 
     assert p.host_memory_bytes == 1234 * os.sysconf("SC_PAGE_SIZE")  # statm, not status
+
+
+def test_host_rss_on_first_sight_then_on_the_slow_tier(tmp_path: Path) -> None:
+    import os
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    proc = tmp_path / "proc"
+    for pid in ("11", "12"):
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "comm").write_text("python3\n")
+        (proc / pid / "statm").write_text("9000 100 0 0 0 0 0\n")
+    gpu = FakeGPU(processes=[FakeProcess(pid=11, used_memory_bytes=1 << 20)])
+    b = backend(FakeNVML([gpu]), procfs=proc)
+    assert b.sample(slow=True).devices[0].processes[0].host_memory_bytes == 100 * page
+    (proc / "11" / "statm").write_text("9000 200 0 0 0 0 0\n")
+    gpu.processes.append(FakeProcess(pid=12, used_memory_bytes=1 << 20))
+    fast = {p.pid: p.host_memory_bytes for p in b.sample(slow=False).devices[0].processes}
+    assert fast == {11: 100 * page, 12: 100 * page}  # 11 unchanged until slow; 12 is new
+    slow = {p.pid: p.host_memory_bytes for p in b.sample(slow=True).devices[0].processes}
+    assert slow == {11: 200 * page, 12: 100 * page}

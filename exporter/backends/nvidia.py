@@ -199,7 +199,7 @@ class NvidiaBackend:
                 if g.gpm is not None:
                     g.profiling = self._gpm(g, errors)
             # With MIG on, processes belong to their instance (read on its handle), not twice.
-            processes = () if g.mig.enabled else g.procs.read(errors)
+            processes = () if g.mig.enabled else g.procs.read(errors, slow)
             instances = g.mig.sample(errors, slow) if g.mig.enabled else []
         except GpuLost:
             # Counted here; the change of state is logged once by the collector.

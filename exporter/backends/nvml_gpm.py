@@ -51,6 +51,13 @@ class GpmSampler:
         self.metrics = [(k, getattr(nvml, c)) for k, c in GPM_METRICS.items() if hasattr(nvml, c)]
         if gpu_instance_id is not None and not hasattr(nvml, "nvmlGpmMigSampleGet"):
             raise GpmUnsupported("nvidia-ml-py has no nvmlGpmMigSampleGet")
+        # One request struct for the sampler's life: version and metric ids are inputs
+        # NVML does not write (nvml.h nvmlGpmMetricsGet_t); only the two samples change.
+        self._request = nvml.c_nvmlGpmMetricsGet_t()
+        self._request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+        self._request.numMetrics = len(self.metrics)
+        for i, (_key, metric_id) in enumerate(self.metrics):
+            self._request.metrics[i].metricId = metric_id
         self._prev = nvml.nvmlGpmSampleAlloc()
         self._cur = nvml.nvmlGpmSampleAlloc()
         # The first sample now, so the first collection already has an interval to report.
@@ -70,13 +77,9 @@ class GpmSampler:
         """Ratios over the time since the previous call. Raises NVMLError."""
         nvml = self.nvml
         self._take(self._cur)
-        mg = nvml.c_nvmlGpmMetricsGet_t()
-        mg.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        mg.numMetrics = len(self.metrics)
+        mg = self._request
         mg.sample1 = self._prev
         mg.sample2 = self._cur
-        for i, (_key, metric_id) in enumerate(self.metrics):
-            mg.metrics[i].metricId = metric_id
         self._prev, self._cur = self._cur, self._prev
         nvml.nvmlGpmMetricsGet(mg)
         out = {}

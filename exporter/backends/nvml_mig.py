@@ -148,7 +148,7 @@ class MigReader:
             out.append(DeviceSample(
                 info=inst.info, source=SOURCE,
                 field_sources={"profiling_ratio": GPM_SOURCE} if profiling else {},
-                profiling_ratio=dict(profiling), processes=inst.procs.read(errors),
+                profiling_ratio=dict(profiling), processes=inst.procs.read(errors, slow),
                 **read_memory(inst.call, errors)))
         return out
 

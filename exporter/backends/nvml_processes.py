@@ -6,6 +6,9 @@ milliseconds). The process name is the kernel's ``comm`` through
 ``units.process_name`` (the one reader every backend uses) and the host memory is the
 resident set from ``statm`` (one short line, cheaper than ``status``), both read only
 for the pids NVML listed and through ``ProcFS`` so a container sees the host's /proc.
+The name is read once per pid; the resident set when a pid is first listed and then on
+the slow tier (bench/nvml_calls.py --stub --procs 64: opening ``statm`` of every GPU
+process every second was most of a fast cycle's cost with many processes).
 On a MIG device handle the lists hold only that instance's processes, which is how a
 process is attributed to its instance.
 """
@@ -34,11 +37,13 @@ class ProcessReader:
         self.call = call
         self.proc = proc
         self._names: dict[int, str] = {}
+        self._rss: dict[int, float | None] = {}  # pid -> bytes, from the slow tier
         self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
         self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
 
-    def read(self, errors: Counter[str]) -> tuple[ProcessSample, ...]:
-        """Union of compute and graphics processes; a pid in both is reported once."""
+    def read(self, errors: Counter[str], slow: bool = True) -> tuple[ProcessSample, ...]:
+        """Union of compute and graphics processes; a pid in both is reported once.
+        ``slow``: re-read every process's resident set (else only new pids')."""
         memory: dict[int, int | None] = {}
         for fn in PROCESS_LISTS:
             for p in self.call.get(errors, fn) or ():
@@ -50,15 +55,18 @@ class ProcessReader:
                     used = max(used or 0, memory[pid] or 0)  # same pid, both contexts
                 memory[pid] = used
         self._names = {pid: n for pid, n in self._names.items() if pid in memory}
+        self._rss = {pid: r for pid, r in self._rss.items() if pid in memory}
         out = []
         for pid, used in memory.items():
             util = self._sm_util.get(pid)
+            if slow or pid not in self._rss:
+                self._rss[pid] = parse_rss(self.proc.read_bytes(str(pid), "statm"), None)
             out.append(ProcessSample(
                 pid=pid,
                 process=self._name(pid),
                 memory_used_bytes=None if used is None else float(used),
                 utilization_ratio={} if util is None else {"sm": util},
-                host_memory_bytes=parse_rss(self.proc.read_bytes(str(pid), "statm"), None),
+                host_memory_bytes=self._rss[pid],
             ))
         out.sort(key=lambda s: (-(s.memory_used_bytes or 0.0), s.pid))
         return tuple(out)
