@@ -211,19 +211,18 @@ class LinksAndMig:
             fail(N.NVML_ERROR_NOT_FOUND)
         return FakeHandle(h.gpu, migs[index])
 
-    def nvmlDeviceGetGpuInstanceId(self, h: FakeHandle) -> int:
-        self._enter("nvmlDeviceGetGpuInstanceId", h)
-        if h.mig is None:
+    def _mig_of(self, fn: str, h: FakeHandle) -> FakeMig:
+        self._enter(fn, h)
+        if h.mig is None:  # asked of a GPU, not a MIG device
             fail(N.NVML_ERROR_INVALID_ARGUMENT)
         assert h.mig is not None
-        return h.mig.gpu_instance_id
+        return h.mig
+
+    def nvmlDeviceGetGpuInstanceId(self, h: FakeHandle) -> int:
+        return self._mig_of("nvmlDeviceGetGpuInstanceId", h).gpu_instance_id
 
     def nvmlDeviceGetComputeInstanceId(self, h: FakeHandle) -> int:
-        self._enter("nvmlDeviceGetComputeInstanceId", h)
-        if h.mig is None:
-            fail(N.NVML_ERROR_INVALID_ARGUMENT)
-        assert h.mig is not None
-        return h.mig.compute_instance_id
+        return self._mig_of("nvmlDeviceGetComputeInstanceId", h).compute_instance_id
 
     def nvmlGpmMigSampleGet(self, h: FakeHandle, gpu_instance_id: int, sample: Any) -> Any:
         import ctypes
