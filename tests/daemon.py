@@ -8,6 +8,7 @@ named by FAKE_NVML_JSON; every other code path is the one a user runs.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -80,14 +81,19 @@ class Daemon:
 
 @contextmanager
 def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
-            env: Mapping[str, str] | None = None, ready: bool = True) -> Iterator[Daemon]:
+            env: Mapping[str, str] | None = None, ready: bool = True,
+            open_files: int | None = None) -> Iterator[Daemon]:
+    """The daemon on a free port; ``open_files`` caps its RLIMIT_NOFILE (soft and hard)."""
     port = free_port()
     log_path = tmp_path / f"daemon-{port}.log"
     cmd = [sys.executable, "-m", "exporter.cli", "--web.listen-address", f"127.0.0.1:{port}",
            "--log.format", "json", *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=daemon_env(nvml_json, env), stdout=log,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT,
+                                preexec_fn=None if open_files is None else
+                                (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                            (open_files, open_files))))
     daemon = Daemon(proc, f"http://127.0.0.1:{port}", log_path)
     try:
         if ready:
