@@ -1,12 +1,22 @@
-"""Time every NVML call the NVIDIA backend makes, on a real GPU.
+"""Time every NVML call the NVIDIA backend makes, on a real GPU (or the stub library).
 
-    python bench/nvml_calls.py [--gpu 0] [--n 200] [--probe]
+    python bench/nvml_calls.py [--gpu 0] [--n 200] [--probe] [--batch] [--cycle]
+    python bench/nvml_calls.py --stub [--gpus 8] [--nvlinks 18] [--procs 64] --batch --cycle
 
-Prints one row per call: median and p90 in microseconds over N calls (calls that
-take over a millisecond are repeated fewer times), and whether the call answered
-or raised (e.g. NotSupported). The fast/slow tier split in
-exporter/backends/nvidia.py is decided from this table. ``--probe`` also opens the
-real backend and prints one slow and one fast cycle, to catch real-NVML surprises.
+Prints one row per call: median and p90 wall time and median thread CPU time in
+microseconds over N calls (calls that take over a millisecond are repeated fewer
+times), and whether the call answered or raised (e.g. NotSupported). The fast/slow
+tier split in exporter/backends/nvidia.py is decided from this table.
+
+``--batch`` compares field values asked one call per field with the same fields in
+one ``nvmlDeviceGetFieldValues`` call (the fast-tier set, MEASURED.md's three-field
+set, and the NVLink throughput counters of 18 links). ``--cycle`` times whole backend
+cycles (fast and slow, all GPUs) through the exporter's own code. ``--probe`` prints
+one slow and one fast cycle, to catch real-NVML surprises.
+
+``--stub`` binds nvidia-ml-py to bench/nvml_stub.py's library, whose every call
+returns at once: the driver's time is zero, so the numbers are nvidia-ml-py's and the
+exporter's Python alone (no GPU needed; ``cc`` must be installed).
 """
 
 from __future__ import annotations
@@ -22,8 +32,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def timed(fn: Callable[[], Any], n: int) -> tuple[float, float, str]:
-    """(median us, p90 us, outcome) of n calls; fewer calls for slow ones."""
+def timed(fn: Callable[[], Any], n: int) -> tuple[float, float, float, str]:
+    """(median wall us, p90 wall us, median thread CPU us, outcome) of n calls."""
     outcome = "ok"
     try:
         t0 = time.perf_counter()
@@ -33,16 +43,18 @@ def timed(fn: Callable[[], Any], n: int) -> tuple[float, float, str]:
         outcome = type(e).__name__
         first = 0.0
     runs = n if first < 1e-3 else max(5, min(n, 20))
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         try:
             fn()
         except Exception:  # noqa: BLE001,S110
             pass
         times.append((time.perf_counter() - t0) * 1e6)
+        cpu.append((time.thread_time() - c0) * 1e6)
     times.sort()
-    return statistics.median(times), times[int(len(times) * 0.9) - 1], outcome
+    return statistics.median(times), times[int(len(times) * 0.9) - 1], statistics.median(cpu), \
+        outcome
 
 
 def calls(nvml: Any, h: Any) -> list[tuple[str, Callable[[], Any]]]:
@@ -94,8 +106,66 @@ def calls(nvml: Any, h: Any) -> list[tuple[str, Callable[[], Any]]]:
         ("nvmlDeviceGetProcessUtilization(0)", lambda: n.nvmlDeviceGetProcessUtilization(h, 0)),
         ("nvmlDeviceGetUUID", lambda: n.nvmlDeviceGetUUID(h)),
         ("nvmlGpmQueryDeviceSupport", lambda: n.nvmlGpmQueryDeviceSupport(h)),
+        ("nvmlDeviceGetFieldValues(POWER_INSTANT)",
+         lambda: n.nvmlDeviceGetFieldValues(h, (n.NVML_FI_DEV_POWER_INSTANT,))),
+        ("nvmlDeviceGetNvLinkState(0)", lambda: n.nvmlDeviceGetNvLinkState(h, 0)),
+        ("nvmlDeviceGetNvLinkRemoteDeviceType(0)",
+         lambda: n.nvmlDeviceGetNvLinkRemoteDeviceType(h, 0)),
+        ("nvmlDeviceGetNvLinkErrorCounter(0,crc_flit)", lambda: n.nvmlDeviceGetNvLinkErrorCounter(
+            h, 0, n.NVML_NVLINK_ERROR_DL_CRC_FLIT)),
+        ("nvmlDeviceGetViolationStatus(power)",
+         lambda: n.nvmlDeviceGetViolationStatus(h, n.NVML_PERF_POLICY_POWER)),
+        ("nvmlDeviceGetMemoryErrorCounter(corr,vol,dram)",
+         lambda: n.nvmlDeviceGetMemoryErrorCounter(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                                                   n.NVML_VOLATILE_ECC,
+                                                   n.NVML_MEMORY_LOCATION_DRAM)),
+        ("nvmlDeviceGetMigMode", lambda: n.nvmlDeviceGetMigMode(h)),
     ]
     return out
+
+
+def batch_rows(n: Any, h: Any, runs: int) -> list[tuple[str, float, float, float, str]]:
+    """The same field values asked one call per field, then in one call."""
+    sets = {
+        "fast tier (memory temp, instant power)": [
+            (n.NVML_FI_DEV_MEMORY_TEMP, 0), (n.NVML_FI_DEV_POWER_INSTANT, 0)],
+        "MEASURED.md set (+ PCIe replay)": [
+            (n.NVML_FI_DEV_MEMORY_TEMP, 0), (n.NVML_FI_DEV_POWER_INSTANT, 0),
+            (n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0)],
+        "NVLink tx+rx, 18 links": [
+            (fid, link) for link in range(18)
+            for fid in (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                        n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)],
+    }
+    rows = []
+    for label, fields in sets.items():
+        def singles(fields: list[tuple[int, int]] = fields) -> None:
+            for f in fields:
+                n.nvmlDeviceGetFieldValues(h, (f,))
+
+        def batched(fields: list[tuple[int, int]] = fields) -> None:
+            n.nvmlDeviceGetFieldValues(h, tuple(fields))
+
+        codes = sorted({int(v.nvmlReturn) for v in n.nvmlDeviceGetFieldValues(h, tuple(fields))})
+        rows.append((f"{label}: {len(fields)} calls", *timed(singles, runs)))
+        rows.append((f"{label}: 1 call  [field returns {codes}]", *timed(batched, runs)))
+    return rows
+
+
+def cycle_rows(runs: int) -> list[tuple[str, float, float, float, str]]:
+    """Whole backend cycles through the exporter's code (all GPUs, per cycle)."""
+    from exporter.backends.nvidia import NvidiaBackend
+    from exporter.config import Config
+
+    backend = NvidiaBackend(Config())
+    gpus = len(backend.open())
+    backend.sample(slow=True)
+    rows = [(f"backend fast cycle ({gpus} GPUs)", *timed(lambda: backend.sample(slow=False),
+                                                         runs)),
+            (f"backend slow cycle ({gpus} GPUs)", *timed(lambda: backend.sample(slow=True),
+                                                         max(5, runs // 10)))]
+    backend.close()
+    return rows
 
 
 def gpm_rows(nvml: Any, h: Any, n: int) -> list[tuple[str, float, float, str]]:
@@ -104,12 +174,12 @@ def gpm_rows(nvml: Any, h: Any, n: int) -> list[tuple[str, float, float, str]]:
     try:
         sampler = GpmSampler(nvml, h)
     except Exception as e:  # noqa: BLE001
-        return [("GpmSampler (SampleGet+MetricsGet)", 0.0, 0.0, f"{type(e).__name__}: {e}")]
+        return [("GpmSampler (SampleGet+MetricsGet)", 0.0, 0.0, 0.0, f"{type(e).__name__}: {e}")]
     time.sleep(0.1)
-    med, p90, outcome = timed(sampler.sample, min(n, 50))
+    med, p90, cpu, outcome = timed(sampler.sample, min(n, 50))
     last = sampler.sample()
     sampler.close()
-    return [("GpmSampler.sample (SampleGet+MetricsGet)", med, p90, f"{outcome} {last}")]
+    return [("GpmSampler.sample (SampleGet+MetricsGet)", med, p90, cpu, f"{outcome} {last}")]
 
 
 def main() -> None:
@@ -117,8 +187,19 @@ def main() -> None:
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--probe", action="store_true")
+    ap.add_argument("--batch", action="store_true", help="field values: one call vs one per field")
+    ap.add_argument("--cycle", action="store_true", help="time whole backend cycles")
+    ap.add_argument("--stub", action="store_true", help="bench/nvml_stub.py instead of a GPU")
+    ap.add_argument("--gpus", type=int, default=1, help="--stub: GPUs")
+    ap.add_argument("--nvlinks", type=int, default=0, help="--stub: active NVLinks per GPU")
+    ap.add_argument("--procs", type=int, default=0, help="--stub: processes per GPU")
     args = ap.parse_args()
-    import pynvml as nvml
+    if args.stub:
+        from bench.nvml_stub import load
+
+        nvml = load(args.gpus, args.nvlinks, args.procs)
+    else:
+        import pynvml as nvml
 
     t0 = time.perf_counter()
     nvml.nvmlInit()
@@ -126,10 +207,12 @@ def main() -> None:
     h = nvml.nvmlDeviceGetHandleByIndex(args.gpu)
     driver = nvml.nvmlSystemGetDriverVersion()
     print(f"GPU {args.gpu}: {nvml.nvmlDeviceGetName(h)}, driver {driver}")
-    rows = [("nvmlInit (first, cold)", init_us, init_us, "ok")]
+    rows = [("nvmlInit (first, cold)", init_us, init_us, init_us, "ok")]
     for name, fn in calls(nvml, h):
         rows.append((name, *timed(fn, args.n)))
     rows.extend(gpm_rows(nvml, h, args.n))
+    if args.batch:
+        rows.extend(batch_rows(nvml, h, args.n))
     events = nvml.nvmlEventSetCreate()
     try:
         nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, events)
@@ -152,9 +235,11 @@ def main() -> None:
         nvml.nvmlShutdown()
 
     rows.append(("nvmlInit+nvmlShutdown (warm)", *timed(reinit, 10)))
-    print(f"{'call':<58} {'median us':>10} {'p90 us':>10}  outcome")
-    for name, med, p90, outcome in rows:
-        print(f"{name:<58} {med:>10.1f} {p90:>10.1f}  {outcome}")
+    if args.cycle:
+        rows.extend(cycle_rows(args.n))
+    print(f"{'call':<62} {'median us':>10} {'p90 us':>10} {'CPU us':>9}  outcome")
+    for name, med, p90, cpu, outcome in rows:
+        print(f"{name:<62} {med:>10.1f} {p90:>10.1f} {cpu:>9.1f}  {outcome}")
     if args.probe:
         probe()
 

@@ -35,7 +35,8 @@ DROPPED = ("process_", "python_")  # the Python process's own metrics
 # of the contract) with the value replaced by 0, since it differs on every run.
 ZEROED = ("gpu_exporter_collection_duration_seconds",
           "gpu_exporter_last_collection_timestamp_seconds", "gpu_exporter_build_info",
-          "gpu_exporter_backend_cpu_seconds_total")
+          "gpu_exporter_backend_cpu_seconds_total",
+          "gpu_xid_last_timestamp_seconds")  # the wall clock when the XID was drained
 
 
 def normalize(text: str) -> str:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,6 @@ import pytest
 
 from exporter.backends.base import BackendFailed, BackendUnavailable
 from exporter.backends.nvidia import ALL_LOST_REINIT, NvidiaBackend
-from exporter.backends.nvml_processes import parse_vm_rss
 from exporter.config import Config
 from exporter.model import DeviceSample
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
@@ -243,18 +243,40 @@ def test_one_nvml_init_for_the_life_of_the_backend() -> None:
 def test_xid_events_counted_per_code_across_cycles_and_reopen() -> None:
     fake = FakeNVML([FakeGPU(index=0, xids=[79, 13, 13]), FakeGPU(index=1)])
     b = backend(fake)
+    before = time.time()
     first = b.sample(slow=False).devices
-    assert first[0].xid_errors == {79: 1, 13: 2}
-    assert first[1].xid_errors == {}
+    assert first[0].xid_errors == {0: 0, 79: 1, 13: 2}
+    assert before <= (first[0].xid_last_timestamp_seconds or 0) <= time.time()
+    # Registered, no event yet: the code-0 marker alone, at 0, and no timestamp.
+    assert first[1].xid_errors == {0: 0} and first[1].xid_last_timestamp_seconds is None
     fake.gpus[0].xids.append(79)
     fake.gpus[1].xids.append(48)
     second = b.sample(slow=False).devices
-    assert second[0].xid_errors == {79: 2, 13: 2}
-    assert second[1].xid_errors == {48: 1}
-    assert b.sample(slow=False).devices[0].xid_errors == {79: 2, 13: 2}  # not a last value
+    assert second[0].xid_errors == {0: 0, 79: 2, 13: 2}
+    assert second[1].xid_errors == {0: 0, 48: 1}
+    stamp = second[1].xid_last_timestamp_seconds
+    assert stamp is not None and stamp >= (first[0].xid_last_timestamp_seconds or 0)
+    third = b.sample(slow=False).devices
+    assert third[0].xid_errors == {0: 0, 79: 2, 13: 2}  # a counter, not a last value
+    assert third[1].xid_last_timestamp_seconds == stamp  # no new event: the time stays
     b.close()
     b.open()
-    assert b.sample(slow=False).devices[0].xid_errors == {79: 2, 13: 2}
+    again = b.sample(slow=False).devices
+    assert again[0].xid_errors == {0: 0, 79: 2, 13: 2}
+    assert again[1].xid_last_timestamp_seconds == stamp
+
+
+def test_xid_code_zero_or_garbage_never_counted() -> None:
+    fake = FakeNVML([FakeGPU(index=0, xids=[0, 1 << 40, 31])])
+    cycle = backend(fake).sample(slow=False)
+    assert cycle.devices[0].xid_errors == {0: 0, 31: 1}  # the marker stays 0
+    assert cycle.errors == {"parse": 2}
+
+
+def test_no_xid_series_for_a_gpu_not_registered() -> None:
+    gpu = FakeGPU(index=0, not_supported={"nvmlDeviceRegisterEvents"})
+    d = one(FakeNVML([gpu, FakeGPU(index=1)]), slow=False)
+    assert d.xid_errors == {} and d.xid_last_timestamp_seconds is None
 
 
 def test_gpm_profiling_ratios() -> None:
@@ -330,12 +352,6 @@ def test_exited_process_disappears() -> None:
     assert [p.pid for p in b.sample(slow=False).devices[0].processes] == [1]
 
 
-def test_parse_vm_rss() -> None:
-    status = "Name:\tpython3\nVmHWM:\t  9000 kB\nVmRSS:\t    4242 kB\nThreads:\t3\n"
-    assert parse_vm_rss(status) == 4242 * 1024
-    assert parse_vm_rss("Name:\tkthreadd\nState:\tS (sleeping)\n") is None
-
-
 def test_hang_fault_blocks_until_released() -> None:
     fake = FakeNVML(hang={"function": "nvmlDeviceGetPowerUsage", "after_seconds": 0})
     b = NvidiaBackend(Config(), nvml=fake)
@@ -378,8 +394,13 @@ def test_fixture_machine_h100x2() -> None:
     busy, idle = b.sample(slow=True).devices
     assert busy.utilization_ratio == 1.0 and busy.power_watts == pytest.approx(631.25)
     assert busy.energy_joules == pytest.approx(987654.321)
-    assert busy.xid_errors == {79: 1, 13: 2}
+    assert busy.xid_errors == {0: 0, 79: 1, 13: 2} and idle.xid_errors == {0: 0}
     assert busy.profiling_ratio["tensor_active"] == pytest.approx(0.933)
+    assert len(busy.nvlink_up) == 18 and len(idle.nvlink_up) == 17  # idle link 17 never up
+    assert busy.nvlink_throughput_bytes_per_second[("5", "tx")] == 4 * (1 << 30)
+    assert busy.nvlink_errors[("3", "crc_flit")] == 2
+    assert busy.power_instant_watts == pytest.approx(625.68) and busy.remap_pending is True
+    assert busy.info.info_labels == {"mig_mode": "disabled"}
     assert busy.memory_used_bytes == (15690 + 2566 + 38 + 512) * MIB
     assert [(p.pid, p.process) for p in busy.processes] == [
         (11345, "gpu_burn"), (11327, "memhog"), (2210, "Xorg")]

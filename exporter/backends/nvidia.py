@@ -1,17 +1,26 @@
 """The NVIDIA backend: NVML through nvidia-ml-py, one ``nvmlInit`` per open handle.
 
-Owns the NVML handle, the per-GPU readers (``nvml_device``, ``nvml_processes``),
+Owns the NVML handle, the per-GPU readers (``nvml_device`` with ``nvml_fields``,
+``nvml_nvlink`` and ``nvml_health``; ``nvml_processes``), MIG instances (``nvml_mig``),
 GPM profiling (``nvml_gpm``) and the XID event set (``nvml_events``). ``open()``
 initialises NVML once and reads what is static; ``sample()`` reads the fast tier
 every cycle and the slow tier when the collector says it is due, reusing the last
 slow values in between; ``close()`` shuts NVML down (the collector reopens with
 back-off after BackendFailed).
 
+XID: every GPU registered on the event set exports ``xid_errors`` from its first
+cycle with the code 0 at 0 (NVIDIA's XID catalogue has no code 0, so it is never
+counted): the marker that XID counting is on for that GPU, and the series that makes
+the per-GPU sum exist before the first event, so ``increase()`` over the sum sees the
+first XID. Each real code counts from 1; ``xid_last_timestamp_seconds`` is the wall
+clock of the newest event (the exporter's, taken when the cycle drained the set).
+
 Tiers: see TIERS below, measured with bench/nvml_calls.py.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Sequence
 from types import ModuleType
@@ -24,6 +33,7 @@ from exporter.backends.nvml_calls import GpuLost, text
 from exporter.backends.nvml_device import NvmlDevice, read_info
 from exporter.backends.nvml_events import XidEvents
 from exporter.backends.nvml_gpm import GpmSampler, GpmUnsupported
+from exporter.backends.nvml_mig import MigReader
 from exporter.backends.nvml_processes import ProcessReader
 from exporter.config import Config
 from exporter.fs import ProcFS
@@ -55,15 +65,19 @@ GPM_SOURCE = "nvml_gpm"
 class _Gpu:
     """One GPU's readers and its last slow-tier values."""
 
-    def __init__(self, dev: NvmlDevice, procs: ProcessReader, gpm: GpmSampler | None) -> None:
+    def __init__(self, dev: NvmlDevice, procs: ProcessReader, gpm: GpmSampler | None,
+                 mig: MigReader) -> None:
         self.dev = dev
         self.procs = procs
         self.gpm = gpm
+        self.mig = mig
         self.slow: dict[str, Any] = {}
         self.profiling: dict[str, float] = {}
 
 
 ALL_LOST_REINIT = 5  # cycles with every GPU lost before NVML is shut down and re-initialised
+XID_MARKER = 0  # the always-0 code of every GPU registered for XID events (module docstring)
+MAX_XID = 0xFFFF  # XID codes are small numbers; event data beyond this is not a code
 
 
 class NvidiaBackend:
@@ -77,8 +91,10 @@ class NvidiaBackend:
         self._nvml: Any = None
         self._gpus: list[_Gpu] = []
         self._events: XidEvents | None = None
-        # uuid -> xid -> count; kept across close/open so the counters never go back.
+        # uuid -> xid -> count, uuid -> wall clock of the newest event; kept across
+        # close/open so the counters never go back.
         self._xids: dict[str, Counter[int]] = {}
+        self._xid_last: dict[str, float] = {}
         self._proc = ProcFS(config.procfs)
         self._all_lost_cycles = 0
 
@@ -120,6 +136,7 @@ class NvidiaBackend:
             dev = NvmlDevice(nvml, handle, index, info)
             try:
                 dev.read_static(errors)
+                dev.prime(errors)
             except GpuLost as e:
                 # NVML still knows it: keep it, so it reports gpu_up 0 rather than vanishing.
                 log.warning("nvml_gpu_lost", gpu=index, uuid=info.uuid, reason=str(e))
@@ -130,18 +147,23 @@ class NvidiaBackend:
                 except (GpmUnsupported, nvml.NVMLError) as e:
                     log.info("nvml_gpm_unavailable", gpu=index, reason=str(e))
             handles[info.uuid] = handle
-            self._gpus.append(_Gpu(dev, ProcessReader(nvml, dev.call, self._proc), gpm))
+            mig = MigReader(nvml, dev, self._proc, gpm_wanted)
+            self._gpus.append(_Gpu(dev, ProcessReader(nvml, dev.call, self._proc), gpm, mig))
         try:
             self._events = XidEvents(nvml, handles)
         except nvml.NVMLError as e:
             log.info("nvml_xid_events_unavailable", reason=str(e))
+        for uuid in self._events.registered if self._events else ():
+            self._xids.setdefault(uuid, Counter())[XID_MARKER] += 0
 
     def sample(self, slow: bool) -> Cycle:
         if self._nvml is None:
             raise BackendFailed("NVML is not open")
         errors: Counter[str] = Counter()
         self._drain_xids(errors)
-        devices = [self._sample_gpu(g, slow, errors) for g in self._gpus]
+        devices: list[DeviceSample] = []
+        for g in self._gpus:
+            devices.extend(self._sample_gpu(g, slow, errors))
         # Every GPU gone (a reset, a driver reload under us): the handles may never answer
         # again, so let the collector shut NVML down and initialise it anew, with back-off.
         self._all_lost_cycles = self._all_lost_cycles + 1 if not any(d.up for d in devices) else 0
@@ -155,36 +177,50 @@ class NvidiaBackend:
         if self._events is None:
             return
         events, failed = self._events.drain()
+        now = time.time()
         for uuid, xid in events:
+            if not 0 < xid <= MAX_XID:
+                errors["parse"] += 1
+                continue
             self._xids.setdefault(uuid, Counter())[xid] += 1
+            self._xid_last[uuid] = now
         if failed:
             errors["xid_event"] += failed
 
-    def _sample_gpu(self, g: _Gpu, slow: bool, errors: Counter[str]) -> DeviceSample:
-        info = g.dev.info
+    def _sample_gpu(self, g: _Gpu, slow: bool, errors: Counter[str]) -> list[DeviceSample]:
+        """The GPU's sample, then one per MIG instance."""
         try:
+            g.mig.refresh(errors)
             values = g.dev.read_fast(errors)
             if slow or not g.slow:  # the first cycle fills the slow values too
                 g.slow = g.dev.read_slow(errors)
-                g.procs.read_utilization(errors)
+                if not g.mig.enabled:
+                    g.procs.read_utilization(errors)
                 if g.gpm is not None:
                     g.profiling = self._gpm(g, errors)
-            processes = g.procs.read(errors)
+            # With MIG on, processes belong to their instance (read on its handle), not twice.
+            processes = () if g.mig.enabled else g.procs.read(errors, slow)
+            instances = g.mig.sample(errors, slow) if g.mig.enabled else []
         except GpuLost:
             # Counted here; the change of state is logged once by the collector.
             errors["gpu_lost"] += 1
             g.slow, g.profiling = {}, {}  # re-read in full once the GPU answers again
-            return DeviceSample(info=info, source=SOURCE, up=False)
+            g.dev.nvlink.reset()
+            return [DeviceSample(info=g.dev.info, source=SOURCE, up=False), *g.mig.down()]
+        info = g.dev.info
         values.update(g.slow)
-        return DeviceSample(
+        xids = self._xids.get(info.uuid)
+        parent = DeviceSample(
             info=info,
             source=SOURCE,
             field_sources={"profiling_ratio": GPM_SOURCE} if g.profiling else {},
             profiling_ratio=dict(g.profiling),
-            xid_errors=dict(self._xids.get(info.uuid, {})),
+            xid_errors={} if xids is None else dict(xids),
+            xid_last_timestamp_seconds=self._xid_last.get(info.uuid),
             processes=processes,
             **values,
         )
+        return [parent, *instances]
 
     def _gpm(self, g: _Gpu, errors: Counter[str]) -> dict[str, float]:
         assert g.gpm is not None
@@ -204,6 +240,7 @@ class NvidiaBackend:
         for g in self._gpus:
             if g.gpm is not None:
                 g.gpm.close()
+            g.mig.close()
         self._gpus = []
         if self._events is not None:
             self._events.close()

@@ -11,12 +11,13 @@ the ``pynvml.NVMLError`` subclasses into what the backend needs:
   ``BackendFailed``, so the collector closes NVML and re-initialises it with back-off;
 - anything else: ``None`` and one count in the cycle's errors.
 
-It also filters the sentinels NVML uses for "not available" (all-ones integers).
+``Caller.probe`` is ``get`` for calls that ask whether something exists (an NVLink
+index past the last link answers INVALID_ARGUMENT): those answers are "absent", not
+errors. It also filters the sentinels NVML uses for "not available" (all-ones integers).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Any
 
@@ -33,6 +34,7 @@ U64_LIMIT = 1 << 63  # a u64 counter this large is a sentinel, never a reading
 _SKIP_CODES = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND")
 _PERMISSION_CODE = "NVML_ERROR_NO_PERMISSION"
 _LOST_CODES = ("NVML_ERROR_GPU_IS_LOST",)
+_ABSENT_CODES = ("NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_NOT_FOUND")
 _DEAD_CODES = (
     "NVML_ERROR_UNINITIALIZED",
     "NVML_ERROR_DRIVER_NOT_LOADED",
@@ -65,16 +67,6 @@ def u64(value: Any) -> int | None:
     return None if v < 0 or v >= U64_LIMIT else v
 
 
-def ratio(percent: float | int | None) -> float | None:
-    """0..100 percent -> 0..1; NaN and out-of-range garbage become None, small overshoot clamps."""
-    if percent is None:
-        return None
-    p = float(percent)
-    if not math.isfinite(p) or p < 0 or p > 110:
-        return None
-    return min(p, 100.0) / 100.0
-
-
 def text(value: Any) -> str:
     """pynvml returns str from most getters but bytes from struct char arrays."""
     if isinstance(value, bytes):
@@ -94,10 +86,19 @@ class Caller:
         self._perm = codes(nvml, (_PERMISSION_CODE,))
         self._lost = codes(nvml, _LOST_CODES)
         self._dead = codes(nvml, _DEAD_CODES)
+        self._absent = codes(nvml, _ABSENT_CODES)
 
     def get(self, errors: Counter[str], fn: str, *args: Any, **kwargs: Any) -> Any:
         """``nvml.<fn>(handle, *args)`` or None; raises GpuLost / BackendFailed."""
-        key = (fn, args + tuple(sorted(kwargs.items())))
+        return self._call(errors, fn, args, kwargs, absent=False)
+
+    def probe(self, errors: Counter[str], fn: str, *args: Any) -> Any:
+        """As ``get``, but INVALID_ARGUMENT / NOT_FOUND mean "no such thing" (remembered)."""
+        return self._call(errors, fn, args, {}, absent=True)
+
+    def _call(self, errors: Counter[str], fn: str, args: tuple[Any, ...],
+              kwargs: dict[str, Any], absent: bool) -> Any:
+        key = (fn, args + tuple(sorted(kwargs.items()))) if kwargs else (fn, args)
         if key in self.unsupported:
             return None
         func = getattr(self.nvml, fn, None)
@@ -107,7 +108,21 @@ class Caller:
         try:
             return func(self.handle, *args, **kwargs)
         except self.nvml.NVMLError as e:
+            if absent and getattr(e, "value", None) in self._absent:
+                self.unsupported.add(key)
+                return None
             return self.failed(errors, key, e)
+
+    def is_skip(self, code: int) -> bool:
+        """A per-value return code (field values, GPM metrics) that means "not supported"."""
+        return code in self._skip
+
+    def check(self, code: int) -> None:
+        """Raise for a per-value return code that says the GPU or NVML is gone."""
+        if code in self._lost:
+            raise GpuLost(f"NVML return code {code}")
+        if code in self._dead:
+            raise BackendFailed(f"NVML went bad: return code {code}")
 
     def failed(self, errors: Counter[str], key: tuple[str, Any], e: Exception) -> None:
         """Sort one NVMLError into skip / lost / dead / counted (see the module docstring)."""

@@ -4,6 +4,11 @@ Each ``read_*`` method returns a dict of DeviceSample keyword arguments in base
 units (mW -> W, mJ -> J, MHz -> Hz, KB/s -> B/s, percent -> ratio). A value the
 card does not expose is left out, so it produces no series. The tier of every
 call is justified by the timings in ``bench/nvml_calls.py`` (see nvidia.py).
+
+Readings that exist only as field values go in one ``nvmlDeviceGetFieldValues`` call
+per tier (``nvml_fields``): HBM temperature and instant power on the fast tier, the
+NVLink throughput counters and retired-page counts on the slow one. NVLink state and
+counters live in ``nvml_nvlink``, the slow health counters in ``nvml_health``.
 """
 
 from __future__ import annotations
@@ -11,8 +16,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from exporter.backends.nvml_calls import Caller, ratio, text, u32, u64
+from exporter.backends.nvml_calls import Caller, text, u32, u64
+from exporter.backends.nvml_fields import FieldKey, FieldReader, field_id
+from exporter.backends.nvml_health import Health
+from exporter.backends.nvml_nvlink import NvLinks
 from exporter.model import DeviceInfo, normalize_pci_bus_id
+from exporter.units import ratio_from_percent as ratio
+from exporter.units import scaled
 
 ARCHITECTURES = {
     "NVML_DEVICE_ARCH_KEPLER": "kepler",
@@ -48,6 +58,10 @@ ENGINES = {
 PSTATE_UNKNOWN = 32
 # NVML's "KB" in PCIe throughput is 1024 bytes (nvidia-smi prints it as KB/s).
 KIB = 1024
+# Fast-tier field values (nvml.h NVML_FI_DEV_*): HBM temperature (°C) has no getter of
+# its own; instant power (mW) is the unaveraged draw next to nvmlDeviceGetPowerUsage.
+FAST_FIELDS = {"memory_temp": "NVML_FI_DEV_MEMORY_TEMP",
+               "power_instant": "NVML_FI_DEV_POWER_INSTANT"}
 
 
 def read_info(nvml: Any, handle: Any, driver_version: str) -> DeviceInfo:
@@ -93,6 +107,17 @@ class NvmlDevice:
         self.call = Caller(nvml, handle, index)
         self.static: dict[str, Any] = {}
         self.fans = 0
+        self.fields = FieldReader(self.call)
+        self.fast_fields = {k: (fid, 0) for k, n in FAST_FIELDS.items()
+                            if (fid := field_id(nvml, n)) is not None}
+        self.nvlink = NvLinks(self.call)
+        self.health = Health(self.call, info.architecture)
+
+    def forget_unsupported(self) -> None:
+        """Ask again for everything once found unsupported (after a MIG mode change)."""
+        self.call.unsupported.clear()
+        self.fields.dropped.clear()
+        self.nvlink.absent = False
 
     def c(self, name: str) -> Any:
         return getattr(self.nvml, name)
@@ -153,9 +178,12 @@ class NvmlDevice:
         out["throttle_reasons"] = self._throttle(errors)
         out["pcie_link_generation"] = u32(g(errors, "nvmlDeviceGetCurrPcieLinkGeneration"))
         out["pcie_link_width"] = u32(g(errors, "nvmlDeviceGetCurrPcieLinkWidth"))
-        mem_temp = self._memory_temperature(errors)
-        if mem_temp is not None:
-            out["temperatures_celsius"]["memory"] = mem_temp
+        fv = self.fields.read(errors, self.fast_fields.values())
+        mem_temp = self._field(fv, "memory_temp")
+        if mem_temp:  # 0 is what cards without an HBM sensor answer instead of failing
+            out["temperatures_celsius"]["memory"] = float(mem_temp)
+        out["power_instant_watts"] = scaled(self._field(fv, "power_instant"), 1e-3, "watts")
+        out["nvlink_up"] = self.nvlink.read_state(errors)
         engines = {}
         for key, fn in ENGINES.items():
             r = g(errors, fn)
@@ -172,25 +200,20 @@ class NvmlDevice:
         out["ecc_errors"] = ecc
         rows = g(errors, "nvmlDeviceGetRemappedRows")
         if rows is not None:
-            corr, unc, _pending, failure = (u32(x) for x in rows)
+            corr, unc, pending, failure = (u32(x) for x in rows)
             out["remapped_rows"] = {k: v for k, v in (("correctable", corr),
                                                        ("uncorrectable", unc)) if v is not None}
+            out["remap_pending"] = None if pending is None else bool(pending)
             out["remap_failed"] = None if failure is None else bool(failure)
         return out
 
+    def _field(self, values: dict[FieldKey, Any], name: str) -> float | int | None:
+        key = self.fast_fields.get(name)
+        fv = None if key is None else values.get(key)
+        return None if fv is None else u32(fv.value)
+
     def _memory(self, errors: Counter[str]) -> dict[str, Any]:
-        # v2 splits off the driver-reserved memory; its `used` is what nvidia-smi shows.
-        v2 = getattr(self.nvml, "nvmlMemory_v2", None)
-        mem = None if v2 is None else self.call.get(errors, "nvmlDeviceGetMemoryInfo", version=v2)
-        if mem is not None:
-            return {"memory_total_bytes": u64(mem.total), "memory_used_bytes": u64(mem.used),
-                    "memory_free_bytes": u64(mem.free),
-                    "memory_reserved_bytes": u64(mem.reserved)}
-        mem = self.call.get(errors, "nvmlDeviceGetMemoryInfo")
-        if mem is None:
-            return {}
-        return {"memory_total_bytes": u64(mem.total), "memory_used_bytes": u64(mem.used),
-                "memory_free_bytes": u64(mem.free)}
+        return read_memory(self.call, errors)
 
     def _throttle(self, errors: Counter[str]) -> dict[str, bool]:
         mask = u64(self.call.get(errors, "nvmlDeviceGetCurrentClocksEventReasons"))
@@ -213,20 +236,34 @@ class NvmlDevice:
             if kb is not None:
                 pcie[key] = float(kb * KIB)
         out["pcie_throughput_bytes_per_second"] = pcie
+        values = self._slow_fields(errors)
+        out["nvlink_throughput_bytes_per_second"] = self.nvlink.throughput(
+            errors, values, self.fields.dropped)
+        out["nvlink_errors"] = self.nvlink.read_errors(errors)
+        out.update(self.health.read(errors, values))
         return out
 
-    def _memory_temperature(self, errors: Counter[str]) -> float | None:
-        # HBM temperature has no getter of its own, only a field value (NVML_FI_DEV_MEMORY_TEMP).
-        fid = getattr(self.nvml, "NVML_FI_DEV_MEMORY_TEMP", None)
-        if fid is None:
-            return None
-        values = self.call.get(errors, "nvmlDeviceGetFieldValues", (fid,))
-        if not values:
-            return None
-        fv = values[0]
-        if fv.nvmlReturn != self.nvml.NVML_SUCCESS:
-            if fv.nvmlReturn in self.call._skip:
-                self.call.unsupported.add(("nvmlDeviceGetFieldValues", ((fid,),)))
-            return None
-        t = u32(fv.value.uiVal)
-        return None if not t else float(t)
+    def _slow_fields(self, errors: Counter[str]) -> dict[FieldKey, Any]:
+        return self.fields.read(errors, self.health.fields() + self.nvlink.throughput_fields())
+
+    def prime(self, errors: Counter[str]) -> None:
+        """At open: find the active NVLinks and take a first throughput reading, so the
+        first collection already reports a rate (over the time since open)."""
+        self.nvlink.read_state(errors)
+        if self.nvlink.remote:
+            self.nvlink.throughput(errors, self._slow_fields(errors), self.fields.dropped)
+
+
+def read_memory(call: Caller, errors: Counter[str]) -> dict[str, Any]:
+    """Device memory of a GPU or MIG device handle, v2 (with the reservation) where it answers."""
+    v2 = getattr(call.nvml, "nvmlMemory_v2", None)
+    mem = None if v2 is None else call.get(errors, "nvmlDeviceGetMemoryInfo", version=v2)
+    if mem is not None:
+        # v2 splits off the driver-reserved memory; its `used` is what nvidia-smi shows.
+        return {"memory_total_bytes": u64(mem.total), "memory_used_bytes": u64(mem.used),
+                "memory_free_bytes": u64(mem.free), "memory_reserved_bytes": u64(mem.reserved)}
+    mem = call.get(errors, "nvmlDeviceGetMemoryInfo")
+    if mem is None:
+        return {}
+    return {"memory_total_bytes": u64(mem.total), "memory_used_bytes": u64(mem.used),
+            "memory_free_bytes": u64(mem.free)}

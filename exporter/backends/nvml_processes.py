@@ -1,9 +1,16 @@
-"""The processes on one NVIDIA GPU: NVML's compute and graphics lists plus /proc details.
+"""The processes on one NVIDIA GPU (or MIG device): NVML's compute and graphics lists plus /proc.
 
 Memory per process comes from NVML (fast tier: the list getters cost microseconds);
 SM utilisation per process from ``nvmlDeviceGetProcessUtilization`` (slow tier:
-milliseconds). The process name is the kernel's ``comm`` and the host memory is
-``VmRSS``, both read through ``ProcFS`` so a container sees the host's /proc.
+milliseconds). The process name is the kernel's ``comm`` through
+``units.process_name`` (the one reader every backend uses) and the host memory is the
+resident set from ``statm`` (one short line, cheaper than ``status``), both read only
+for the pids NVML listed and through ``ProcFS`` so a container sees the host's /proc.
+The name is read once per pid; the resident set when a pid is first listed and then on
+the slow tier (bench/nvml_calls.py --stub --procs 64: opening ``statm`` of every GPU
+process every second was most of a fast cycle's cost with many processes).
+On a MIG device handle the lists hold only that instance's processes, which is how a
+process is attributed to its instance.
 """
 
 from __future__ import annotations
@@ -12,38 +19,31 @@ import os
 from collections import Counter
 from typing import Any
 
-from exporter.backends.nvml_calls import Caller, ratio, text, u32, u64
+from exporter.backends.fdinfo import parse_rss
+from exporter.backends.nvml_calls import Caller, text, u32, u64
 from exporter.fs import ProcFS
 from exporter.model import ProcessSample
+from exporter.units import process_name
+from exporter.units import ratio_from_percent as ratio
 
 PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
 
 
-def parse_vm_rss(status: str) -> float | None:
-    """``VmRSS:\\t  123456 kB`` from /proc/<pid>/status -> bytes; None for kernel threads."""
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                unit = parts[2].lower() if len(parts) > 2 else "kb"
-                return float(int(parts[1]) * (1024 if unit == "kb" else 1))
-            return None
-    return None
-
-
 class ProcessReader:
-    """Per-GPU process list with a name cache (comm does not change under a live pid)."""
+    """Per-device process list with a name cache (comm does not change under a live pid)."""
 
     def __init__(self, nvml: Any, call: Caller, proc: ProcFS) -> None:
         self.nvml = nvml
         self.call = call
         self.proc = proc
         self._names: dict[int, str] = {}
+        self._rss: dict[int, float | None] = {}  # pid -> bytes, from the slow tier
         self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
         self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
 
-    def read(self, errors: Counter[str]) -> tuple[ProcessSample, ...]:
-        """Union of compute and graphics processes; a pid in both is reported once."""
+    def read(self, errors: Counter[str], slow: bool = True) -> tuple[ProcessSample, ...]:
+        """Union of compute and graphics processes; a pid in both is reported once.
+        ``slow``: re-read every process's resident set (else only new pids')."""
         memory: dict[int, int | None] = {}
         for fn in PROCESS_LISTS:
             for p in self.call.get(errors, fn) or ():
@@ -55,15 +55,18 @@ class ProcessReader:
                     used = max(used or 0, memory[pid] or 0)  # same pid, both contexts
                 memory[pid] = used
         self._names = {pid: n for pid, n in self._names.items() if pid in memory}
+        self._rss = {pid: r for pid, r in self._rss.items() if pid in memory}
         out = []
         for pid, used in memory.items():
             util = self._sm_util.get(pid)
+            if slow or pid not in self._rss:
+                self._rss[pid] = parse_rss(self.proc.read_bytes(str(pid), "statm"), None)
             out.append(ProcessSample(
                 pid=pid,
                 process=self._name(pid),
                 memory_used_bytes=None if used is None else float(used),
                 utilization_ratio={} if util is None else {"sm": util},
-                host_memory_bytes=self._rss(pid),
+                host_memory_bytes=self._rss[pid],
             ))
         out.sort(key=lambda s: (-(s.memory_used_bytes or 0.0), s.pid))
         return tuple(out)
@@ -96,16 +99,15 @@ class ProcessReader:
     def _name(self, pid: int) -> str:
         name = self._names.get(pid)
         if name is None:
-            name = self.proc.read_text(str(pid), "comm")
-            if name is None:
+            comm = self.proc.read_bytes(str(pid), "comm")
+            if comm is not None:
+                name = process_name(comm)
+            else:
                 # Not in our /proc (another pid namespace): ask the driver, keep the basename.
                 try:
-                    name = os.path.basename(text(self.nvml.nvmlSystemGetProcessName(pid)))
+                    name = process_name(os.path.basename(
+                        text(self.nvml.nvmlSystemGetProcessName(pid))))
                 except (self.nvml.NVMLError, AttributeError):
                     name = ""
             self._names[pid] = name
         return name
-
-    def _rss(self, pid: int) -> float | None:
-        status = self.proc.read_text(str(pid), "status")
-        return None if status is None else parse_vm_rss(status)

@@ -14,54 +14,33 @@ function names that raise NOT_SUPPORTED), ``FakeNVML.hang`` (a function that blo
 once the fake has lived ``after_seconds``, until ``release_hang()``), ``no_gpu``
 (nvmlInit raises DRIVER_NOT_LOADED), ``FakeNVML.bad`` (every call raises UNINITIALIZED,
 like a driver unloaded under us). ``calls`` counts every function call by name.
+
+NVLink, MIG (instances appear and vanish) and the health counters live in
+``fake_nvml_links.py``; field values (``nvmlDeviceGetFieldValues``) take plain ids or
+``(field id, scope id)`` pairs, as nvidia-ml-py does, and fill each value's own
+return code and value type.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
-import importlib.util
-import os
-import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
+
+from tests.fakes.fake_nvml_links import FakeHandle, FakeMig, FakeNvLink, LinksAndMig
+
+__all__ = ["FakeHandle", "FakeMig", "FakeNvLink", "FakeGPU", "FakeNVML", "FakeProcess"]
+from tests.fakes.nvml_real import N
 
 MIB = 1 << 20
 # PCI bus ids of the eight GPUs of an HGX H100 board (NVML form).
 HGX_BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 
 
-def _real_pynvml() -> ModuleType:
-    """The installed nvidia-ml-py, even when the ``pynvml`` shim shadows it on sys.path."""
-    shim = sys.modules.get("pynvml")
-    if shim is None or not getattr(shim, "__fake_shim__", False):
-        import pynvml
-
-        return pynvml
-    cached = sys.modules.get("_real_pynvml")
-    if cached is not None:
-        return cached
-    shim_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pynvml_shim")
-    path = [p for p in sys.path if os.path.abspath(p or ".") != shim_dir]
-    spec = importlib.machinery.PathFinder.find_spec("pynvml", path)
-    if spec is None or spec.loader is None:
-        raise ImportError("nvidia-ml-py (pynvml) must be installed for the fake's types")
-    real = importlib.util.module_from_spec(spec)
-    # pynvml looks itself up as sys.modules["pynvml"] while it loads; lend it the name.
-    sys.modules["pynvml"] = real
-    try:
-        spec.loader.exec_module(real)
-    finally:
-        sys.modules["pynvml"] = shim
-    sys.modules["_real_pynvml"] = real
-    return real
-
-
-N = _real_pynvml()
 
 
 @dataclass
@@ -123,6 +102,16 @@ class FakeGPU:
         "dram_bw_util": 0.0, "fp64_util": 0.0, "fp32_util": 0.0, "fp16_util": 0.0})
     xids: list[int] = field(default_factory=list)  # XID events pending on the event set
     processes: list[FakeProcess] = field(default_factory=list)
+    # Off unless a test or fixture turns them on (a GeForce card has none of these).
+    power_instant_mw: int | None = None  # NVML_FI_DEV_POWER_INSTANT
+    nvlinks: list[FakeNvLink] = field(default_factory=list)  # empty: no NVLink
+    violation_ns: dict[str, int] | None = None  # "power"/"thermal"/"sync_boost" -> ns
+    ecc_locations: dict[str, tuple[int, int]] | None = None  # block -> (corrected, uncorrected)
+    retired_pages: dict[str, int] | None = None  # "single_bit"/"double_bit" -> pages
+    mig_mode: int | None = None  # None: no MIG; 0 disabled; 1 enabled
+    mig_devices: list[FakeMig] = field(default_factory=list)
+    # field id -> (nvmlReturn, valueType, value): answer this instead (value types, faults)
+    field_overrides: dict[int, tuple[int, int, Any]] = field(default_factory=dict)
     lost: bool = False
     not_supported: set[str] = field(default_factory=set)
 
@@ -135,16 +124,11 @@ class FakeGPU:
         self.minor = i if self.minor is None else self.minor
 
 
-@dataclass
-class FakeHandle:
-    gpu: FakeGPU
-
-
 class _GpmSampleBuf(ctypes.Structure):
     _fields_ = [("tag", ctypes.c_uint64)]  # gives every sample a distinct address
 
 
-class FakeNVML:
+class FakeNVML(LinksAndMig):
     """Module-like object: ``fake.nvmlInit()``, ``fake.NVML_CLOCK_SM``, ``fake.NVMLError``..."""
 
     def __init__(self, gpus: list[FakeGPU] | None = None, driver_version: str = "550.127.05",
@@ -159,10 +143,12 @@ class FakeNVML:
         self.started = time.monotonic()
         self._release = threading.Event()
         self._event_sets: dict[int, set[int]] = {}
-        self._gpm_samples: dict[int, tuple[int, int]] = {}  # address -> (gpu index, seq)
+        # sample address -> (gpu index, seq, GPU instance id or None)
+        self._gpm_samples: dict[int, tuple[int, int, int | None]] = {}
         self._gpm_bufs: list[Any] = []
         self._seq = 0
         self._clock_us = 1_700_000_000_000_000
+        self.field_batches: list[int] = []  # how many fields each FieldValues call asked for
 
     # --- plumbing -------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -193,6 +179,8 @@ class FakeNVML:
             raise N.NVMLError(N.NVML_ERROR_GPU_IS_LOST)
         if fn in handle.gpu.not_supported:
             raise N.NVMLError(N.NVML_ERROR_NOT_SUPPORTED)
+        if not identity or handle.mig is not None:
+            self._check_mig(fn, handle)
 
     # --- library --------------------------------------------------------------
     def nvmlInit(self) -> None:
@@ -232,11 +220,12 @@ class FakeNVML:
     # --- identity (answer even for a lost GPU) --------------------------------
     def nvmlDeviceGetUUID(self, h: FakeHandle) -> str:
         self._enter("nvmlDeviceGetUUID", h, identity=True)
-        return h.gpu.uuid
+        return h.gpu.uuid if h.mig is None else h.mig.uuid
 
     def nvmlDeviceGetName(self, h: FakeHandle) -> str:
         self._enter("nvmlDeviceGetName", h, identity=True)
-        return h.gpu.name
+        # A MIG device's name carries its profile, as nvidia-smi -L prints it.
+        return h.gpu.name if h.mig is None else f"{h.gpu.name} MIG {h.mig.profile}"
 
     def nvmlDeviceGetPciInfo(self, h: FakeHandle) -> Any:
         self._enter("nvmlDeviceGetPciInfo", h, identity=True)
@@ -275,13 +264,23 @@ class FakeNVML:
         self._enter("nvmlDeviceGetUtilizationRates", h)
         return N.c_nvmlUtilization_t(gpu=h.gpu.utilization_gpu, memory=h.gpu.utilization_memory)
 
-    def _used(self, g: FakeGPU) -> int:
+    def _used(self, g: FakeGPU | FakeMig) -> int:
         if g.memory_used_bytes is not None:
             return g.memory_used_bytes
-        return sum(p.used_memory_bytes or 0 for p in g.processes)
+        procs = list(g.processes)
+        if isinstance(g, FakeGPU) and g.mig_mode == 1:
+            procs += [p for m in g.mig_devices for p in m.processes]
+        return sum(p.used_memory_bytes or 0 for p in procs)
 
     def nvmlDeviceGetMemoryInfo(self, h: FakeHandle, version: int | None = None) -> Any:
         self._enter("nvmlDeviceGetMemoryInfo", h)
+        if h.mig is not None:  # a MIG device: its GPU instance's memory, no reservation
+            used = self._used(h.mig)
+            total = h.mig.memory_total_bytes
+            if version:
+                return N.c_nvmlMemory_v2_t(version=version, total=total, reserved=0,
+                                           free=total - used, used=used)
+            return N.c_nvmlMemory_t(total=total, free=total - used, used=used)
         g = h.gpu
         used = self._used(g)
         if version:
@@ -312,17 +311,36 @@ class FakeNVML:
 
     def nvmlDeviceGetFieldValues(self, h: FakeHandle, field_ids: Any) -> Any:
         self._enter("nvmlDeviceGetFieldValues", h)
+        self.field_batches.append(len(field_ids))
         values = (N.c_nvmlFieldValue_t * len(field_ids))()
-        for i, fid in enumerate(field_ids):
+        g = h.gpu
+        retired = g.retired_pages or {}
+        plain = {N.NVML_FI_DEV_MEMORY_TEMP: g.temperature_memory,
+                 N.NVML_FI_DEV_POWER_INSTANT: g.power_instant_mw,
+                 N.NVML_FI_DEV_RETIRED_SBE: retired.get("single_bit"),
+                 N.NVML_FI_DEV_RETIRED_DBE: retired.get("double_bit")}
+        for i, request in enumerate(field_ids):
+            fid, scope = request if isinstance(request, tuple) else (request, 0)
             v = values[i]
-            v.fieldId = fid
+            v.fieldId, v.scopeId = fid, scope
             v.timestamp = self._clock_us
-            if fid == N.NVML_FI_DEV_MEMORY_TEMP and h.gpu.temperature_memory is not None:
-                v.valueType = N.NVML_VALUE_TYPE_UNSIGNED_INT
-                v.value.uiVal = h.gpu.temperature_memory
-                v.nvmlReturn = N.NVML_SUCCESS
-            else:
+            if fid in g.field_overrides:
+                v.nvmlReturn, v.valueType, value = g.field_overrides[fid]
+                member = {N.NVML_VALUE_TYPE_DOUBLE: "dVal",
+                          N.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+                          N.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+                          N.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal"}.get(v.valueType, "uiVal")
+                setattr(v.value, member, value)
+                continue
+            if self.nvlink_field(h, fid, scope, v):
+                continue
+            value = plain.get(fid)
+            if value is None:
                 v.nvmlReturn = N.NVML_ERROR_NOT_SUPPORTED
+                continue
+            v.valueType = N.NVML_VALUE_TYPE_UNSIGNED_INT
+            v.value.uiVal = value
+            v.nvmlReturn = N.NVML_SUCCESS
         return values
 
     def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
@@ -428,13 +446,21 @@ class FakeNVML:
     # --- processes ----------------------------------------------------------------
     def _procs(self, fn: str, h: FakeHandle, graphics: bool) -> list[Any]:
         self._enter(fn, h)
+        g = h.gpu
+        if h.mig is not None:  # a MIG handle lists its own instance's processes
+            listed = [(p, h.mig) for p in h.mig.processes]
+        elif g.mig_mode == 1:  # the parent (as root) lists every instance's
+            listed = [(p, m) for m in g.mig_devices for p in m.processes]
+        else:
+            listed = [(p, None) for p in g.processes]
         out = []
-        for p in h.gpu.processes:
+        for p, mig in listed:
             if p.graphics == graphics:
                 # pynvml turns NVML_VALUE_NOT_AVAILABLE into None (nvmlStructToFriendlyObject)
                 out.append(N.nvmlFriendlyObject({
                     "pid": p.pid, "usedGpuMemory": p.used_memory_bytes,
-                    "gpuInstanceId": 0xFFFFFFFF, "computeInstanceId": 0xFFFFFFFF}))
+                    "gpuInstanceId": 0xFFFFFFFF if mig is None else mig.gpu_instance_id,
+                    "computeInstanceId": 0xFFFFFFFF if mig is None else mig.compute_instance_id}))
         return out
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: FakeHandle) -> list[Any]:
@@ -505,17 +531,18 @@ class FakeNVML:
         self._enter("nvmlGpmSampleGet", h)
         self._seq += 1
         self._gpm_samples[ctypes.cast(sample, ctypes.c_void_p).value or 0] = (h.gpu.index,
-                                                                              self._seq)
+                                                                              self._seq, None)
         return sample
 
     def nvmlGpmMetricsGet(self, mg: Any) -> Any:
         self._enter("nvmlGpmMetricsGet")
         s1 = self._gpm_samples.get(ctypes.cast(mg.sample1, ctypes.c_void_p).value or 0)
         s2 = self._gpm_samples.get(ctypes.cast(mg.sample2, ctypes.c_void_p).value or 0)
-        if s1 is None or s2 is None or s1[0] != s2[0] or s1[1] >= s2[1]:
+        if s1 is None or s2 is None or s1[0] != s2[0] or s1[2] != s2[2] or s1[1] >= s2[1]:
             raise N.NVMLError(N.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self.gpus[s1[0]]
-        by_id = {getattr(N, "NVML_GPM_METRIC_" + k.upper()): v for k, v in gpu.gpm.items()}
+        gpm = gpu.gpm if s1[2] is None else self.mig_gpm(gpu, s1[2])
+        by_id = {getattr(N, "NVML_GPM_METRIC_" + k.upper()): v for k, v in gpm.items()}
         for i in range(mg.numMetrics):
             m = mg.metrics[i]
             if m.metricId in by_id:

@@ -31,7 +31,20 @@ JSON format (every key optional)::
          "gpm": {"sm_util": 0.0, ...},       # percent by NVML_GPM_METRIC_<NAME> lower-cased
          "xids": [79],                       # XID events delivered on the first drain
          "processes": [{"pid": 4242, "used_memory_bytes": 1073741824,
-                        "name": "python3", "sm_util": 35, "graphics": false}]}
+                        "name": "python3", "sm_util": 35, "graphics": false}],
+         # Off unless given (fake_nvml_links.py has the behaviour):
+         "power_instant_mw": 69620,
+         "violation_ns": {"power": 0, "thermal": 0, "sync_boost": 0},
+         "ecc_locations": {"dram": [0, 0], "sram": [0, 0]},   # (corrected, uncorrected)
+         "retired_pages": {"single_bit": 0, "double_bit": 0},
+         "nvlinks": [{"state": 1, "remote": "switch", "tx_kib": 0, "tx_step_kib": 0,
+                      "rx_kib": 0, "rx_step_kib": 0, "errors": {"replay": 0}}],
+         "nvlinks": {"count": 18, "state": 1, ...},  # or: this many identical links
+         "mig_mode": 1,                      # null: no MIG, 0 disabled, 1 enabled
+         "mig_devices": [{"gpu_instance_id": 2, "compute_instance_id": 0,
+                          "profile": "3g.40gb", "uuid": "MIG-...",
+                          "memory_total_bytes": ..., "memory_used_bytes": ...,
+                          "gpm": {...}, "processes": [...]}]}
       ],
       "generate": {"gpus": 8, "processes_per_gpu": 64},   # instead of "gpus": many defaults
       "faults": {
@@ -66,9 +79,29 @@ _spec.loader.exec_module(_fake)
 MIB = 1 << 20
 
 
+def _links(spec: Any) -> list[Any]:
+    if isinstance(spec, dict):
+        spec = dict(spec)
+        count = int(spec.pop("count"))
+        return [_fake.FakeNvLink(**spec) for _ in range(count)]
+    return [_fake.FakeNvLink(**link) for link in spec]
+
+
+def _mig(spec: dict[str, Any]) -> Any:
+    spec = dict(spec)
+    procs = [_fake.FakeProcess(**p) for p in spec.pop("processes", [])]
+    return _fake.FakeMig(processes=procs, **spec)
+
+
 def _gpu(index: int, spec: dict[str, Any]) -> Any:
     spec = dict(spec)
     procs = [_fake.FakeProcess(**p) for p in spec.pop("processes", [])]
+    if "nvlinks" in spec:
+        spec["nvlinks"] = _links(spec["nvlinks"])
+    if "mig_devices" in spec:
+        spec["mig_devices"] = [_mig(m) for m in spec["mig_devices"]]
+    if "ecc_locations" in spec:
+        spec["ecc_locations"] = {k: tuple(v) for k, v in spec["ecc_locations"].items()}
     if "compute_capability" in spec:
         spec["compute_capability"] = tuple(spec["compute_capability"])
     if "remapped_rows" in spec:

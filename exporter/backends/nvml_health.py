@@ -1,0 +1,99 @@
+"""Health counters of one NVIDIA GPU that change slowly: read on the slow tier.
+
+- Clock-event durations -> ``clock_event_seconds[reason]``: ``nvmlDeviceGetViolationStatus``
+  per perf policy (nvml.h nvmlViolationTime_t: ``violationTime`` in nanoseconds since
+  the driver loaded). POWER is the software power cap (``sw_power_cap``), THERMAL the
+  driver's thermal slowdown (``sw_thermal``), SYNC_BOOST ``sync_boost``: the reasons
+  nvidia-smi -q lists under "Clocks Event Reasons Counters" that this API carries. The
+  hardware slowdown and power-brake durations exist only as field ids that NVIDIA
+  renumbered between releases (see nvml_fields), so they are not exported.
+- ECC by location -> ``ras_errors[(block, severity)]``: ``nvmlDeviceGetMemoryErrorCounter``
+  with the VOLATILE counter (since driver load, like ``gpu_ecc_errors_total``) for every
+  nvmlMemoryLocation_t; a location this GPU does not split out answers NOT_SUPPORTED once
+  and is not asked again (an H100 has ``dram`` and ``sram``; Volta also L1/L2/register
+  file/texture). The AGGREGATE counters (lifetime, kept in the InfoROM) are not exported:
+  METRICS.md has no family for a lifetime count, and over the exporter's life they move
+  exactly like the volatile ones.
+- Retired pages (before Ampere; Ampere and later remap rows instead and answer N/A) ->
+  ``retired_pages[cause]``: field values NVML_FI_DEV_RETIRED_SBE / _DBE (page counts),
+  asked for in the slow field batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from exporter.backends.nvml_calls import Caller, u64
+from exporter.backends.nvml_fields import FieldKey, FieldValue, field_id
+from exporter.units import scaled
+
+VIOLATIONS = {"sw_power_cap": "NVML_PERF_POLICY_POWER",
+              "sw_thermal": "NVML_PERF_POLICY_THERMAL",
+              "sync_boost": "NVML_PERF_POLICY_SYNC_BOOST"}
+# nvmlMemoryLocation_t -> block label; DEVICE_MEMORY and DRAM are the same value (2).
+LOCATIONS = {"NVML_MEMORY_LOCATION_L1_CACHE": "l1_cache",
+             "NVML_MEMORY_LOCATION_L2_CACHE": "l2_cache",
+             "NVML_MEMORY_LOCATION_DRAM": "dram",
+             "NVML_MEMORY_LOCATION_REGISTER_FILE": "register_file",
+             "NVML_MEMORY_LOCATION_TEXTURE_MEMORY": "texture_memory",
+             "NVML_MEMORY_LOCATION_TEXTURE_SHM": "texture_shm",
+             "NVML_MEMORY_LOCATION_CBU": "cbu",
+             "NVML_MEMORY_LOCATION_SRAM": "sram"}
+SEVERITIES = {"corrected": "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+              "uncorrected": "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"}
+RETIRED_FIELDS = {"single_bit": "NVML_FI_DEV_RETIRED_SBE", "double_bit": "NVML_FI_DEV_RETIRED_DBE"}
+# Page retirement is what GPUs before Ampere do (nvml.h: row remapping replaced it).
+RETIRES_PAGES = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
+
+
+def _constants(nvml: Any, names: dict[str, str]) -> dict[str, Any]:
+    return {label: getattr(nvml, c) for label, c in names.items() if hasattr(nvml, c)}
+
+
+class Health:
+    """The slow health reads of one device handle."""
+
+    def __init__(self, call: Caller, architecture: str) -> None:
+        self.call = call
+        nvml = call.nvml
+        self.violations = _constants(nvml, VIOLATIONS)
+        self.severities = _constants(nvml, SEVERITIES)
+        self.volatile = getattr(nvml, "NVML_VOLATILE_ECC", None)
+        locations: dict[int, str] = {}
+        for const, label in LOCATIONS.items():
+            if hasattr(nvml, const):
+                locations.setdefault(getattr(nvml, const), label)
+        self.locations = locations
+        self.retired = {cause: fid for cause, name in RETIRED_FIELDS.items()
+                        if (fid := field_id(nvml, name)) is not None
+                        } if architecture in RETIRES_PAGES else {}
+
+    def fields(self) -> list[FieldKey]:
+        """Requests for the slow-tier field batch."""
+        return [(fid, 0) for fid in self.retired.values()]
+
+    def read(self, errors: Counter[str], values: dict[FieldKey, FieldValue]) -> dict[str, Any]:
+        """DeviceSample keyword arguments: clock_event_seconds, ras_errors, retired_pages."""
+        g = self.call.get
+        events = {}
+        for reason, policy in self.violations.items():
+            v = g(errors, "nvmlDeviceGetViolationStatus", policy)
+            seconds = None if v is None else scaled(u64(v.violationTime), 1e-9, "seconds")
+            if seconds is not None:
+                events[reason] = seconds
+        ras = {}
+        if self.volatile is not None:
+            for location, block in self.locations.items():
+                for severity, kind in self.severities.items():
+                    n = u64(g(errors, "nvmlDeviceGetMemoryErrorCounter", kind, self.volatile,
+                              location))
+                    if n is not None:
+                        ras[(block, severity)] = n
+        retired = {}
+        for cause, fid in self.retired.items():
+            fv = values.get((fid, 0))
+            pages = None if fv is None else u64(fv.value)
+            if pages is not None:
+                retired[cause] = pages
+        return {"clock_event_seconds": events, "ras_errors": ras, "retired_pages": retired}
