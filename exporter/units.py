@@ -13,6 +13,7 @@ GPU made, not an unusual card); they are not alarms.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -167,3 +168,21 @@ def process_name(raw: bytes | str | None) -> str:
         return ""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     return "".join(ch for ch in text.rstrip("\n") if ch.isprintable())[:64]
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def parse_rss(statm: bytes | None, status: bytes | None) -> float | None:
+    """Resident set size in bytes from ``/proc/<pid>/statm`` (pages), else ``status``
+    (``VmRSS: N kB``): the one reader for every backend that reports host memory."""
+    fields = (statm or b"").split()
+    pages = parse_int(fields[1]) if len(fields) >= 2 else None
+    if pages is not None:
+        return bounded(pages * _PAGE_SIZE, "bytes")
+    for line in (status or b"").splitlines():
+        if line.startswith(b"VmRSS:"):
+            parts = line.split()
+            kib = parse_int(parts[1]) if len(parts) == 3 and parts[2] == b"kB" else None
+            return None if kib is None else bounded(kib * 1024, "bytes")
+    return None

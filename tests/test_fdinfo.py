@@ -17,10 +17,10 @@ import pytest
 
 from exporter.backends.base import BackendFailed, BackendUnavailable
 from exporter.backends.fdinfo import FdinfoBackend
-from exporter.backends.fdinfo_scan import error_reason, parse_rss
+from exporter.backends.fdinfo_scan import error_reason
 from exporter.config import Config
 from exporter.model import DeviceSample, ProcessSample
-from exporter.units import process_name
+from exporter.units import parse_rss, process_name
 from tests.drm_tree import add_pci_card, remove_card
 
 FIXTURES = Path(__file__).parent / "fixtures"

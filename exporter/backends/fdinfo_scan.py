@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 
 from exporter.fdinfo_parse import VENDOR_OF_DRIVER, DrmClientStats, parse_fdinfo
 from exporter.fs import ProcFS
-from exporter.units import bounded, parse_int, process_name
+from exporter.units import parse_rss, process_name
 
 MAX_FDINFO_BYTES = 64 * 1024  # real files are < 4 KiB; anything bigger is garbage
 _DRM_PREFIXES = ("/dev/dri/", "/dev/accel/")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NOT_A_CLIENT = DrmClientStats()  # a DRM node whose driver prints no usage stats
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 _ONCE_PER_PROCESS = frozenset({"permission", "vanished"})
 
 ClientKey = tuple[str, str]  # (pci bus id, drm-client-id)
@@ -49,20 +48,6 @@ def error_reason(err: OSError) -> str:
     if err.errno in (errno.EACCES, errno.EPERM):
         return "permission"  # another user's process without CAP_SYS_PTRACE
     return "unreadable"
-
-
-def parse_rss(statm: bytes | None, status: bytes | None) -> float | None:
-    """Resident set size in bytes from ``statm`` (pages), else ``status`` VmRSS (kB)."""
-    fields = (statm or b"").split()
-    pages = parse_int(fields[1]) if len(fields) >= 2 else None
-    if pages is not None:
-        return bounded(pages * _PAGE_SIZE, "bytes")
-    for line in (status or b"").splitlines():
-        if line.startswith(b"VmRSS:"):
-            parts = line.split()
-            kib = parse_int(parts[1]) if len(parts) == 3 and parts[2] == b"kB" else None
-            return None if kib is None else bounded(kib * 1024, "bytes")
-    return None
 
 
 @dataclass(frozen=True)

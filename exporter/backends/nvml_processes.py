@@ -19,11 +19,10 @@ import os
 from collections import Counter
 from typing import Any
 
-from exporter.backends.fdinfo import parse_rss
 from exporter.backends.nvml_calls import Caller, text, u32, u64
 from exporter.fs import ProcFS
 from exporter.model import ProcessSample
-from exporter.units import process_name
+from exporter.units import parse_rss, process_name
 from exporter.units import ratio_from_percent as ratio
 
 PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
