@@ -248,7 +248,7 @@ def run_daemon(config: Config, hub: Any) -> int:
     except OSError as e:
         print(f"gpu-exporter: cannot listen: {e.strerror or e}", file=sys.stderr)
         return 1
-    renderer = Renderer(lead=2 * config.interval + 0.5)
+    renderer = Renderer(lead=2 * config.interval + 0.5, metric_names=config.metric_names)
     serve(config, build_app(config, hub, renderer, web), web, sockets)
     return 0
 

@@ -31,6 +31,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from exporter import __version__
 from exporter.collector import DURATION_BUCKETS, Snapshot
+from exporter.dcgm import dcgm_families, hostname
 from exporter.model import DeviceInfo, DeviceSample, ProcessSample
 
 TEXT_CONTENT_TYPE = getattr(text_format, "CONTENT_TYPE_PLAIN_0_0_4",
@@ -183,7 +184,7 @@ def _without_engines(d: DeviceSample, engines: set[str]) -> DeviceSample:
                              if k not in engines})
 
 
-def snapshot_families(s: Snapshot) -> Iterator[Metric]:
+def snapshot_families(s: Snapshot, metric_names: str = "gpu", host: str = "") -> Iterator[Metric]:
     f = _Families()
     better = _better_engines(s)
     for state in s.backends:
@@ -206,7 +207,13 @@ def snapshot_families(s: Snapshot) -> Iterator[Metric]:
                 if not d.primary:
                     d = _without_engines(d, better.get(bus, set()))
                 _device_families(f, gpu, identity, d)
-    yield from f.by_name.values()
+    # --metric-names: dcgm replaces the per-GPU gpu_* families; processes keep our names.
+    yield from (m for n, m in f.by_name.items()
+                if metric_names != "dcgm" or n.startswith("gpu_process_"))
+    if metric_names != "gpu":  # until the collector merges devices: the primary backends'
+        yield from dcgm_families(((str(s.gpu_index.get(d.info.pci_bus_id, "")), d)
+                                  for st in s.backends if st.serving and st.last
+                                  for d in st.last.devices if d.primary and d.up), host)
     yield from _exporter_families(s)
 
 
@@ -244,15 +251,16 @@ def _exporter_families(s: Snapshot) -> Iterator[Metric]:
 
 
 class _SnapshotCollector:
-    def __init__(self) -> None:
+    def __init__(self, metric_names: str, host: str) -> None:
         self.snapshot: Snapshot | None = None
+        self.metric_names, self.host = metric_names, host
 
     def describe(self) -> list[Metric]:
         return []  # so registering never calls collect()
 
     def collect(self) -> Iterator[Metric]:
         if self.snapshot is not None:
-            yield from snapshot_families(self.snapshot)
+            yield from snapshot_families(self.snapshot, self.metric_names, self.host)
 
 
 VARIANTS = ("text", "text+gzip", "openmetrics", "openmetrics+gzip")
@@ -316,10 +324,11 @@ class Renderer:
     are rendered, shortly before they are expected to ask (see _Demand).
     """
 
-    def __init__(self, lead: float = 2.0) -> None:
+    def __init__(self, lead: float = 2.0, metric_names: str = "gpu") -> None:
         self.lead = lead  # render ahead when a scrape is due within this many seconds
         self.registry = CollectorRegistry(auto_describe=False)
-        self._collector = _SnapshotCollector()
+        self._collector = _SnapshotCollector(
+            metric_names, hostname() if metric_names != "gpu" else "")
         self.registry.register(self._collector)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)

@@ -79,6 +79,7 @@ class NvidiaBackend:
         self._events: XidEvents | None = None
         # uuid -> xid -> count; kept across close/open so the counters never go back.
         self._xids: dict[str, Counter[int]] = {}
+        self._xid_last: dict[str, int] = {}  # uuid -> code of the newest XID event
         self._proc = ProcFS(config.procfs)
         self._all_lost_cycles = 0
 
@@ -157,6 +158,7 @@ class NvidiaBackend:
         events, failed = self._events.drain()
         for uuid, xid in events:
             self._xids.setdefault(uuid, Counter())[xid] += 1
+            self._xid_last[uuid] = xid
         if failed:
             errors["xid_event"] += failed
 
@@ -182,9 +184,13 @@ class NvidiaBackend:
             field_sources={"profiling_ratio": GPM_SOURCE} if g.profiling else {},
             profiling_ratio=dict(g.profiling),
             xid_errors=dict(self._xids.get(info.uuid, {})),
+            xid_last=self._xid_last.get(info.uuid, 0 if self._xid_registered(info.uuid) else None),
             processes=processes,
             **values,
         )
+
+    def _xid_registered(self, uuid: str) -> bool:
+        return self._events is not None and uuid in self._events.registered
 
     def _gpm(self, g: _Gpu, errors: Counter[str]) -> dict[str, float]:
         assert g.gpm is not None
