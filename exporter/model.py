@@ -166,6 +166,9 @@ class DeviceSample:
     remap_pending: bool | None = None  # a row remap waits for the next GPU reset
     retired_pages: Mapping[str, int] = _empty()  # "single_bit" / "double_bit" -> pages
     xid_last_timestamp_seconds: float | None = None  # wall clock of the newest XID event
+    # Code of the newest XID event; 0 for a GPU registered for XID events that has had none
+    # yet (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS, a last-value gauge).
+    xid_last: int | None = None
     memory_bandwidth_bytes_per_second: Mapping[str, float] = _empty()  # "read" / "write"
     nvlink_up: Mapping[tuple[str, str], bool] = _empty()  # (link, remote) -> up
     nvlink_errors: Mapping[tuple[str, str], int] = _empty()  # (link, type) -> counter

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, TypeVar
 
 from prometheus_client import exposition as text_format
@@ -34,7 +35,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Sample
 
-from exporter import __version__
+from exporter import __version__, dcgm
 from exporter.collector import DURATION_BUCKETS, Snapshot
 from exporter.model import DeviceSample, PodRef, ProcessSample
 
@@ -150,6 +151,7 @@ class RenderOptions:
     pod_labels: bool = False  # kubernetes attribution on: process series carry pod labels
     device_pod_labels: bool = False  # --kubernetes.device-labels
     metric_names: str = "gpu"  # gpu, dcgm or both
+    hostname: str = dataclass_field(default_factory=dcgm.hostname)  # dcgm's Hostname label
 
 
 class _Families:
@@ -258,7 +260,13 @@ def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
     f = _Families()
     for gpu, d in s.devices:
         _device_families(f, gpu, d, opts)
-    return [f.by_name[n] for n in sorted(f.by_name, key=lambda n: _RANK.get(n, len(_RANK)))]
+    ours = [f.by_name[n] for n in sorted(f.by_name, key=lambda n: _RANK.get(n, len(_RANK)))]
+    if opts.metric_names == "gpu":
+        return ours
+    # dcgm replaces the per-GPU families; per-process ones keep our names in every mode.
+    kept = ours if opts.metric_names == "both" else [
+        m for m in ours if m.name.startswith("gpu_process_")]
+    return kept + list(dcgm.dcgm_families(((g, d) for g, d in s.devices if d.up), opts.hostname))
 
 
 def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,

@@ -91,10 +91,11 @@ class NvidiaBackend:
         self._nvml: Any = None
         self._gpus: list[_Gpu] = []
         self._events: XidEvents | None = None
-        # uuid -> xid -> count, uuid -> wall clock of the newest event; kept across
-        # close/open so the counters never go back.
+        # uuid -> xid -> count, uuid -> wall clock and code of the newest event; kept
+        # across close/open so the counters never go back.
         self._xids: dict[str, Counter[int]] = {}
-        self._xid_last: dict[str, float] = {}
+        self._xid_last_at: dict[str, float] = {}
+        self._xid_last: dict[str, int] = {}  # uuid -> code of the newest XID event
         self._proc = ProcFS(config.procfs)
         self._all_lost_cycles = 0
 
@@ -183,7 +184,8 @@ class NvidiaBackend:
                 errors["parse"] += 1
                 continue
             self._xids.setdefault(uuid, Counter())[xid] += 1
-            self._xid_last[uuid] = now
+            self._xid_last_at[uuid] = now
+            self._xid_last[uuid] = xid
         if failed:
             errors["xid_event"] += failed
 
@@ -216,7 +218,8 @@ class NvidiaBackend:
             field_sources={"profiling_ratio": GPM_SOURCE} if g.profiling else {},
             profiling_ratio=dict(g.profiling),
             xid_errors={} if xids is None else dict(xids),
-            xid_last_timestamp_seconds=self._xid_last.get(info.uuid),
+            xid_last_timestamp_seconds=self._xid_last_at.get(info.uuid),
+            xid_last=self._xid_last.get(info.uuid, 0 if xids is not None else None),
             processes=processes,
             **values,
         )
