@@ -34,12 +34,7 @@ REFERENCES = yaml.safe_load((ROOT / "tests" / "dcgm" / "references.yml").read_te
 
 # Fields an alert queries that no fixture produces yet. Each must be empty today (so this
 # list cannot go stale): when a backend starts filling one, move it out of here.
-PENDING = {
-    "DCGM_FI_DEV_POWER_VIOLATION": "clock-event times from NVML (issue 12, part 3)",
-    "DCGM_FI_DEV_THERMAL_VIOLATION": "clock-event times from NVML (issue 12, part 3)",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "NVLink counters (issue 12, part 1)",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "NVLink counters (issue 12, part 1)",
-}
+PENDING: dict[str, str] = {}
 # Fields we do not provide at all (docs/dcgm-compat.md, "Not provided").
 NOT_PROVIDED = {"DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": "aggregate ECC counts are not read"}
 
