@@ -7,6 +7,8 @@ BackendUnavailable and it reports ``gpu_exporter_backend_up 0`` with the reason.
 
 from __future__ import annotations
 
+import os
+
 from exporter.backends.base import Backend, BackendFailed, BackendUnavailable, Cycle
 from exporter.config import Config
 
@@ -40,4 +42,13 @@ def build_backends(config: Config) -> list[Backend]:
         from exporter.backends.fdinfo import FdinfoBackend
 
         backends.append(FdinfoBackend(config))
+
+    # Auto: on when the kubelet's pod-resources socket exists at start (a GPU node's
+    # DaemonSet), so a workstation's series never grow empty pod labels.
+    kubernetes = config.collector_enabled("kubernetes")
+    if kubernetes or (kubernetes is None
+                      and os.path.exists(config.kubernetes_pod_resources_socket)):
+        from exporter.kubernetes.backend import KubernetesBackend
+
+        backends.append(KubernetesBackend(config))
     return backends
