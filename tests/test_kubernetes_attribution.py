@@ -95,7 +95,8 @@ def test_matching_by_vendor_identity() -> None:
     mig = DeviceInfo(vendor="nvidia", pci_bus_id="0000:18:00.0", uuid=MIG, device_key=MIG,
                      parent_key="0000:18:00.0")
     parent = DeviceInfo(vendor="nvidia", pci_bus_id="0000:18:00.0", uuid=GPU, device_node="nvidia0")
-    gke = DeviceInfo(vendor="nvidia", pci_bus_id="0000:3b:00.0", uuid="GPU-x", device_node="nvidia3")
+    gke = DeviceInfo(vendor="nvidia", pci_bus_id="0000:3b:00.0", uuid="GPU-x",
+                     device_node="nvidia3")
     amd = DeviceInfo(vendor="amd", pci_bus_id="0000:03:00.0", uuid="0x1", device_node="card1")
     intel = DeviceInfo(vendor="intel", pci_bus_id="0000:09:00.0", uuid="pci-0000:09:00.0",
                        device_node="card2")
