@@ -3,10 +3,9 @@
 One ``runtime.v1.RuntimeService/ListContainers`` call (running containers only)
 answers, for every container on the node, the labels the kubelet put on it at
 creation: ``io.kubernetes.pod.name``, ``io.kubernetes.pod.namespace``,
-``io.kubernetes.container.name``. The
-container id is the one the cgroup path names (exporter.kubernetes.cgroup), so a
-process maps to its pod even when several pods share one GPU. The messages come
-from ``proto/cri.proto``.
+``io.kubernetes.container.name``. The container id is the one the cgroup path names
+(exporter.kubernetes.cgroup), so a process maps to its pod even when several pods
+share one GPU. The messages come from ``proto/cri.proto``.
 
 The socket is ``--kubernetes.cri-socket``, else the first of the runtimes' default
 sockets that exists, each checked in the runtime's source:

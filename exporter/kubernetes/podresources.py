@@ -10,7 +10,6 @@ is whoever can open the socket. The messages come from ``proto/podresources.prot
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +66,3 @@ class PodResourcesClient:
     def close(self) -> None:
         self._rpc.close()
 
-
-def device_ids(grants: Iterable[Grant]) -> list[tuple[str, str]]:
-    """(resource, device id) of every grant, for format checks and logs."""
-    return [(g.resource, d) for g in grants for d in g.device_ids]
