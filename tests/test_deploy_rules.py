@@ -139,11 +139,11 @@ def test_promtool_unit_tests_pass() -> None:
 
 def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
     """The unit tests are not vacuous: an alert that fires later than the rule says fails them."""
-    broken = RULES.read_text().replace(
-        "expr: gpu_up == 0\n        for: 1m", "expr: gpu_up == 0\n        for: 30m"
-    )
-    assert broken != RULES.read_text()
-    (tmp_path / "gpu-exporter.rules.yml").write_text(broken)
+    doc = yaml.safe_load(RULES.read_text())
+    (lost,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == "GpuLost"]
+    assert lost["for"] == "1m"
+    lost["for"] = "30m"
+    (tmp_path / "gpu-exporter.rules.yml").write_text(yaml.safe_dump(doc))
     (tmp_path / "tests").mkdir()
     for test_file in RULE_TESTS:
         shutil.copy(test_file, tmp_path / "tests" / test_file.name)

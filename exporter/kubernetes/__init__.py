@@ -1,0 +1,12 @@
+"""Kubernetes pod attribution: which pod holds each GPU, and which pod each GPU process is in.
+
+- ``podresources``: the kubelet pod-resources API v1 client (device -> container);
+- ``cri``: the CRI runtime client (container id -> pod, namespace, container name);
+- ``cgroup``: ``/proc/<pid>/cgroup`` -> container id and pod UID;
+- ``attribution``: device-plugin id formats, and the immutable Enricher;
+- ``backend``: the ``kubernetes`` backend that refreshes it all on its own tier.
+
+grpcio and protobuf are imported only when a client is created (``rpc``), so importing
+this package costs nothing on a machine without Kubernetes. docs/kubernetes.md is the
+operator's side.
+"""

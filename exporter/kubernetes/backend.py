@@ -1,0 +1,136 @@
+"""The ``kubernetes`` backend: refreshes pod attribution on its own slow tier.
+
+Every ``--kubernetes.interval`` (5 s) it asks the kubelet which container holds
+which device (pod-resources ``List``) and the container runtime which pod each
+running container belongs to (CRI ``ListContainers``), each with a 1 s timeout, and
+hands the collector an immutable ``Attribution`` (``Cycle.enricher``) that labels the
+merged devices and processes. It reports no devices of its own.
+
+States (``gpu_exporter_backend_up{backend="kubernetes"}``):
+- pod-resources socket absent, refusing or timing out: down with the reason; the
+  collector drops the last attribution and reopens every interval, so a kubelet
+  restart (socket removed, then created again) recovers on its own;
+- CRI socket absent or failing: up; devices keep their pods, processes get none
+  until it answers (``cri_unavailable`` counted per cycle, one log line per change).
+  The last container map is kept meanwhile: a container id names one container
+  for ever, so what it said stays true.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+import structlog
+
+from exporter.backends.base import DERIVED, BackendFailed, BackendUnavailable, Cycle
+from exporter.config import Config
+from exporter.fs import ProcFS
+from exporter.kubernetes.attribution import Attribution, check_offered, index_grants
+from exporter.kubernetes.cgroup import ContainerCache
+from exporter.kubernetes.cri import CriClient, find_socket
+from exporter.kubernetes.podresources import PodResourcesClient
+from exporter.kubernetes.rpc import RpcFailed, is_socket
+from exporter.model import DeviceInfo, PodRef
+
+log = structlog.get_logger(__name__)
+
+_NO_CONTAINERS: Mapping[str, PodRef] = MappingProxyType({})
+
+
+class KubernetesBackend:
+    name = "kubernetes"
+    priority = DERIVED
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.interval: float | None = config.kubernetes_interval
+        # The collector retries a failed open() this often instead of backing off to a
+        # minute: a restarted kubelet is back within one interval.
+        self.retry_interval = config.kubernetes_interval
+        self.cache = ContainerCache(ProcFS(config.procfs))
+        self._kubelet: PodResourcesClient | None = None
+        self._cri: CriClient | None = None
+        self._cri_path: str | None = None
+        self._cri_state = ""  # last CRI problem logged ("" = answering)
+        self._containers = _NO_CONTAINERS
+        self._pending: Counter[str] = Counter()
+
+    def open(self) -> Sequence[DeviceInfo]:
+        path = self.config.kubernetes_pod_resources_socket
+        if not is_socket(path):
+            raise BackendUnavailable(f"kubelet pod-resources socket {path} not found")
+        try:
+            kubelet = PodResourcesClient(path)
+        except RpcFailed as e:
+            raise BackendUnavailable(str(e)) from None
+        try:
+            offered = kubelet.allocatable()
+        except RpcFailed as e:
+            if e.code != "UNIMPLEMENTED":  # kubelets before 1.23 lack the call
+                kubelet.close()
+                raise BackendUnavailable(str(e)) from None
+            offered = {}
+        self._kubelet = kubelet
+        self._pending.update(check_offered(offered))
+        gpus = {r: len(ids) for r, ids in offered.items() if r.startswith(
+            ("nvidia.com/", "amd.com/", "gpu.intel.com/"))}
+        log.info("kubelet pod-resources connected", socket=path, offered=gpus)
+        return ()
+
+    def sample(self, slow: bool) -> Cycle:
+        if self._kubelet is None:
+            raise BackendFailed("sampled before open()")
+        try:
+            grants = self._kubelet.list()
+        except RpcFailed as e:
+            raise BackendFailed(str(e)) from None
+        allocations, errors = index_grants(grants)
+        errors.update(self._pending)
+        self._pending.clear()
+        errors.update(self._refresh_containers())
+        self.cache.sweep()
+        errors.update(self.cache.take_errors())
+        return Cycle(devices=(), errors=dict(errors),
+                     enricher=Attribution(allocations, self._containers, self.cache))
+
+    def _refresh_containers(self) -> Counter[str]:
+        """Ask the runtime for its containers; a failure keeps the last map."""
+        path = find_socket(self.config.kubernetes_cri_socket)
+        if path != self._cri_path:
+            self._close_cri()
+            self._cri_path = path
+        if path is None:
+            self._cri_changed("no CRI socket found (set --kubernetes.cri-socket); "
+                              "processes are not attributed to pods")
+            return Counter()
+        try:
+            if self._cri is None:
+                self._cri = CriClient(path)
+            self._containers = self._cri.containers()
+        except RpcFailed as e:
+            self._cri_changed(str(e))
+            return Counter(cri_unavailable=1)
+        self._cri_changed("")
+        return Counter()
+
+    def _cri_changed(self, problem: str) -> None:
+        if problem == self._cri_state:
+            return
+        if problem:
+            log.warning("CRI runtime not answering", reason=problem)
+        else:
+            log.info("CRI runtime answering", socket=self._cri_path)
+        self._cri_state = problem
+
+    def _close_cri(self) -> None:
+        if self._cri is not None:
+            self._cri.close()
+            self._cri = None
+
+    def close(self) -> None:
+        if self._kubelet is not None:
+            self._kubelet.close()
+            self._kubelet = None
+        self._close_cri()

@@ -1,0 +1,201 @@
+"""A fake kubelet and a fake container runtime: real gRPC servers on unix sockets.
+
+``FakeKubelet`` serves ``/v1.PodResourcesLister/List`` and ``GetAllocatableResources``,
+``FakeRuntime`` serves ``/runtime.v1.RuntimeService/ListContainers``, both with grpcio
+and from scenario data (``Node``, loadable from a fixture's ``kubelet.json``). Replies
+are encoded with tests/fakes/protowire.py from the upstream field numbers, including
+fields the exporter's trimmed protos leave out (CPU ids, memory, NUMA topology, DRA
+claims, images, annotations), so the exporter's decoding is checked against the real
+wire format, not against its own generated classes.
+
+Each server can ``stop()`` (removing its socket, as a kubelet restart does), start
+again on the same path, answer slower than the client's timeout, or refuse a method
+(``UNIMPLEMENTED``, an old kubelet without GetAllocatableResources).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from tests.fakes import protowire as pw
+
+RUNNING, EXITED = 1, 2  # runtime.v1.ContainerState
+
+
+@dataclass
+class Container:
+    name: str
+    id: str  # 64 hex: what the cgroup path names
+    devices: dict[str, list[str]] = field(default_factory=dict)  # resource -> device ids
+
+
+@dataclass
+class Pod:
+    namespace: str
+    name: str
+    uid: str
+    containers: list[Container]
+
+
+@dataclass
+class Node:
+    pods: list[Pod]
+    allocatable: dict[str, list[str]] = field(default_factory=dict)
+    # Containers the runtime runs that the kubelet did not make (no pod labels).
+    foreign: list[str] = field(default_factory=list)
+    exited: list[str] = field(default_factory=list)  # ids of exited kubelet containers
+
+    @classmethod
+    def load(cls, path: Path) -> Node:
+        data = json.loads(path.read_text())
+        pods = [Pod(p["namespace"], p["name"], p["uid"],
+                    [Container(c["name"], c["id"], c.get("devices", {}))
+                     for c in p["containers"]]) for p in data["pods"]]
+        return cls(pods, data.get("allocatable", {}), data.get("foreign", []),
+                   data.get("exited", []))
+
+
+def _topology(numa: int) -> bytes:
+    return pw.blob(1, pw.uint(1, numa))  # TopologyInfo.nodes[0].ID
+
+
+def encode_list(node: Node) -> bytes:
+    """ListPodResourcesResponse, with every upstream field a real kubelet fills."""
+    out = b""
+    for pod in node.pods:
+        body = pw.string(1, pod.name) + pw.string(2, pod.namespace)
+        for c in pod.containers:
+            cbody = pw.string(1, c.name)
+            for resource, ids in c.devices.items():
+                cbody += pw.blob(2, pw.string(1, resource) + pw.strings(2, ids)
+                                 + pw.blob(3, _topology(0)))
+            cbody += pw.packed(3, [2, 3])  # cpu_ids
+            cbody += pw.blob(4, pw.string(1, "memory") + pw.uint(2, 1 << 30)
+                             + pw.blob(3, _topology(0)))
+            claim = pw.blob(1, pw.string(1, "example.com/gpu=gpu-0"))
+            cbody += pw.blob(5, pw.string(2, "claim") + pw.string(3, pod.namespace)
+                             + pw.blob(4, claim + pw.string(2, "gpu.example.com")))
+            body += pw.blob(3, cbody)
+        out += pw.blob(1, body)
+    return out
+
+
+def encode_allocatable(node: Node) -> bytes:
+    out = b"".join(pw.blob(1, pw.string(1, r) + pw.strings(2, ids) + pw.blob(3, _topology(1)))
+                   for r, ids in node.allocatable.items())
+    return out + pw.packed(2, range(8)) + pw.blob(3, pw.string(1, "memory") + pw.uint(2, 1 << 34))
+
+
+def _container(cid: str, labels: Mapping[str, str], name: str, state: int) -> bytes:
+    return pw.blob(1, pw.string(1, cid) + pw.string(2, "sandbox-" + cid[:12])
+                   + pw.blob(3, pw.string(1, name) + pw.uint(2, 1))
+                   + pw.blob(4, pw.string(1, "registry.example/app:1"))  # image
+                   + pw.string(5, "sha256:" + "ab" * 32) + pw.uint(6, state)
+                   + pw.uint(7, 1_700_000_000_000_000_000) + pw.string_map(8, labels)
+                   + pw.string_map(9, {"io.kubernetes.container.restartCount": "0"})
+                   + pw.string(10, "sha256:" + "cd" * 32))
+
+
+def encode_containers(node: Node, state_filter: int | None) -> bytes:
+    out = b""
+    for pod in node.pods:
+        for c in pod.containers:
+            state = EXITED if c.id in node.exited else RUNNING
+            if state_filter is not None and state != state_filter:
+                continue
+            labels = {"io.kubernetes.pod.name": pod.name,
+                      "io.kubernetes.pod.namespace": pod.namespace,
+                      "io.kubernetes.pod.uid": pod.uid,
+                      "io.kubernetes.container.name": c.name}
+            out += _container(c.id, labels, c.name, state)
+    for cid in node.foreign:
+        out += _container(cid, {"nerdctl/name": "builder"}, "builder", RUNNING)
+    return out
+
+
+def state_filter_of(request: bytes) -> int | None:
+    """ListContainersRequest.filter.state.state, None when the client sent no filter."""
+    for flt in pw.fields(request).get(1, []):
+        for value in pw.fields(flt).get(2, []):  # type: ignore[arg-type]
+            return int(pw.fields(value).get(1, [0])[0])  # type: ignore[arg-type]
+    return None
+
+
+class _Server:
+    """One grpcio server on a unix socket, serving raw bytes per method."""
+
+    service = ""
+
+    def __init__(self, socket: Path, node: Node) -> None:
+        self.socket = socket
+        self.node = node
+        self.delay = 0.0  # seconds to sleep before answering (timeouts)
+        self.unimplemented: set[str] = set()
+        self.calls: Counter[str] = Counter()
+        self.requests: list[bytes] = []
+        self._server: Any = None
+        self._lock = threading.Lock()
+
+    def handlers(self) -> dict[str, Callable[[bytes], bytes]]:
+        raise NotImplementedError
+
+    def _wrap(self, name: str, fn: Callable[[bytes], bytes]) -> Callable[[bytes, Any], bytes]:
+        def handle(request: bytes, context: Any) -> bytes:
+            with self._lock:
+                self.calls[name] += 1
+                self.requests.append(request)
+            if name in self.unimplemented:
+                context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} not enabled")
+            if self.delay:
+                time.sleep(self.delay)
+            return fn(request)
+        return handle
+
+    def start(self) -> _Server:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        methods = {name: grpc.unary_unary_rpc_method_handler(self._wrap(name, fn))
+                   for name, fn in self.handlers().items()}
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(self.service, methods),))
+        server.add_insecure_port(f"unix:{self.socket}")
+        server.start()
+        self._server = server
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None).wait()
+            self._server = None
+        self.socket.unlink(missing_ok=True)
+
+    def __enter__(self) -> _Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class FakeKubelet(_Server):
+    service = "v1.PodResourcesLister"
+
+    def handlers(self) -> dict[str, Callable[[bytes], bytes]]:
+        return {"List": lambda _: encode_list(self.node),
+                "GetAllocatableResources": lambda _: encode_allocatable(self.node)}
+
+
+class FakeRuntime(_Server):
+    service = "runtime.v1.RuntimeService"
+
+    def handlers(self) -> dict[str, Callable[[bytes], bytes]]:
+        return {"ListContainers":
+                lambda req: encode_containers(self.node, state_filter_of(req))}

@@ -1,0 +1,110 @@
+"""The trimmed protos speak the upstream wire format.
+
+Both directions go through tests/fakes/protowire.py, a hand encoder/decoder written
+from the protobuf encoding spec and the upstream field numbers, not from our .proto:
+- upstream-shaped bytes (with every field a real kubelet or runtime sends, the ones our
+  protos leave out included) decode with our generated classes into the right values;
+- what our classes encode decodes, field by field, to the upstream numbers and types;
+- the service and method names (the gRPC paths) are the upstream ones.
+"""
+
+from __future__ import annotations
+
+from exporter.kubernetes.cri import parse_containers
+from exporter.kubernetes.podresources import Grant, parse_allocatable, parse_list
+from exporter.kubernetes.proto import cri_pb2, podresources_pb2
+from exporter.model import PodRef
+from tests.fakes import protowire as pw
+from tests.fakes.kubelet import (
+    RUNNING,
+    Container,
+    Node,
+    Pod,
+    encode_allocatable,
+    encode_containers,
+    encode_list,
+    state_filter_of,
+)
+
+GPU = "GPU-6a1f8f0e-2b4c-4d7e-9a3b-5c2d1e0f4a87"
+NODE = Node(
+    pods=[Pod("ml", "train-a", "0b8e7d1c-0000-4000-8000-000000000001", [
+        Container("trainer", "a" * 64, {"nvidia.com/gpu": [f"{GPU}::0", f"{GPU}::2"],
+                                        "amd.com/gpu": ["0000:03:00.0"]}),
+        Container("sidecar", "b" * 64)])],
+    allocatable={"nvidia.com/gpu": [f"{GPU}::{n}" for n in range(4)]},
+    foreign=["c" * 64], exited=["b" * 64])
+
+
+def test_pod_resources_list_from_upstream_bytes() -> None:
+    response = podresources_pb2.ListPodResourcesResponse.FromString(encode_list(NODE))
+    trainer = PodRef("ml", "train-a", "trainer")
+    assert parse_list(response) == (
+        Grant(trainer, "nvidia.com/gpu", (f"{GPU}::0", f"{GPU}::2")),
+        Grant(trainer, "amd.com/gpu", ("0000:03:00.0",)),
+    )  # the sidecar holds no device: no grant
+    container = response.pod_resources[0].containers[0]
+    assert [f.name for f, _ in container.ListFields()] == ["name", "devices"]
+
+
+def test_allocatable_from_upstream_bytes() -> None:
+    response = podresources_pb2.AllocatableResourcesResponse.FromString(encode_allocatable(NODE))
+    assert parse_allocatable(response) == {"nvidia.com/gpu": tuple(f"{GPU}::{n}" for n in range(4))}
+
+
+def test_our_pod_resources_messages_use_upstream_numbers() -> None:
+    msg = podresources_pb2.ListPodResourcesResponse(pod_resources=[podresources_pb2.PodResources(
+        name="p", namespace="ns", containers=[podresources_pb2.ContainerResources(
+            name="c", devices=[podresources_pb2.ContainerDevices(
+                resource_name="nvidia.com/gpu", device_ids=["x", "y"])])])])
+    (pod,) = pw.fields(msg.SerializeToString())[1]
+    pod_fields = pw.fields(pod)  # type: ignore[arg-type]
+    assert pod_fields[1] == [b"p"] and pod_fields[2] == [b"ns"]
+    container = pw.fields(pod_fields[3][0])  # type: ignore[arg-type]
+    assert container[1] == [b"c"]
+    devices = pw.fields(container[2][0])  # type: ignore[arg-type]
+    assert devices == {1: [b"nvidia.com/gpu"], 2: [b"x", b"y"]}
+
+
+def test_cri_list_containers_from_upstream_bytes() -> None:
+    response = cri_pb2.ListContainersResponse.FromString(encode_containers(NODE, None))
+    containers = parse_containers(response)
+    assert dict(containers) == {"a" * 64: PodRef("ml", "train-a", "trainer"),
+                                "b" * 64: PodRef("ml", "train-a", "sidecar")}
+    first = response.containers[0]
+    assert (first.id, first.metadata.name, first.metadata.attempt, first.state) == (
+        "a" * 64, "trainer", 1, RUNNING)
+    assert first.labels["io.kubernetes.pod.uid"] == "0b8e7d1c-0000-4000-8000-000000000001"
+    assert first.created_at == 1_700_000_000_000_000_000
+    assert response.containers[2].labels == {"nerdctl/name": "builder"}  # foreign: left out
+
+
+def test_our_cri_request_asks_for_running_containers() -> None:
+    request = cri_pb2.ListContainersRequest(filter=cri_pb2.ContainerFilter(
+        state=cri_pb2.ContainerStateValue(state=cri_pb2.CONTAINER_RUNNING)))
+    assert state_filter_of(request.SerializeToString()) == RUNNING
+    assert state_filter_of(b"") is None
+    only_running = cri_pb2.ListContainersResponse.FromString(
+        encode_containers(NODE, state_filter_of(request.SerializeToString())))
+    assert [c.id for c in only_running.containers] == ["a" * 64, "c" * 64]
+
+
+def test_our_cri_container_uses_upstream_numbers() -> None:
+    msg = cri_pb2.Container(id="i", pod_sandbox_id="s", metadata=cri_pb2.ContainerMetadata(
+        name="n", attempt=3), state=cri_pb2.CONTAINER_EXITED, created_at=7,
+        labels={"k": "v"}, annotations={"a": "b"})
+    f = pw.fields(msg.SerializeToString())
+    assert (f[1], f[2], f[6], f[7]) == ([b"i"], [b"s"], [2], [7])
+    assert pw.fields(f[3][0]) == {1: [b"n"], 2: [3]}  # type: ignore[arg-type]
+    assert pw.fields(f[8][0]) == {1: [b"k"], 2: [b"v"]}  # type: ignore[arg-type]
+    assert pw.fields(f[9][0]) == {1: [b"a"], 2: [b"b"]}  # type: ignore[arg-type]
+
+
+def test_service_paths_are_upstream() -> None:
+    lister = podresources_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]
+    assert lister.full_name == "v1.PodResourcesLister"
+    assert {m.name for m in lister.methods} == {"List", "GetAllocatableResources"}
+    runtime = cri_pb2.DESCRIPTOR.services_by_name["RuntimeService"]
+    assert runtime.full_name == "runtime.v1.RuntimeService"
+    assert [m.name for m in runtime.methods] == ["ListContainers"]
+    assert cri_pb2.ContainerState.Name(cri_pb2.CONTAINER_RUNNING) == "CONTAINER_RUNNING"
