@@ -127,3 +127,14 @@ def test_the_overlay_example_renders(tmp_path: Path) -> None:
         "kube-prometheus-stack")
     assert by_kind(docs, "Namespace")["metadata"]["labels"][
         "pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_the_license_file_is_the_license_the_metadata_declares() -> None:
+    import tomllib
+
+    text = (ROOT / "LICENSE").read_text()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in text
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in (ROOT / "Dockerfile").read_text()
