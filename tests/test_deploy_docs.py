@@ -4,6 +4,7 @@ chart's schema and does what the text says, and the overlay example renders."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -11,11 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from test_deploy_helm import CHART, by_kind, container, pod_spec, render
 from test_deploy_kubernetes import KUSTOMIZE, kustomize, needs_kubectl
+from test_deploy_rules import RULES
 from test_deploy_systemd import cli_flags
+
+from tests.daemon import EMPTY_PROC, daemon_env, running
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "deploy.md"
@@ -25,7 +28,6 @@ DEPLOY_FILES = [DOC, ROOT / "Dockerfile", *sorted((ROOT / "systemd").iterdir()),
 # Flags of the other programs the docs run (docker, podman, helm, kubectl, systemctl).
 TOOL_FLAGS = {"name", "restart", "gpus", "pid", "cap-add", "user", "build-arg", "format",
               "set", "set-string", "create-namespace", "field-selector", "isolation", "now"}
-SNAPSHOT_FLAGS = {"from"}  # `gpu-exporter snapshot --from URL`: asks the running daemon
 
 
 def flags_in(text: str) -> set[str]:
@@ -43,19 +45,30 @@ def exporter_text(path: Path) -> str:
 
 
 def test_deployment_files_pass_only_flags_the_exporter_has() -> None:
-    known = cli_flags() | TOOL_FLAGS | SNAPSHOT_FLAGS
+    known = cli_flags() | TOOL_FLAGS
     for path in DEPLOY_FILES:
         for flag in flags_in(exporter_text(path)):
             assert flag in known or flag.removeprefix("no-") in known, (
                 f"{path.relative_to(ROOT)}: --{flag} is not a gpu-exporter flag")
 
 
-@pytest.mark.xfail(strict=True, reason="`snapshot --from` is the lead's; remove this mark "
-                   "when it lands (the test then checks the docs' syntax against it)")
-def test_snapshot_from_is_a_flag_of_the_snapshot_command() -> None:
-    out = subprocess.run([sys.executable, "-m", "exporter.cli", "snapshot", "--help"],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert "--from" in out.stdout
+def test_the_snapshot_command_the_docs_give_asks_the_running_daemon(tmp_path: Path) -> None:
+    """`gpu-exporter snapshot --from http://127.0.0.1:9445`, as NOTES.txt, the alert texts
+    and this doc write it, against a real daemon (on another port here)."""
+    commands = set(re.findall(r"gpu-exporter\s+snapshot\s+--from\s+(https?://[\w.:]+)",
+                              DOC.read_text() + RULES.read_text(), re.M))
+    assert commands == {"http://127.0.0.1:9445"}
+    empty = tmp_path / "sys"
+    empty.mkdir()
+    with running(["--path.sysfs", str(empty), "--path.procfs", str(EMPTY_PROC)], tmp_path) as d:
+        out = subprocess.run([sys.executable, "-m", "exporter.cli", "snapshot", "--from",
+                              d.base_url], cwd=ROOT, env=daemon_env(None),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        served = d.get("/snapshot").json()
+    backends = {b["backend"]: b["up"] for b in json.loads(out.stdout)["backends"]}
+    assert backends == {b["backend"]: b["up"] for b in served["backends"]}
+    assert backends["nvidia"] is False
 
 
 def helm_commands(text: str) -> list[list[str]]:

@@ -319,7 +319,8 @@ def test_monitor_selects_the_pods_as_job_gpu_exporter(kind: str, toggle: str) ->
     assert monitor["spec"]["selector"]["matchLabels"].items() <= target.items()
     assert target[monitor["spec"]["jobLabel"]] == "gpu-exporter"  # the job the alerts select
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    (endpoint,) = monitor["spec"]["endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"]
+    endpoints = "endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"
+    (endpoint,) = monitor["spec"][endpoints]
     assert endpoint["port"] in {p["name"] for p in container(ds)["ports"]}
     assert endpoint["scheme"] == "http"
     assert endpoint["relabelings"][0]["targetLabel"] == "node"
@@ -372,7 +373,7 @@ def test_web_config_is_a_mounted_secret_and_tls_scrapes_https() -> None:
 # ---------------------------------------------------------------- sockets and privileges
 
 
-def test_default_mounts_the_kubelet_socket_read_only_and_runs_as_root_without_capabilities() -> None:
+def test_default_mounts_the_kubelet_socket_read_only_as_root_without_capabilities() -> None:
     docs = render({})
     c, pod = container(by_kind(docs, "DaemonSet")), pod_spec(docs)
     assert "--collector.kubernetes" in c["args"]
@@ -472,6 +473,9 @@ def test_notes_tell_how_to_ask_the_running_daemon() -> None:
     assert "pod-security.kubernetes.io/enforce=privileged" in notes
     tls_notes = render_text(TOGGLES["webConfig-tls"])["NOTES.txt"]
     assert "snapshot --from https://127.0.0.1:9445" in tls_notes
+    assert "<user>:<password>@" not in notes
+    auth_notes = render_text(TOGGLES["webConfig-basicAuth"])["NOTES.txt"]
+    assert "--from http://<user>:<password>@127.0.0.1:9445" in auth_notes
     assert "{{" not in notes and "<no value>" not in notes
 
 

@@ -13,11 +13,11 @@ import re
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import bcrypt
 import pytest
+import tomllib
 import yaml
 from test_server import _self_signed
 

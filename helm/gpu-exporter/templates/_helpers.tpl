@@ -50,6 +50,11 @@ app.kubernetes.io/part-of: gpu-exporter
 {{- if and .Values.webConfig.enabled (hasKey .Values.webConfig.config "tls_server_config") }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the web config has basic auth users (/snapshot needs them, the probes not). */}}
+{{- define "gpu-exporter.basicAuth" -}}
+{{- if and .Values.webConfig.enabled .Values.webConfig.config.basic_auth_users }}true{{ end }}
+{{- end }}
+
 {{/* "true" when the web config demands a client certificate, which kubelet probes cannot
 present: only then are the probes TCP checks. */}}
 {{- define "gpu-exporter.clientCertRequired" -}}
