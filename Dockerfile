@@ -6,12 +6,14 @@
 #   docker run -d --name gpu-exporter -p 9445:9445 --gpus all \
 #     -v /sys:/host/sys:ro -v /proc:/host/proc:ro --pid=host \
 #     gpu-exporter --path.sysfs=/host/sys --path.procfs=/host/proc
-#   # AMD / Intel (sysfs is enough; pass /dev/dri for amdsmi or Level Zero):
-#   docker run -d --name gpu-exporter -p 9445:9445 --device /dev/dri \
-#     --group-add "$(getent group render | cut -d: -f3)" \
+#   # AMD / Intel (sysfs and hwmon are enough):
+#   docker run -d --name gpu-exporter -p 9445:9445 \
 #     -v /sys:/host/sys:ro -v /proc:/host/proc:ro \
 #     gpu-exporter --path.sysfs=/host/sys --path.procfs=/host/proc
+# podman keeps the HEALTHCHECK only in the docker image format: podman build --format docker.
 
+# Declared before the first FROM so that FROM lines can use it; a stage that uses it
+# in its own instructions declares it again (an ARG before FROM is out of scope there).
 ARG PYTHON_VERSION=3.11
 
 # ---- build: a wheel of the project and its runtime dependencies in a venv ----
@@ -27,6 +29,7 @@ RUN /opt/gpu-exporter/bin/pip install . \
 
 # ---- runtime: the venv only, no compiler, no pip cache, no sources ----
 FROM python:${PYTHON_VERSION}-slim-bookworm
+ARG PYTHON_VERSION
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="gpu-exporter" \
       org.opencontainers.image.description="Prometheus exporter for NVIDIA, AMD and Intel GPUs, with per-process detail" \
@@ -42,21 +45,23 @@ COPY --from=build /opt/gpu-exporter /opt/gpu-exporter
 
 # NVIDIA container toolkit: mount every GPU and only the NVML library
 # ("utility"), not CUDA; override NVIDIA_VISIBLE_DEVICES to narrow it.
-# Logs go to a collector, not a terminal: JSON.
+# Logs go to a collector, not a terminal: JSON. MALLOC_ARENA_MAX=2: glibc would give
+# each collector thread its own malloc arena; two bound the memory they hold.
 ENV PATH=/opt/gpu-exporter/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility \
-    GPU_EXPORTER_LOG_FORMAT=json
+    GPU_EXPORTER_LOG_FORMAT=json \
+    MALLOC_ARENA_MAX=2
 
 USER 10001:10001
 EXPOSE 9445
 
-# /-/healthy on the port of the first --web.listen-address set through the
-# environment (the default :9445). The slim image has no curl, hence Python.
-# Behind TLS or basic auth (--web.config.file), override or disable this check.
+# /-/healthy on the first listen address of the running exporter, wherever it was set
+# (command line read from /proc/1/cmdline, GPU_EXPORTER_* environment, --config.file);
+# HTTPS when its web config has TLS. The probe paths are exempt from basic auth.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15s --retries=3 \
-  CMD ["python", "-c", "import os, urllib.request; port = os.environ.get('GPU_EXPORTER_WEB_LISTEN_ADDRESS', ':9445').split(',')[0].rpartition(':')[2]; urllib.request.urlopen(f'http://127.0.0.1:{port}/-/healthy', timeout=4)"]
+  CMD ["python", "-m", "exporter.healthcheck"]
 
 ENTRYPOINT ["gpu-exporter"]

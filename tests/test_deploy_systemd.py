@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "gpu-exporter.service"
 ENV = ROOT / "systemd" / "gpu-exporter.env"
+DEPLOY_DOC = ROOT / "docs" / "deploy.md"
 INSTALLED_BINARY = "/opt/gpu-exporter/bin/gpu-exporter"
 ANALYZE = shutil.which("systemd-analyze")
 
@@ -158,8 +160,8 @@ def test_env_file_names_real_flags() -> None:
     used = {k for k in env_assignments() if k.startswith("GPU_EXPORTER_")}
     assert used, "the env file sets no GPU_EXPORTER_* variable"
     assert used - env_names == set()
-    # The one variable that is not a flag is the one ExecStart expands.
-    assert set(env_assignments()) - used == {"EXTRA_ARGS"}
+    # The variables that are not flags: the one ExecStart expands, and glibc's.
+    assert set(env_assignments()) - used == {"EXTRA_ARGS", "MALLOC_ARENA_MAX"}
     assert settings(UNIT.read_text())["ExecStart"][0].endswith(" $EXTRA_ARGS")
 
 
@@ -168,3 +170,58 @@ def test_env_file_extra_args_example_uses_real_flags() -> None:
     flags = cli_flags()
     for arg in re.findall(r"--([a-z][\w.-]*?)(?:=|\s|$)", example):
         assert arg in flags or arg.removeprefix("no-") in flags, arg
+
+
+def test_unit_bounds_malloc_arenas_and_raises_the_fd_limit(tmp_path: Path) -> None:
+    unit = settings(UNIT.read_text())
+    assert unit["Environment"] == ["MALLOC_ARENA_MAX=2"]
+    assert env_assignments()["MALLOC_ARENA_MAX"] == "2"
+    # Many idle or slow scrape connections: 1024 fds is too few (issue 8).
+    assert unit["LimitNOFILE"] == ["65536"]
+    assert verify(installable_copy(tmp_path)) == "rc=0"
+
+
+def hidden_by(unit: dict[str, list[str]]) -> list[str]:
+    """Directories the unit's sandbox makes unreachable (or replaces with an empty one)."""
+    hidden = []
+    if unit.get("ProtectHome", ["no"])[-1] in ("yes", "read-only", "tmpfs"):
+        hidden += ["/home", "/root", "/run/user"]
+    if unit.get("PrivateTmp", ["no"])[-1] == "yes":
+        hidden += ["/tmp", "/var/tmp"]
+    return hidden
+
+
+def is_under(path: str, dirs: list[str]) -> bool:
+    return any(path == d or path.startswith(d + "/") for d in dirs)
+
+
+def documented_venv_interpreter(text: str) -> str:
+    m = re.search(r"^[#\s]*(?:sudo )?(/\S*python3\S*) -m venv /opt/gpu-exporter", text, re.M)
+    assert m, "no '<python> -m venv /opt/gpu-exporter' install line"
+    return m.group(1)
+
+
+def test_unit_paths_are_reachable_inside_its_sandbox(tmp_path: Path) -> None:
+    """ExecStart, and the interpreter its venv links to, must not lie under what
+    ProtectHome= and PrivateTmp= hide: a venv made by a python under /root or /home
+    fails with status 203/EXEC."""
+    unit = settings(UNIT.read_text())
+    hidden = hidden_by(unit)
+    assert {"/home", "/root", "/tmp"} <= set(hidden)
+    binary = unit["ExecStart"][0].split()[0]
+    assert binary == INSTALLED_BINARY and not is_under(binary, hidden)
+    interpreters = {documented_venv_interpreter(t) for t in (UNIT.read_text(),
+                                                             DEPLOY_DOC.read_text())}
+    assert interpreters == {"/usr/bin/python3"}
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no system python3 here to make a venv with")
+    venv = tmp_path / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    assert not is_under(os.path.realpath(venv / "bin" / "python"), hidden)
+    # The check catches the trap: this test's own interpreter, where it lives in a home.
+    mine = os.path.realpath(sys.executable)
+    if is_under(mine, hidden):
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "v2")],
+                       check=True, timeout=120)
+        assert is_under(os.path.realpath(tmp_path / "v2" / "bin" / "python"), hidden)

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Build the project's Dockerfile on a machine with no Docker engine and no registry, and run
+# the image. The team's tool (shared/tools/build-image.sh), kept here so that CI has it, with
+# three additions: the docker image format (OCI drops HEALTHCHECK), the image's size, and the
+# image's own HEALTHCHECK command run against the exporter started inside it.
+#   bash tests/image/build-image.sh [TAG]      (from the project root, as root)
+# podman builds with chroot isolation; the python:<ver>-slim-bookworm base is replaced by a local
+# stand-in bootstrapped from Debian bookworm (python3 3.11 + venv) under the same name, so the
+# Dockerfile builds unchanged. The image cannot be started by crun here (rlimits), so it is run by
+# chroot into its mounted root filesystem, as the image's USER, against a sysfs tree of your choice.
+set -euo pipefail
+TAG=${1:-gpu-exporter:local}
+SYSFS=${SYSFS:-}   # a fixture machine's sys/ to serve from inside the image (optional)
+command -v podman >/dev/null && command -v mmdebstrap >/dev/null || {
+  apt-get update -qq && apt-get install -y -qq podman mmdebstrap uidmap fuse-overlayfs >/dev/null; }
+BASE=docker.io/library/python:3.11-slim-bookworm
+if ! podman image exists "$BASE"; then
+  tmp=$(mktemp -d)
+  mmdebstrap --mode=root --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$tmp/base.tar" >/dev/null
+  podman import "$tmp/base.tar" localhost/debian-py:bookworm >/dev/null
+  printf 'FROM localhost/debian-py:bookworm\nRUN ln -s /usr/bin/python3 /usr/local/bin/python\n' > "$tmp/Containerfile"
+  podman build -q --isolation=chroot --network=host -t "$BASE" "$tmp" >/dev/null
+  rm -rf "$tmp"
+fi
+# the host's CA bundle and pip configuration, so pip inside the build reaches the package index
+vols=(-v /etc/ssl/certs:/etc/ssl/certs:ro)
+[ -f /etc/pip.conf ] && vols+=(-v /etc/pip.conf:/etc/pip.conf:ro)
+[ -d /etc/xdg/pip ] && vols+=(-v /etc/xdg/pip:/etc/xdg/pip:ro)
+podman build --format docker --isolation=chroot --network=host --pull=never "${vols[@]}" -t "$TAG" .
+cid=$(podman create "$TAG"); mnt=$(podman mount "$cid")
+user=$(podman image inspect "$TAG" --format '{{.Config.User}}')
+entry=$(podman image inspect "$TAG" --format '{{index .Config.Entrypoint 0}}')
+pid=""
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; umount "$mnt/proc" "$mnt/host" 2>/dev/null; podman umount "$cid" >/dev/null; podman rm "$cid" >/dev/null 2>&1' EXIT
+echo "image $TAG: user $user, entrypoint $entry, size $(podman image inspect "$TAG" --format '{{.Size}}') bytes"
+echo "healthcheck: $(podman image inspect "$TAG" --format '{{json .Config.Healthcheck.Test}}')"
+echo "base: $(podman image inspect "$TAG" --format '{{index .Config.Labels "org.opencontainers.image.base.name"}}')"
+in_image=(chroot --userspec="$user" "$mnt" env PATH=/opt/gpu-exporter/bin:/usr/bin MALLOC_ARENA_MAX=2)
+"${in_image[@]}" "$entry" --version
+if [ -n "$SYSFS" ]; then
+  mkdir -p "$mnt/host" "$mnt/proc"; mount --bind -o ro "$SYSFS" "$mnt/host"; mount -t proc proc "$mnt/proc"
+  "${in_image[@]}" "$entry" snapshot --path.sysfs /host --path.procfs /proc --log.level warning
+  # The daemon as the image starts it, then the image's HEALTHCHECK command, given the
+  # daemon's command line (in a container it reads pid 1's).
+  port=${PORT:-19445}
+  "${in_image[@]}" "$entry" --path.sysfs /host --path.procfs /proc --web.listen-address "127.0.0.1:$port" >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 50); do
+    "${in_image[@]}" python -m exporter.healthcheck "/proc/$pid/cmdline" 2>/dev/null && break
+    sleep 0.2
+  done
+  if "${in_image[@]}" python -m exporter.healthcheck "/proc/$pid/cmdline"; then
+    echo "healthcheck passed"
+  else
+    echo "healthcheck failed"
+  fi
+fi
