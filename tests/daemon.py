@@ -80,10 +80,12 @@ class Daemon:
 
 @contextmanager
 def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
-            env: Mapping[str, str] | None = None, ready: bool = True) -> Iterator[Daemon]:
+            env: Mapping[str, str] | None = None, ready: bool = True,
+            module: str = "exporter.cli") -> Iterator[Daemon]:
+    """The daemon, run as ``python -m <module>`` (``tests.fakes.as_macos``: as on a Mac)."""
     port = free_port()
     log_path = tmp_path / f"daemon-{port}.log"
-    cmd = [sys.executable, "-m", "exporter.cli", "--web.listen-address", f"127.0.0.1:{port}",
+    cmd = [sys.executable, "-m", module, "--web.listen-address", f"127.0.0.1:{port}",
            "--log.format", "json", *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=daemon_env(nvml_json, env), stdout=log,

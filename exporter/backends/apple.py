@@ -41,7 +41,7 @@ SOURCE = "macmon"
 DEVICE_KEY = "soc0"
 HANG_INTERVALS = 3  # no JSON line for this many intervals: the child is hung
 STARTUP_GRACE = 2.0  # seconds a new child may take before its first interval starts
-FIRST_LINE_WAIT = 5.0  # open() waits at most this long for the first line
+FIRST_LINE_WAIT = 5.0  # open() waits at most this long for the first line (or the hang)
 BACKOFF_RESET = 60.0  # a child healthy this long starts the back-off again from the bottom
 MIN_INTERVAL_MS = 100  # macmon's own floor for -i
 
@@ -116,7 +116,8 @@ class AppleBackend:
         return found
 
     def _first_line(self, child: Child) -> Child:
-        deadline = time.monotonic() + FIRST_LINE_WAIT
+        deadline = time.monotonic() + min(
+            FIRST_LINE_WAIT, STARTUP_GRACE + HANG_INTERVALS * self._interval)
         while child.newest() is None and time.monotonic() < deadline:
             if not child.wait_eof(0.05):
                 continue

@@ -17,8 +17,9 @@ Environment:
                      garbage  replay FAKE_MACMON_AFTER lines, then print non-JSON lines
                      old      macmon before 0.6.1: reject --soc-info as clap does
                               (usage error, status 2); without it, replay
-  FAKE_MACMON_LOG    a file every run appends "<pid> <mode> <argv>" to: tells the
-                     run number to the next run, and the children's pids to a test.
+  FAKE_MACMON_LOG    a file every run appends "<pid> <mode> <start time> <argv>" to:
+                     tells the run number to the next run, and the children's pids
+                     and start times (time.time()) to a test.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def this_run() -> str:
     mode = modes[min(runs, len(modes) - 1)]
     if log:
         with open(log, "a") as f:
-            f.write(f"{os.getpid()} {mode} {' '.join(sys.argv[1:])}\n")
+            f.write(f"{os.getpid()} {mode} {time.time():.3f} {' '.join(sys.argv[1:])}\n")
     return mode
 
 
