@@ -110,7 +110,7 @@ def start_daemon(real: bool, extra: Sequence[str] = (), gpus: int = 8, processes
             paths = [*([] if real else [str(SHIM)]), str(REPO), env.get("PYTHONPATH", "")]
             env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
             if not real:
-                env["GPU_EXPORTER_FAKE_NVML"] = str(fake_nvml_file(gpus, processes, tmp))
+                env["FAKE_NVML_JSON"] = str(fake_nvml_file(gpus, processes, tmp))
             argv = [sys.executable, "-c", NAMED_THREADS_MAIN,
                     "--web.listen-address", f"127.0.0.1:{port}", "--log.format", "json",
                     *([] if real else FAKE_ONLY), *extra]

@@ -26,20 +26,24 @@ from exporter.config import (
     METRIC_NAMES,
     Config,
     ConfigError,
+    bounded_duration,
     load_yaml_mapping,
     parse_bool,
     parse_choice,
-    parse_duration,
     parse_listen_address,
     parse_path,
     parse_positive_int,
     parse_telemetry_path,
 )
 
+HOUR = 3600.0
+DAY = 24 * HOUR
 USAGE_EPILOG = """commands:
   (none)      run the exporter daemon
   snapshot    run one collection and print it as JSON, with each backend's state and the
-              reason a backend is off: the first thing to run when a metric is missing
+              reason a backend is off: the first thing to run when a metric is missing.
+              With --from URL, print what the running daemon sees (inside a container
+              its view of the host differs from a fresh process's)
 
 Every flag can also be set with GPU_EXPORTER_<NAME> (dots and dashes become underscores,
 e.g. GPU_EXPORTER_WEB_LISTEN_ADDRESS=:9445) or in --config.file (YAML, same keys).
@@ -75,19 +79,20 @@ OPTIONS = (
            "exporter-toolkit web config: TLS and basic auth (default none)", "FILE"),
     Option("path.sysfs", "sysfs", parse_path, "sysfs mount point (default /sys)", "DIR"),
     Option("path.procfs", "procfs", parse_path, "procfs mount point (default /proc)", "DIR"),
-    Option("collector.interval", "interval", parse_duration,
-           "fast tier: seconds between samples (default 1s)", "DURATION"),
-    Option("collector.slow-interval", "slow_interval", parse_duration,
-           "slow tier for expensive calls (default 10s)", "DURATION"),
-    Option("collector.processes.interval", "processes_interval", parse_duration,
-           "per-process /proc scan interval (default 5s)", "DURATION"),
-    Option("collector.processes.budget", "processes_budget", parse_duration,
-           "time one /proc scan may take before it stops early (default 500ms)", "DURATION"),
+    Option("collector.interval", "interval", bounded_duration(0.1, HOUR),
+           "fast tier: seconds between samples, 100ms to 1h (default 1s)", "DURATION"),
+    Option("collector.slow-interval", "slow_interval", bounded_duration(0.1, DAY),
+           "slow tier for expensive calls, 100ms to 24h (default 10s)", "DURATION"),
+    Option("collector.processes.interval", "processes_interval", bounded_duration(0.1, DAY),
+           "per-process /proc scan interval, 100ms to 24h (default 5s)", "DURATION"),
+    Option("collector.processes.budget", "processes_budget", bounded_duration(0.001, HOUR),
+           "time one /proc scan may take before it stops early, 1ms to 1h (default 500ms)",
+           "DURATION"),
     Option("max-processes-per-gpu", "max_processes_per_gpu", parse_positive_int,
            "cap on per-process series per GPU, largest memory first (default 64)", "N"),
-    Option("stale-after", "stale_after", parse_duration,
-           "withdraw a backend's series after this long without a completed collection "
-           "(default 3 x collector.interval)", "DURATION"),
+    Option("stale-after", "stale_after", bounded_duration(0.1, DAY),
+           "withdraw a backend's series after this long without a completed collection, "
+           "100ms to 24h (default 3 x collector.interval)", "DURATION"),
     Option("log.level", "log_level", lambda k, v: parse_choice(k, v, LOG_LEVELS),
            "debug, info, warning or error (default info)", "LEVEL"),
     Option("log.format", "log_format", lambda k, v: parse_choice(k, v, LOG_FORMATS),
@@ -103,8 +108,8 @@ OPTIONS = (
     Option("kubernetes.device-labels", "kubernetes_device_labels", parse_bool,
            "also put pod/namespace/container on the per-GPU series of an exclusively "
            "allocated GPU (default off)", switch=True),
-    Option("kubernetes.interval", "kubernetes_interval", parse_duration,
-           "refresh of the pod and container maps (default 5s)", "DURATION"),
+    Option("kubernetes.interval", "kubernetes_interval", bounded_duration(0.1, HOUR),
+           "refresh of the pod and container maps, 100ms to 1h (default 5s)", "DURATION"),
     Option("macmon.path", "macmon_path", parse_path,
            "Apple Silicon: the macmon executable run as `macmon pipe` (default macmon on PATH)",
            "PATH"),
@@ -136,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS)
     p.add_argument("--version", action="version",
                    version=f"gpu-exporter {__version__} (python {platform.python_version()})")
+    p.add_argument("command", nargs="?", choices=("snapshot",), metavar="snapshot", default=None,
+                   help="run one collection and print it as JSON (see below)")
+    p.add_argument("--from", dest="from", metavar="URL",
+                   help="snapshot only: print the running daemon's /snapshot instead "
+                   "(e.g. http://127.0.0.1:9445; user:password@ for basic auth)")
     p.add_argument("--config.file", dest="config.file", metavar="FILE",
                    help="YAML file with the same keys as the flags")
     for o in OPTIONS:
@@ -158,10 +168,12 @@ def _add_switch(p: argparse.ArgumentParser, key: str, help: str) -> None:
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> dotted keys. A key can be a switch and a prefix at once
+    (``collector: {processes: {interval: 3s}}``): a mapping is always a prefix."""
     out: dict[str, Any] = {}
     for k, v in data.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and key not in KEYS and key not in COLLECTOR_KEYS:
+        if isinstance(v, dict):
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
@@ -176,8 +188,24 @@ def read_config_file(path: str, origin: str) -> dict[str, Any]:
     return flat
 
 
+ENV_PREFIX = "GPU_EXPORTER_"
+
+
+def _check_environment(environ: Mapping[str, str]) -> None:
+    """A ``GPU_EXPORTER_*`` variable that names no key is a typo: an error, as in the file."""
+    known = {env_name(key) for key in (*KEYS, *COLLECTOR_KEYS, "config.file")}
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            raise ConfigError(name, "unknown variable (every GPU_EXPORTER_* names a flag; "
+                                    "see gpu-exporter --help)")
+
+
 def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
-    args = vars(build_parser().parse_args(list(argv)))
+    return _load(vars(build_parser().parse_args(list(argv))), environ)
+
+
+def _load(args: dict[str, Any], environ: Mapping[str, str]) -> Config:
+    _check_environment(environ)
     config_file = args.get("config.file") or environ.get(env_name("config.file"))
     from_file = read_config_file(config_file, "config.file") if config_file else {}
 
@@ -213,20 +241,34 @@ def _fail(message: str) -> int:
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ if environ is None else environ
-    command = "run"
-    if argv and argv[0] == "snapshot":
-        command, argv = "snapshot", argv[1:]
+    args = vars(build_parser().parse_args(argv))
+    command = args.pop("command", None) or "run"
+    source = args.pop("from", None)
+    if source is not None and command != "snapshot":
+        return _fail("--from: only with the snapshot command")
     try:
-        config = load_config(argv, environ)
+        config = _load(args, environ)
     except ConfigError as e:
         return _fail(str(e))
+    if source is not None:
+        from exporter.snapshot import fetch_snapshot
+
+        try:
+            sys.stdout.buffer.write(fetch_snapshot(source) + b"\n")
+        except OSError as e:
+            return _fail(f"--from {source}: {e}")
+        return 0
 
     from exporter import logs
     from exporter.backends import build_backends
     from exporter.collector import Hub
 
     logs.configure(config.log_level, config.log_format)
-    hub = Hub(config, build_backends(config))
+    backends = build_backends(config)
+    missing = _forced_but_unavailable(config, backends)
+    if missing:
+        return _fail(missing)
+    hub = Hub(config, backends)
     if command == "snapshot":
         from exporter.snapshot import snapshot_json
 
@@ -237,19 +279,78 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     return run_daemon(config, hub)
 
 
+def _forced_but_unavailable(config: Config, backends: Sequence[Any]) -> str | None:
+    """A collector switched on by the operator must work at start, not act as auto.
+
+    Its backend is opened once (and closed) before serving: a missing library, driver
+    or device is then an error, with the backend's own reason.
+    """
+    from exporter.backends import BackendUnavailable
+
+    for backend in backends:
+        if config.collector_enabled(backend.name.replace("_", "-")) is not True:
+            continue
+        try:
+            backend.open()
+        except BackendUnavailable as e:
+            return f"--collector.{backend.name.replace('_', '-')} is on but unavailable: {e}"
+        except Exception as e:  # noqa: BLE001 - the same: say it in one line
+            return f"--collector.{backend.name.replace('_', '-')} is on but failed: {e!r}"
+        finally:
+            try:
+                backend.close()
+            except Exception:  # noqa: BLE001
+                pass
+    return None
+
+
+def raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: connections must not starve the backends."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError):
+            pass
+
+
 def run_daemon(config: Config, hub: Any) -> int:
-    from exporter.render import Renderer
-    from exporter.server import bind_sockets, build_app, serve
+    import signal
+
+    import structlog
+
+    from exporter.render import Renderer, RenderOptions
+    from exporter.server import bind_sockets, build_app, close_sockets, serve
     from exporter.webconfig import load_web_config
 
+    log = structlog.get_logger("exporter.cli")
     web = load_web_config(config.web_config_file) if config.web_config_file else None
+    for warning in web.warnings if web else ():
+        log.warning("web config", note=warning)
+    raise_open_files_limit()
     try:
         sockets = bind_sockets(config.listen_addresses)
     except OSError as e:
-        print(f"gpu-exporter: cannot listen: {e.strerror or e}", file=sys.stderr)
+        print(f"gpu-exporter: error: cannot listen on {e.strerror or e}", file=sys.stderr)
         return 1
-    renderer = Renderer(lead=2 * config.interval + 0.5)
-    serve(config, build_app(config, hub, renderer, web), web, sockets)
+    if hasattr(signal, "SIGHUP"):
+        # The configuration is read at start; a SIGHUP (a log rotation, a terminal that
+        # closed) must not kill the daemon silently.
+        signal.signal(signal.SIGHUP, lambda *_: log.info(
+            "SIGHUP ignored", hint="configuration is read at start: restart to apply changes"))
+    options = RenderOptions(
+        pod_labels=any(b.name == "kubernetes" for b in hub.backends),
+        device_pod_labels=config.kubernetes_device_labels, metric_names=config.metric_names)
+    renderer = Renderer(lead=2 * config.interval + 0.5, options=options)
+    try:
+        serve(config, build_app(config, hub, renderer, web), web, sockets)
+    finally:
+        close_sockets(sockets)
     return 0
 
 

@@ -4,9 +4,16 @@ Each backend thread opens its backend (once; reopened with back-off after it
 fails), samples it on a fixed cadence with the slow tier every
 ``--collector.slow-interval``, and hands the result to the Hub. The Hub keeps the
 latest sample of every backend and publishes an immutable ``Snapshot`` (swapped
-atomically) to its listener, the renderer. A watchdog tick notices a backend that
-stopped answering (stuck inside a driver call) and publishes it as stale, so its
-device series are withdrawn while everything else keeps being served.
+atomically) to its listener, the renderer. The Snapshot's merged devices (one per
+device key, exporter.merge) are computed on first use, by whoever reads them.
+
+Failure handling, all here: a backend whose open() fails, whose handle goes bad
+(BackendFailed) or whose sample() raises is closed and reopened with a back-off
+that is carried across opens and reset only after several good cycles; its devices
+stay with ``gpu_up 0``. A watchdog notices a backend that stopped answering (stuck
+inside a driver call, even in its very first sample) and publishes it as stale, so
+its device series are withdrawn while everything else keeps being served. Ages
+are measured on the monotonic clock: an NTP step changes nothing.
 """
 
 from __future__ import annotations
@@ -15,17 +22,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
+from types import MappingProxyType
 
 import structlog
 
-from exporter.backends.base import Backend, BackendFailed, BackendUnavailable, Cycle
+from exporter.backends.base import Backend, BackendFailed, BackendUnavailable, Cycle, Enricher
 from exporter.config import Config
+from exporter.merge import View, enrich, merge
 from exporter.model import BackendSample, DeviceInfo, DeviceSample
 
 log = structlog.get_logger(__name__)
 
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 REOPEN_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # seconds between open attempts
+GOOD_CYCLES_TO_RESET = 3  # good cycles in a row before the back-off starts from the bottom
 OPEN_WAIT = 5.0  # how long start() waits for every backend's first open before numbering GPUs
 
 
@@ -37,7 +48,12 @@ class BackendState:
     attempted: bool = False  # open() has been tried at least once
     stale: bool = False  # opened, but no completed cycle within --stale-after
     last: BackendSample | None = None
-    last_success: float | None = None  # wall clock of the last completed cycle
+    last_success: float | None = None  # wall clock of the last completed cycle (for display)
+    # Monotonic clock of the last completed cycle, else of the last open: what ages are from.
+    alive_at: float | None = None
+    priority: int = 0
+    enricher: Enricher | None = None  # from its last cycle (the kubernetes backend)
+    child_restarts: int | None = None  # cumulative, from its last cycle (macmon)
     errors_total: Mapping[str, int] = field(default_factory=dict)
     duration_buckets: tuple[int, ...] = (0,) * len(DURATION_BUCKETS)
     duration_sum: float = 0.0
@@ -53,11 +69,34 @@ class BackendState:
 class Snapshot:
     generation: int
     created: float
-    ready: bool  # every backend has completed a cycle or is known to be unavailable
+    ready: bool  # every backend has completed a cycle, is known to be off, or is stale
     backends: tuple[BackendState, ...]
-    gpu_index: Mapping[str, int]  # pci_bus_id -> exporter-wide "gpu" label
-    identities: Mapping[str, DeviceInfo]  # pci_bus_id -> identity from a primary backend
+    gpu_index: Mapping[str, int]  # device key -> exporter-wide "gpu" label
+    # device key -> what to report (up=False) for a device no backend reports any more
+    seen: Mapping[str, DeviceSample] = field(default_factory=dict)
     processes_truncated_total: int = 0
+    # backend -> its collector thread (gpu_exporter_backend_cpu_seconds_total)
+    threads: Mapping[str, threading.Thread] = field(default_factory=dict)
+
+    @cached_property
+    def devices(self) -> tuple[tuple[str, DeviceSample], ...]:
+        """(``gpu`` label, merged sample) of every device, one per key, ordered by ``gpu``.
+
+        Computed once per snapshot, on first use (the renderer, ``/snapshot``), not on
+        every publish: a snapshot nobody reads costs no merge.
+        """
+        views = [View(s.priority, s.serving, s.last.devices)
+                 for s in self.backends if s.last is not None]
+        merged = merge(views, self.seen)
+        enricher = next((s.enricher for s in self.backends if s.serving and s.enricher), None)
+        merged, _failed = enrich(merged, enricher)
+        out = []
+        for d in merged:
+            index = self.gpu_index.get(d.info.parent_key or d.info.key)
+            if index is not None:
+                out.append((index, bool(d.info.parent_key), d.info.key, d))
+        out.sort(key=lambda t: t[:3])
+        return tuple((str(index), d) for index, _, _, d in out)
 
 
 def cap_processes(device: DeviceSample, limit: int) -> tuple[DeviceSample, int]:
@@ -85,12 +124,15 @@ class Hub:
         self.backends = list(backends)
         self.listener = listener
         self._lock = threading.Lock()
-        self._states = {b.name: BackendState(b.name) for b in self.backends}
+        self._states = {b.name: BackendState(b.name, priority=b.priority) for b in self.backends}
         # A backend on a slower tier of its own (the /proc scan) is stale only after
         # three of its own intervals, whatever --stale-after says for the fast tier.
         self._stale_after = {b.name: max(config.stale_after_seconds, 3 * (b.interval or 0))
                              for b in self.backends}
         self._gpu_index: dict[str, int] = {}
+        self._seen: dict[str, DeviceSample] = {}
+        self._seen_view: Mapping[str, DeviceSample] = MappingProxyType({})
+        self._threads_by_backend: Mapping[str, threading.Thread] = {}
         self._numbered = False
         self._truncated = 0
         self._generation = 0
@@ -102,15 +144,18 @@ class Hub:
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
         epoch = time.monotonic()
+        threads: dict[str, threading.Thread] = {}
         for backend in self.backends:
             t = threading.Thread(target=self._run, args=(backend, epoch),
                                  name=f"collector-{backend.name}", daemon=True)
             t.start()
             self._threads.append(t)
+            threads[backend.name] = t
         if not self.backends:
             self._all_attempted.set()
         self._all_attempted.wait(OPEN_WAIT)
         with self._lock:
+            self._threads_by_backend = MappingProxyType(threads)
             self._number_gpus()
         self.publish()
         w = threading.Thread(target=self._watchdog, name="collector-watchdog", daemon=True)
@@ -137,34 +182,48 @@ class Hub:
 
     # -- backend threads ----------------------------------------------------------------
     def _run(self, backend: Backend, epoch: float) -> None:
+        # Back-off steps taken so far. Carried across a successful open: a backend that
+        # opens and then fails its first cycles (a sample that always raises, NVML with
+        # its only GPU lost for good) backs off like one that cannot open at all, and
+        # starts from the bottom again only after GOOD_CYCLES_TO_RESET good cycles.
         attempt = 0
         while not self._stop.is_set():
-            if not self._open(backend):
+            if self._open(backend):
+                good = self._loop(backend, epoch)
+                if self._stop.is_set():
+                    return
+                if good >= GOOD_CYCLES_TO_RESET:
+                    attempt = 0
+                delay = REOPEN_BACKOFF[min(attempt, len(REOPEN_BACKOFF) - 1)]
+            else:
                 # A backend whose open() is cheap (a cached DRM listing) retries every
                 # cycle, so a hotplugged card is picked up within one interval.
                 delay = min(REOPEN_BACKOFF[min(attempt, len(REOPEN_BACKOFF) - 1)],
                             getattr(backend, "retry_interval", None) or float("inf"))
-                attempt += 1
-                self._stop.wait(delay)
-                continue
-            attempt = 0
-            self._loop(backend, epoch)
+            attempt += 1
+            self._stop.wait(delay)
 
-    def _loop(self, backend: Backend, epoch: float) -> None:
+    def _loop(self, backend: Backend, epoch: float) -> int:
+        """Sample on the cadence until the handle goes bad; returns the good cycles in a row
+        at the end (what decides whether the back-off starts over)."""
         interval = backend.interval or self.config.interval
         next_slow = 0.0
+        good = 0
         while not self._stop.is_set():
             now = time.monotonic()
             slow = now >= next_slow
             if slow:
                 next_slow = now + self.config.slow_interval
-            if not self._sample(backend, slow):
-                return  # handle went bad: back to _run, which reopens with back-off
+            healthy = self._sample(backend, slow)
+            if healthy is None:
+                return good  # handle went bad: back to _run, which reopens with back-off
+            good = good + 1 if healthy else 0
             # Fixed cadence aligned on a shared epoch, so backends publish together and
             # renders coalesce; a cycle that overran skips the ticks it missed.
             now = time.monotonic()
             next_tick = epoch + (int((now - epoch) / interval) + 1) * interval
             self._stop.wait(next_tick - now)
+        return good
 
     def _open(self, backend: Backend) -> bool:
         try:
@@ -177,49 +236,55 @@ class Hub:
             return False
         with self._lock:
             state = self._states[backend.name]
-            self._states[backend.name] = replace(state, up=True, reason="", attempted=True)
+            self._states[backend.name] = replace(state, up=True, reason="", attempted=True,
+                                                 stale=False, alive_at=time.monotonic())
             if not state.up:
                 log.info("backend up", backend=backend.name, gpus=len(infos))
-            if self._numbered:
-                for info in infos:
-                    self._index_of(info.pci_bus_id)
-            else:
-                for info in infos:
-                    self._gpu_index.setdefault(info.pci_bus_id, -1)
+            for info in infos:
+                self._register(info)
             self._check_attempted()
         return True
 
-    def _sample(self, backend: Backend, slow: bool) -> bool:
+    def _sample(self, backend: Backend, slow: bool) -> bool | None:
+        """One cycle. True: a good cycle; False: it ran but every device is down;
+        None: the handle went bad or sample() raised (closed; reopen with back-off)."""
         t0 = time.perf_counter()
         try:
             cycle = backend.sample(slow)
         except BackendFailed as e:
             _close_quietly(backend)
             self._set_down(backend.name, f"failed: {e}", level="warning")
-            return False
+            return None
         except Exception as e:  # noqa: BLE001 - a bug in one backend must not stop the others
-            cycle = Cycle(devices=(), errors={"exception": 1})
-            self._log_once(backend.name, f"sample raised {e!r}")
+            # Its devices stay (gpu_up 0, from its last sample); the traceback is logged
+            # once per distinct error, the count goes to errors_total{reason="exception"}.
+            _close_quietly(backend)
+            self._count(backend.name, {"exception": 1})
+            self._set_down(backend.name, f"sample raised {e!r}", level="error", exc_info=True)
+            return None
         self._accept(backend.name, cycle, time.perf_counter() - t0)
         self.publish()
-        return True
+        return not cycle.devices or any(d.up for d in cycle.devices)
 
     # -- state changes ------------------------------------------------------------------
-    def _set_down(self, name: str, reason: str, level: str) -> None:
+    def _set_down(self, name: str, reason: str, level: str, exc_info: bool = False) -> None:
         with self._lock:
             state = self._states[name]
             if state.reason != reason or state.up:
-                getattr(log, level)("backend down", backend=name, reason=reason)
-            self._states[name] = replace(state, up=False, reason=reason, attempted=True)
+                getattr(log, level)("backend down", backend=name, reason=reason,
+                                    exc_info=exc_info)
+            self._states[name] = replace(state, up=False, stale=False, reason=reason,
+                                         attempted=True)
             self._check_attempted()
         self.publish()
 
-    def _log_once(self, name: str, reason: str) -> None:
+    def _count(self, name: str, errors: Mapping[str, int]) -> None:
         with self._lock:
             state = self._states[name]
-            if state.reason != reason:
-                log.error("backend error", backend=name, reason=reason)
-                self._states[name] = replace(state, reason=reason)
+            total = dict(state.errors_total)
+            for reason, n in errors.items():
+                total[reason] = total.get(reason, 0) + n
+            self._states[name] = replace(state, errors_total=total)
 
     def _accept(self, name: str, cycle: Cycle, duration: float) -> None:
         devices = []
@@ -241,83 +306,108 @@ class Hub:
             if state.stale:
                 log.info("backend answering again", backend=name)
             self._states[name] = replace(
-                state, last=sample, last_success=sample.timestamp, stale=False,
-                errors_total=errors, duration_buckets=buckets,
+                state, last=sample, last_success=sample.timestamp, alive_at=time.monotonic(),
+                stale=False, errors_total=errors, duration_buckets=buckets,
                 duration_sum=state.duration_sum + duration, duration_count=state.duration_count + 1,
-                reason=state.reason if not state.up or "exception" in cycle.errors else "")
+                enricher=cycle.enricher,
+                child_restarts=(cycle.child_restarts if cycle.child_restarts is not None
+                                else state.child_restarts),
+                reason=state.reason if not state.up else "")
             self._truncated += truncated
-            if self._numbered:
-                for device in devices:
-                    self._index_of(device.info.pci_bus_id)
+            for device in devices:
+                if not device.primary:
+                    continue  # an augmenting backend never makes a device of its own
+                self._register(device.info)
+                if not device.info.parent_key:
+                    key = device.info.key
+                    known = self._seen.get(key)
+                    if known is None or known.info != device.info:
+                        self._seen[key] = DeviceSample(info=device.info, source=device.source,
+                                                       up=False)
+                        self._seen_view = MappingProxyType(dict(self._seen))
 
     @staticmethod
     def _log_device_changes(old: BackendSample | None, new: BackendSample) -> None:
-        before = {d.info.pci_bus_id: d.up for d in old.devices} if old else {}
+        before = {d.info.key: d.up for d in old.devices} if old else {}
+        after = set()
         for d in new.devices:
             if not d.primary:
                 continue
-            was = before.get(d.info.pci_bus_id)
+            key = d.info.key
+            after.add(key)
+            was = before.get(key)
             if was is None and old is not None:
-                log.info("gpu appeared", backend=new.backend, pci_bus_id=d.info.pci_bus_id)
+                log.info("gpu appeared", backend=new.backend, device=key)
             elif was is True and not d.up:
-                log.warning("gpu lost", backend=new.backend, pci_bus_id=d.info.pci_bus_id)
+                log.warning("gpu lost", backend=new.backend, device=key)
             elif was is False and d.up:
-                log.info("gpu back", backend=new.backend, pci_bus_id=d.info.pci_bus_id)
+                log.info("gpu back", backend=new.backend, device=key)
+        for key in before.keys() - after:
+            log.warning("gpu gone", backend=new.backend, device=key)
 
     def _check_attempted(self) -> None:
         if all(s.attempted for s in self._states.values()):
             self._all_attempted.set()
 
+    def _register(self, info: DeviceInfo) -> None:
+        """Give a device (not a slice: it carries its parent's index) its ``gpu`` index.
+
+        Before the first numbering, keys are only collected (-1); after it, a new key
+        gets the next index.
+        """
+        key = info.parent_key or info.key
+        if key in self._gpu_index:
+            return
+        self._gpu_index[key] = len(self._gpu_index) if self._numbered else -1
+
     def _number_gpus(self) -> None:
-        """First numbering: every GPU known so far, ordered by PCI bus id. Later: append."""
+        """First numbering: every device known so far, ordered by key (PCI bus ids, then
+        synthetic keys such as ``soc0``). Later: append."""
         if self._numbered:
             return
-        known = set(self._gpu_index)
-        for state in self._states.values():
-            if state.last:
-                known.update(d.info.pci_bus_id for d in state.last.devices)
-        self._gpu_index = {bus: i for i, bus in enumerate(sorted(known))}
+        self._gpu_index = {key: i for i, key in enumerate(sorted(self._gpu_index))}
         self._numbered = True
-
-    def _index_of(self, pci_bus_id: str) -> int:
-        if pci_bus_id not in self._gpu_index:
-            self._gpu_index[pci_bus_id] = len(self._gpu_index)
-        return self._gpu_index[pci_bus_id]
 
     # -- snapshots ----------------------------------------------------------------------
     def _watchdog(self) -> None:
-        """Mark backends stale and keep the exporter's own series fresh without GPUs."""
-        tick = min(self.config.interval, self.config.stale_after_seconds / 2)
-        while not self._stop.wait(tick):
-            now = time.time()
+        """Mark backends stale: wakes only when the next backend could go stale."""
+        while True:
+            now = time.monotonic()
             changed = False
+            wake = float("inf")
             with self._lock:
                 for name, state in self._states.items():
-                    age = now - (state.last_success or now)
-                    stale = state.up and age > self._stale_after[name]
+                    if not state.up or state.alive_at is None:
+                        continue
+                    limit = self._stale_after[name]
+                    age = now - state.alive_at
+                    stale = age > limit
+                    if not stale:
+                        wake = min(wake, state.alive_at + limit - now)
                     if stale != state.stale:
                         changed = True
                         self._states[name] = replace(state, stale=stale)
                         if stale:
                             log.warning("backend stale: no completed collection",
                                         backend=name, seconds=round(age, 1))
-            if changed or now - self.snapshot.created >= self.config.interval:
+            if changed:
                 self.publish()
+            # Nothing to watch (every backend down or stale): look again after a stale
+            # period; a backend that comes up is watched from its next deadline on.
+            timeout = wake if wake != float("inf") else min(self._stale_after.values(),
+                                                            default=60.0)
+            if self._stop.wait(max(timeout, 0.0) + 0.01):
+                return
 
     def _build(self) -> Snapshot:
-        identities: dict[str, DeviceInfo] = {}
-        for state in self._states.values():
-            if state.last:
-                for d in state.last.devices:
-                    if d.primary:
-                        identities[d.info.pci_bus_id] = d.info
-        ready = all(s.attempted and (not s.up or s.last is not None)
+        ready = all(s.attempted and (not s.up or s.last is not None or s.stale)
                     for s in self._states.values()) and self._numbered
         self._generation += 1
         return Snapshot(generation=self._generation, created=time.time(), ready=ready,
                         backends=tuple(self._states.values()),
                         gpu_index={k: v for k, v in self._gpu_index.items() if v >= 0},
-                        identities=identities, processes_truncated_total=self._truncated)
+                        seen=self._seen_view, processes_truncated_total=self._truncated,
+                        threads=self._threads_by_backend)
 
     def publish(self) -> Snapshot:
         with self._lock:

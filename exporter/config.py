@@ -6,8 +6,9 @@ of the program trusts the Config it is handed.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -78,6 +79,28 @@ _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+def format_duration(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g}h"
+    if seconds >= 1:
+        return f"{seconds:g}s"
+    return f"{seconds * 1000:g}ms"
+
+
+def bounded_duration(low: float, high: float) -> Callable[[str, object], float]:
+    """A duration parser that also says which range is allowed: a collection interval of
+    a nanosecond burns a CPU, one of ``inf`` stops the threads while serving stale data."""
+
+    def parse(key: str, value: object) -> float:
+        seconds = parse_duration(key, value)
+        if not low <= seconds <= high:
+            raise ConfigError(key, f"must be between {format_duration(low)} and "
+                                   f"{format_duration(high)}, got {value!r}")
+        return seconds
+
+    return parse
+
+
 def parse_duration(key: str, value: object) -> float:
     """``500ms``, ``1s``, ``1m30s``, ``2h`` (Prometheus style) or a bare number of seconds."""
     if isinstance(value, bool):
@@ -99,8 +122,8 @@ def parse_duration(key: str, value: object) -> float:
                 raise ConfigError(
                     key, f"not a duration: {text!r} (use e.g. 500ms, 1s, 1m30s)"
                 ) from None
-    if not seconds > 0:
-        raise ConfigError(key, f"must be greater than zero, got {value!r}")
+    if not seconds > 0 or not math.isfinite(seconds):
+        raise ConfigError(key, f"must be greater than zero and finite, got {value!r}")
     return seconds
 
 
@@ -184,6 +207,8 @@ def load_yaml_mapping(key: str, path: str) -> dict[str, Any]:
             data = yaml.safe_load(f) or {}
     except OSError as e:
         raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(key, f"{path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
     except yaml.YAMLError as e:
         raise ConfigError(key, f"{path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):

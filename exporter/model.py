@@ -86,9 +86,10 @@ class ProcessSample:
     container: str | None = None
     pod: str | None = None
     namespace: str | None = None
-    # As DeviceSample.field_sources: set by the collector's merge where a field of this
-    # process came from another source than its device's.
-    field_sources: Mapping[str, str] = _empty()
+    # Set by the collector's merge: the source this process was reported by, and (as
+    # DeviceSample.field_sources) where one of its fields came from another source.
+    source: str = ""
+    field_sources: Mapping[Any, str] = _empty()
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,9 @@ class DeviceSample:
     """One backend's view of one GPU at one moment.
 
     ``source`` labels every value of this sample unless ``field_sources`` names
-    another source for a field (e.g. ``{"profiling": "nvml_gpm"}`` or
-    ``{"power_watts": "sysfs_energy_delta"}``).
+    another source for a field (e.g. ``{"profiling_ratio": "nvml_gpm"}`` or
+    ``{"power_watts": "sysfs_energy_delta"}``) or for one key of a mapping field
+    (``{("temperatures_celsius", "junction"): "sysfs"}``, what the merge writes).
 
     ``primary`` is False for augmenting backends (fdinfo): their values join the
     GPU that a primary backend reported with the same ``pci_bus_id``, and they
@@ -125,7 +127,7 @@ class DeviceSample:
     source: str
     up: bool = True
     primary: bool = True
-    field_sources: Mapping[str, str] = _empty()
+    field_sources: Mapping[Any, str] = _empty()  # field or (field, key) -> source
 
     utilization_ratio: float | None = None
     memory_utilization_ratio: float | None = None
@@ -173,8 +175,16 @@ class DeviceSample:
     # Filled by the collector after the merge (Kubernetes attribution), never by a backend.
     allocations: tuple[Allocation, ...] = ()
 
-    def source_of(self, field_name: str) -> str:
-        return self.field_sources.get(field_name, self.source)
+    def source_of(self, field_name: str, key: Any = None) -> str:
+        """The source of one field, or of one key of a mapping field."""
+        sources = self.field_sources
+        if not sources:
+            return self.source
+        if key is not None:
+            found = sources.get((field_name, key))
+            if found is not None:
+                return found
+        return sources.get(field_name, self.source)
 
     def with_processes(self, processes: tuple[ProcessSample, ...]) -> DeviceSample:
         return replace(self, processes=processes)

@@ -46,16 +46,49 @@ def snapshot_dict(s: Snapshot) -> dict[str, Any]:
         if state.last is not None:
             devices = []
             for d in state.last.devices:
-                item = {"gpu": s.gpu_index.get(d.info.pci_bus_id)}
+                item = {"gpu": s.gpu_index.get(d.info.parent_key or d.info.key)}
                 item.update(_plain(d))
                 devices.append(item)
             entry["duration_seconds"] = state.last.duration_seconds
             entry["devices"] = devices
         backends.append(entry)
+    merged = []
+    for gpu, d in s.devices:
+        merged.append({"gpu": gpu, **_plain(d)})
     return {"version": __version__, "generation": s.generation, "created": s.created,
             "ready": s.ready, "processes_truncated_total": s.processes_truncated_total,
-            "backends": backends}
+            "backends": backends, "devices": merged}
 
 
 def snapshot_json(s: Snapshot, indent: int | None = None) -> bytes:
     return json.dumps(snapshot_dict(s), indent=indent, sort_keys=False).encode()
+
+
+def fetch_snapshot(address: str, timeout: float = 10.0) -> bytes:
+    """The running daemon's ``/snapshot`` (``gpu-exporter snapshot --from URL``).
+
+    ``address`` is a base URL (``http://127.0.0.1:9445``, ``https://user:pw@host:9445``)
+    or a bare ``host:port``. Raises OSError (urllib's errors are OSErrors) on failure.
+    """
+    import base64
+    import urllib.parse
+    import urllib.request
+
+    url = address if "://" in address else f"http://{address}"
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.hostname or ""
+    if ":" in netloc:
+        netloc = f"[{netloc}]"
+    if parts.port:
+        netloc += f":{parts.port}"
+    path = parts.path.rstrip("/")
+    target = urllib.parse.urlunsplit((parts.scheme, netloc, f"{path}/snapshot", "", ""))
+    request = urllib.request.Request(target, headers={"Accept": "application/json"})
+    if parts.username is not None:
+        user = urllib.parse.unquote(parts.username)
+        password = urllib.parse.unquote(parts.password or "")
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        body: bytes = response.read()
+    return body.rstrip(b"\n")

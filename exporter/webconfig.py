@@ -1,36 +1,58 @@
-"""``--web.config.file``: TLS and basic auth in the Prometheus exporter-toolkit format.
+"""``--web.config.file``: TLS, basic auth and rate limits in the exporter-toolkit format.
 
     tls_server_config:
-      cert_file: /etc/gpu-exporter/tls.crt
+      cert_file: /etc/gpu-exporter/tls.crt          # or inline: cert / key (PEM)
       key_file: /etc/gpu-exporter/tls.key
-      client_auth_type: RequireAndVerifyClientCert   # optional, with client_ca_file
+      client_auth_type: RequireAndVerifyClientCert   # optional, with client_ca_file / client_ca
       client_ca_file: /etc/gpu-exporter/ca.crt
+      client_allowed_sans: [prometheus.example.com]
       min_version: TLS12                             # TLS10..TLS13
+      max_version: TLS13
+      cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]   # Go names, TLS <= 1.2
+      prefer_server_cipher_suites: true
+      curve_preferences: [CurveP256]
     http_server_config:
+      http2: false
       headers: {X-Frame-Options: deny}
     basic_auth_users:
       prometheus: $2b$12$...                        # bcrypt hash (htpasswd -nBC 12 user)
+    rate_limit: {interval: 100ms, burst: 10}
 
-Unknown keys are errors (a typo must not silently switch TLS or auth off). Basic auth
-is an ASGI middleware; the probe endpoints /-/healthy and /-/ready stay open so a
-kubelet or Docker health check needs no password.
+Every key of the format (prometheus/exporter-toolkit docs/web-configuration.md) is
+accepted; unknown keys are errors (a typo must not silently switch TLS or auth off).
+What Python's ssl cannot do is said once at start: HTTP/2 (uvicorn serves HTTP/1.1),
+and several curve preferences (one curve can be set; with more, OpenSSL's defaults).
+Every problem with the file, its certificates or its hashes is one line at start.
+
+Basic auth and the rate limit are ASGI middlewares; the probes /-/healthy and
+/-/ready stay open so a kubelet or Docker health check needs no password.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
+import hmac
 import os
+import re
 import ssl
+import tempfile
+import threading
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from exporter.config import ConfigError, load_yaml_mapping
+from exporter.config import ConfigError, load_yaml_mapping, parse_bool, parse_duration
+
+log = structlog.get_logger(__name__)
 
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -45,10 +67,37 @@ TLS_VERSIONS = {
     "TLS12": ssl.TLSVersion.TLSv1_2,
     "TLS13": ssl.TLSVersion.TLSv1_3,
 }
-TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version",
-            "max_version"}
-HTTP_KEYS = {"headers"}
+# Go's crypto/tls names (tls.CipherSuites(), the ones exporter-toolkit accepts) -> OpenSSL's.
+# TLS 1.3 suites are not configurable, in Go as in Python: accepted, left to the library.
+CIPHER_SUITES = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_AES_128_GCM_SHA256": "",
+    "TLS_AES_256_GCM_SHA384": "",
+    "TLS_CHACHA20_POLY1305_SHA256": "",
+}
+CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1",
+          "X25519": "X25519"}
+TLS_KEYS = {"cert", "key", "client_ca", "cert_file", "key_file", "client_auth_type",
+            "client_ca_file", "client_allowed_sans", "min_version", "max_version",
+            "cipher_suites", "prefer_server_cipher_suites", "curve_preferences"}
+HTTP_KEYS = {"headers", "http2"}
+RATE_KEYS = {"interval", "burst"}
+TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"}
 OPEN_PATHS = frozenset({"/-/healthy", "/-/ready"})
+BCRYPT_RE = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}\Z")
 
 
 @dataclass(frozen=True)
@@ -56,11 +105,19 @@ class WebConfig:
     cert_file: str | None = None
     key_file: str | None = None
     client_ca_file: str | None = None
+    client_ca: str | None = None  # inline PEM
     client_auth_type: str = "NoClientCert"
+    client_allowed_sans: tuple[str, ...] = ()
     min_version: str = "TLS12"
     max_version: str = "TLS13"
+    ciphers: str | None = None  # OpenSSL cipher string for TLS <= 1.2
+    prefer_server_ciphers: bool = True
+    curve: str | None = None  # one ECDH curve (OpenSSL name)
     headers: Mapping[str, str] = field(default_factory=dict)
     basic_auth_users: Mapping[str, bytes] = field(default_factory=dict)
+    rate_interval: float = 0.0  # seconds between requests; 0 = no limit
+    rate_burst: int = 0
+    warnings: tuple[str, ...] = ()  # said once at start
 
     @property
     def tls(self) -> bool:
@@ -77,13 +134,35 @@ def _section(data: Mapping[str, Any], name: str, allowed: set[str], key: str) ->
     return section
 
 
+def _strings(key: str, name: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(key, f"{name} must be a list of strings")
+    return list(value)
+
+
+def _inline_pem(cert: str, key: str) -> tuple[str, str]:
+    """Inline cert/key -> private files (Python's ssl loads a chain only from files)."""
+    directory = tempfile.mkdtemp(prefix="gpu-exporter-tls-")
+    paths = []
+    for name, text in (("tls.crt", cert), ("tls.key", key)):
+        path = os.path.join(directory, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
 def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
     data = load_yaml_mapping(key, path)
-    unknown = sorted(set(data) - {"tls_server_config", "http_server_config", "basic_auth_users"})
+    unknown = sorted(set(data) - TOP_KEYS)
     if unknown:
         raise ConfigError(key, f"unknown key {unknown[0]} in {path}")
     tls = _section(data, "tls_server_config", TLS_KEYS, key)
     http = _section(data, "http_server_config", HTTP_KEYS, key)
+    rate = _section(data, "rate_limit", RATE_KEYS, key)
     users = data.get("basic_auth_users") or {}
     if not isinstance(users, dict):
         raise ConfigError(key, "basic_auth_users must map user names to bcrypt hashes")
@@ -99,59 +178,147 @@ def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
             raise ConfigError(key, f"tls_server_config.{name}: no such file {full}")
         return full
 
+    for inline, file_key in (("cert", "cert_file"), ("key", "key_file"),
+                             ("client_ca", "client_ca_file")):
+        if tls.get(inline) and tls.get(file_key):
+            raise ConfigError(key, f"tls_server_config: {inline} and {file_key} are exclusive")
     cert, key_file, ca = file_of("cert_file"), file_of("key_file"), file_of("client_ca_file")
+    if tls.get("cert") or tls.get("key"):
+        if not (tls.get("cert") or cert) or not (tls.get("key") or key_file):
+            raise ConfigError(key, "tls_server_config needs a certificate and its key")
+        cert, key_file = _inline_pem(str(tls.get("cert") or open(str(cert)).read()),
+                                     str(tls.get("key") or open(str(key_file)).read()))
     if (cert is None) != (key_file is None):
         raise ConfigError(key, "tls_server_config needs both cert_file and key_file")
+    client_ca = str(tls["client_ca"]) if tls.get("client_ca") else None
     auth_type = str(tls.get("client_auth_type", "NoClientCert"))
     if auth_type not in CLIENT_AUTH:
         raise ConfigError(key, f"tls_server_config.client_auth_type: unknown {auth_type!r}")
-    if auth_type in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert") and ca is None:
+    if auth_type in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert") and \
+            ca is None and client_ca is None:
         raise ConfigError(key, f"client_auth_type {auth_type} needs client_ca_file")
+    sans = _strings(key, "tls_server_config.client_allowed_sans", tls.get("client_allowed_sans"))
+    if sans and auth_type not in ("RequireAnyClientCert", "RequireAndVerifyClientCert"):
+        raise ConfigError(key, "client_allowed_sans needs client_auth_type "
+                               "RequireAnyClientCert or RequireAndVerifyClientCert")
     for name in ("min_version", "max_version"):
         if name in tls and str(tls[name]) not in TLS_VERSIONS:
             raise ConfigError(key, f"tls_server_config.{name}: one of {', '.join(TLS_VERSIONS)}")
+    min_version = str(tls.get("min_version", "TLS12"))
+    max_version = str(tls.get("max_version", "TLS13"))
+    if TLS_VERSIONS[min_version] > TLS_VERSIONS[max_version]:
+        raise ConfigError(key, f"tls_server_config: min_version {min_version} is above "
+                               f"max_version {max_version}")
+    suites = _strings(key, "tls_server_config.cipher_suites", tls.get("cipher_suites"))
+    for suite in suites:
+        if suite not in CIPHER_SUITES:
+            raise ConfigError(key, f"tls_server_config.cipher_suites: unknown {suite!r}")
+    ciphers = ":".join(CIPHER_SUITES[s] for s in suites if CIPHER_SUITES[s]) or None
+    warnings: list[str] = []
+    curves = _strings(key, "tls_server_config.curve_preferences", tls.get("curve_preferences"))
+    for curve in curves:
+        if curve not in CURVES:
+            raise ConfigError(key, f"tls_server_config.curve_preferences: unknown {curve!r}")
+    if len(curves) > 1:
+        warnings.append("tls_server_config.curve_preferences: Python's ssl sets one curve; "
+                        "with several, OpenSSL's default curves are used")
+    prefer = parse_bool(f"{key}: tls_server_config.prefer_server_cipher_suites",
+                        tls.get("prefer_server_cipher_suites", True))
+    if parse_bool(f"{key}: http_server_config.http2", http.get("http2", False)):
+        warnings.append("http_server_config.http2: HTTP/2 is not supported; serving HTTP/1.1")
+
     hashes: dict[str, bytes] = {}
     for user, hashed in users.items():
-        text = str(hashed)
-        if not text.startswith(("$2a$", "$2b$", "$2y$")):
+        if not BCRYPT_RE.match(str(hashed)):
             raise ConfigError(key, f"basic_auth_users.{user}: not a bcrypt hash")
-        hashes[str(user)] = text.encode()
+        hashes[str(user)] = str(hashed).encode()
     headers = http.get("headers") or {}
     if not isinstance(headers, dict):
         raise ConfigError(key, "http_server_config.headers must be a mapping")
-    return WebConfig(cert_file=cert, key_file=key_file, client_ca_file=ca,
-                     client_auth_type=auth_type,
-                     min_version=str(tls.get("min_version", "TLS12")),
-                     max_version=str(tls.get("max_version", "TLS13")),
-                     headers={str(k): str(v) for k, v in headers.items()},
-                     basic_auth_users=hashes)
+    interval = 0.0
+    burst = 0
+    if rate:
+        raw = rate.get("interval", 0)
+        interval = 0.0 if raw in (0, "0", "0s") else parse_duration(
+            f"{key}: rate_limit.interval", raw)
+        try:
+            burst = int(rate.get("burst", 1))
+        except (TypeError, ValueError):
+            raise ConfigError(key, "rate_limit.burst must be an integer") from None
+        if interval and burst < 1:
+            raise ConfigError(key, "rate_limit.burst must be at least 1")
+    web = WebConfig(cert_file=cert, key_file=key_file, client_ca_file=ca, client_ca=client_ca,
+                    client_auth_type=auth_type, client_allowed_sans=tuple(sans),
+                    min_version=min_version, max_version=max_version, ciphers=ciphers,
+                    prefer_server_ciphers=prefer,
+                    curve=CURVES[curves[0]] if len(curves) == 1 else None,
+                    headers={str(k): str(v) for k, v in headers.items()},
+                    basic_auth_users=hashes, rate_interval=interval, rate_burst=burst,
+                    warnings=tuple(warnings))
+    if web.tls:
+        # Load it all once now, so a bad certificate, key or CA is one line at start.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(str(web.cert_file), str(web.key_file))
+            apply_tls(context, web)
+        except (ssl.SSLError, OSError, ValueError) as e:
+            raise ConfigError(key, f"tls_server_config: {e}") from None
+    return web
 
 
 def apply_tls(context: ssl.SSLContext, web: WebConfig) -> None:
-    """Tighten the SSLContext uvicorn built from cert/key: versions and client auth."""
+    """Tighten the SSLContext uvicorn built from cert/key: versions, ciphers, client auth."""
     context.minimum_version = TLS_VERSIONS[web.min_version]
     context.maximum_version = TLS_VERSIONS[web.max_version]
     context.verify_mode = CLIENT_AUTH[web.client_auth_type]
-    if web.client_ca_file:
-        context.load_verify_locations(cafile=web.client_ca_file)
+    if web.client_ca_file or web.client_ca:
+        context.load_verify_locations(cafile=web.client_ca_file, cadata=web.client_ca)
+    if web.ciphers:
+        context.set_ciphers(web.ciphers)
+    if web.prefer_server_ciphers:
+        context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    if web.curve:
+        context.set_ecdh_curve(web.curve)
 
 
-class BasicAuthMiddleware:
-    """401 unless the request carries a user/password that matches a bcrypt hash.
+class PasswordChecker:
+    """Basic-auth credentials checked against bcrypt hashes, never on the event loop.
 
-    bcrypt is slow on purpose (~100 ms); verified credentials are remembered (as a
-    SHA-256 digest, never in clear) so a Prometheus scraping every few seconds does not
-    pay it each time. The cache is bounded.
+    bcrypt is slow on purpose (~100-250 ms). It runs on a pool of ``WORKERS`` threads,
+    so wrong passwords from many clients queue there while the loop keeps answering.
+    Only successes are remembered (as a keyed SHA-256 digest, never in clear), so a
+    Prometheus scraping every few seconds pays bcrypt once; a guess always pays it.
+    An unknown user is checked against a configured hash too, so a known and an
+    unknown name take the same time. Passwords longer than bcrypt's 72 bytes never
+    match (as in Go's bcrypt, which exporter-toolkit uses).
     """
 
+    WORKERS = 2
     CACHE_SIZE = 64
 
-    def __init__(self, app: ASGIApp, users: Mapping[str, bytes]) -> None:
-        self.app = app
+    def __init__(self, users: Mapping[str, bytes]) -> None:
         self.users = dict(users)
-        self._verified: OrderedDict[bytes, bool] = OrderedDict()
+        self._decoy = next(iter(self.users.values()))
+        self._verified: OrderedDict[bytes, None] = OrderedDict()
+        self._key = os.urandom(32)
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="auth",
+                                        initializer=self._started)
+        self.on_thread: Callable[[threading.Thread], None] | None = None
 
-    def _check(self, header: bytes) -> bool:
+    def _started(self) -> None:
+        if self.on_thread is not None:
+            self.on_thread(threading.current_thread())
+
+    def _bcrypt(self, password: bytes, hashed: bytes) -> bool:
+        import bcrypt  # only with basic auth configured
+
+        try:
+            return bool(bcrypt.checkpw(password, hashed))
+        except ValueError:  # longer than 72 bytes, or a hash bcrypt refuses
+            return False
+
+    async def check(self, header: bytes) -> bool:
         scheme, _, encoded = header.partition(b" ")
         if scheme.lower() != b"basic":
             return False
@@ -159,33 +326,70 @@ class BasicAuthMiddleware:
             user, sep, password = base64.b64decode(encoded.strip(), validate=True).partition(b":")
         except (binascii.Error, ValueError):
             return False
-        hashed = self.users.get(user.decode("utf-8", "replace"))
-        if not sep or hashed is None:
+        if not sep:
             return False
-        digest = hashlib.sha256(user + b"\0" + password + b"\0" + hashed).digest()
-        if digest in self._verified:
-            self._verified.move_to_end(digest)
-            return self._verified[digest]
-        import bcrypt  # only with basic auth configured
+        hashed = self.users.get(user.decode("utf-8", "replace"))
+        digest = hmac.new(self._key, user + b"\0" + password, hashlib.sha256).digest()
+        with self._lock:
+            if hashed is not None and digest in self._verified:
+                self._verified.move_to_end(digest)
+                return True
+        loop = asyncio.get_running_loop()
+        ok = await loop.run_in_executor(self._pool, self._bcrypt, password,
+                                        hashed if hashed is not None else self._decoy)
+        if not ok or hashed is None:
+            return False
+        with self._lock:
+            self._verified[digest] = None
+            while len(self._verified) > self.CACHE_SIZE:
+                self._verified.popitem(last=False)
+        return True
 
-        ok = bcrypt.checkpw(password, hashed)
-        self._verified[digest] = ok
-        while len(self._verified) > self.CACHE_SIZE:
-            self._verified.popitem(last=False)
-        return ok
+
+async def _deny(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BasicAuthMiddleware:
+    """401 unless the request carries a user/password that matches a bcrypt hash."""
+
+    def __init__(self, app: ASGIApp, checker: PasswordChecker) -> None:
+        self.app = app
+        self.passwords = checker
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         header = dict(scope["headers"]).get(b"authorization", b"")
-        if header and self._check(header):
+        if header and await self.passwords.check(header):
             await self.app(scope, receive, send)
             return
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"www-authenticate", b'Basic realm="gpu-exporter"'),
-            (b"content-type", b"text/plain; charset=utf-8")]})
-        await send({"type": "http.response.body", "body": b"Unauthorized\n"})
+        await _deny(send, 401, b"Unauthorized\n",
+                    [(b"www-authenticate", b'Basic realm="gpu-exporter"')])
+
+
+class RateLimitMiddleware:
+    """``rate_limit``: a token bucket over every request but the probes; 429 when empty."""
+
+    def __init__(self, app: ASGIApp, interval: float, burst: int) -> None:
+        self.app = app
+        self.interval, self.burst = interval, burst
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) / self.interval)
+            self._at = now
+            if self._tokens < 1:
+                await _deny(send, 429, b"Too Many Requests\n", [])
+                return
+            self._tokens -= 1
+        await self.app(scope, receive, send)
 
 
 class HeadersMiddleware:

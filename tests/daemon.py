@@ -2,7 +2,7 @@
 
 Used by the end-to-end and golden tests. NVIDIA is faked at the ``pynvml`` module
 boundary: ``tests/fakes/pynvml_shim`` goes first on PYTHONPATH and reads the JSON
-named by GPU_EXPORTER_FAKE_NVML; every other code path is the one a user runs.
+named by FAKE_NVML_JSON; every other code path is the one a user runs.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ def daemon_env(nvml_json: Path | None, extra: Mapping[str, str] | None = None) -
     env["PYTHONPATH"] = os.pathsep.join([str(SHIM), str(REPO)])
     env["PYTHONUNBUFFERED"] = "1"
     if nvml_json is not None:
-        env["GPU_EXPORTER_FAKE_NVML"] = str(nvml_json)
+        env["FAKE_NVML_JSON"] = str(nvml_json)
     else:  # a fake NVML that finds no driver, like a machine without NVIDIA GPUs
-        env["GPU_EXPORTER_FAKE_NVML"] = str(FIXTURES / "no-nvidia.json")
+        env["FAKE_NVML_JSON"] = str(FIXTURES / "no-nvidia.json")
     env.update(extra or {})
     return env
 

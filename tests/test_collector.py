@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.backends.base import BackendFailed, BackendUnavailable, Cycle
+from exporter.backends.base import KERNEL, BackendFailed, BackendUnavailable, Cycle
 from exporter.collector import Hub, cap_processes
 from exporter.config import Config
 from exporter.model import DeviceInfo, DeviceSample, ProcessSample
@@ -30,6 +30,7 @@ class Scripted:
         self.block = threading.Event()
         self.block.set()
         self.primary = True
+        self.priority = KERNEL
         self.up = True
         self.engines: dict[str, float] = {}
 

@@ -353,7 +353,7 @@ def _load_shim() -> Any:
     spec = importlib.util.spec_from_file_location("pynvml_shim_under_test", SHIM / "pynvml.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    os.environ.pop("GPU_EXPORTER_FAKE_NVML", None)
+    os.environ.pop("FAKE_NVML_JSON", None)
     spec.loader.exec_module(mod)
     return mod
 
@@ -412,7 +412,7 @@ def test_shim_is_pynvml_for_a_subprocess(tmp_path: Path) -> None:
             "print([i.name for i in b.open()], b.sample(slow=True).devices[0].power_watts,"
             " pynvml.__fake_shim__)\n")
     env = {**os.environ, "PYTHONPATH": f"{SHIM}{os.pathsep}{REPO}",
-           "GPU_EXPORTER_FAKE_NVML": str(config)}
+           "FAKE_NVML_JSON": str(config)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=30, check=True)
     assert out.stdout.strip().splitlines()[-1] == (

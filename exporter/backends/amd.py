@@ -31,7 +31,7 @@ from exporter.backends.amd_parse import (
     parse_ras_count,
     pcie_generation,
 )
-from exporter.backends.base import BackendUnavailable, Cycle, KERNEL
+from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
 from exporter.fs import clean_text, read_bytes

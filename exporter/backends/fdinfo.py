@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from exporter.backends.base import BackendFailed, BackendUnavailable, Cycle, DERIVED
+from exporter.backends.base import DERIVED, BackendFailed, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.fdinfo_parse import (
     VENDOR_OF_DRIVER,

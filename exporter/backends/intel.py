@@ -34,7 +34,7 @@ from pathlib import Path
 import structlog
 
 from exporter import hwmon
-from exporter.backends.base import BackendUnavailable, Cycle, KERNEL
+from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.backends.intel_parse import (
     device_name,
     first_present,

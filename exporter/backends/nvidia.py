@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from exporter.backends.base import BackendFailed, BackendUnavailable, Cycle, LIBRARY
+from exporter.backends.base import LIBRARY, BackendFailed, BackendUnavailable, Cycle
 from exporter.backends.nvml_calls import GpuLost, text
 from exporter.backends.nvml_device import NvmlDevice, read_info
 from exporter.backends.nvml_events import XidEvents

@@ -1,7 +1,7 @@
 """A module named ``pynvml`` for subprocess tests: the real backend runs against FakeNVML.
 
 Start the daemon with ``PYTHONPATH=tests/fakes/pynvml_shim:<repo>`` and
-``GPU_EXPORTER_FAKE_NVML=<file.json>``. This module builds one FakeNVML from the JSON
+``FAKE_NVML_JSON=<file.json>``. This module builds one FakeNVML from the JSON
 and serves its surface at module level (``pynvml.nvmlInit``, ``pynvml.NVMLError``,
 ``pynvml.NVML_CLOCK_SM``, ...); constants, structs and error classes are the installed
 nvidia-ml-py's. Without the variable it behaves as one idle H100.
@@ -101,7 +101,7 @@ def build(config: dict[str, Any]) -> Any:
 
 
 def _load() -> Any:
-    path = os.environ.get("GPU_EXPORTER_FAKE_NVML")
+    path = os.environ.get("FAKE_NVML_JSON")
     config = json.loads(Path(path).read_text()) if path else {}
     return build(config)
 

@@ -1,0 +1,229 @@
+"""One device, one series: the merge of every backend's view of a device, in one place.
+
+Several backends can see the same GPU: a vendor library and the kernel's files
+(Level Zero and i915/xe sysfs, amdsmi and amdgpu sysfs), and the per-process fdinfo
+scan beside either. Devices are joined by ``DeviceInfo.key`` (the PCI bus id; a
+synthetic key such as ``soc0`` for a GPU without one; the MIG or partition id of a
+slice). For each key the samples are ordered by their backend's priority
+(``backends.base``: LIBRARY < KERNEL < DERIVED) and merged field by field:
+
+- a scalar comes from the first sample that has it (not None);
+- a mapping (temperatures by sensor, clocks, engines, ...) is merged key by key, the
+  first sample that has a key wins that key; the two engine families count as one
+  (a source that reports engine X in either owns X in both, so fdinfo sums never sit
+  beside a driver's own figure for the same engine);
+- processes are merged pid by pid, each of their fields the same way;
+- identity (name, UUID, serial, driver version, ...) takes the first non-empty value.
+
+The source of every value is kept (``field_sources``, per field or per (field, key)),
+so each series still says which backend produced it. A new source only declares its
+priority; nothing here knows a vendor.
+
+A device is up when a serving primary backend reports it up; only then are values
+merged (a dashboard never shows numbers for a GPU that is lost or whose backend
+stopped answering). An augmenting backend (fdinfo) never creates a device. A device a
+primary backend has reported stays, with up=False, after every backend stopped
+reporting it (a GPU is never silently dropped); a slice (MIG instance, partition) is
+configuration and simply goes when it is no longer reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import structlog
+
+from exporter.backends.base import Enricher
+from exporter.model import DeviceInfo, DeviceSample, ProcessSample
+
+log = structlog.get_logger(__name__)
+
+# DeviceSample fields that are not values to merge.
+_NOT_VALUES = frozenset({"info", "source", "up", "primary", "field_sources", "processes",
+                         "allocations"})
+VALUE_FIELDS = tuple(f.name for f in fields(DeviceSample) if f.name not in _NOT_VALUES)
+PROCESS_VALUE_FIELDS = tuple(
+    f.name for f in fields(ProcessSample)
+    if f.name not in ("pid", "process", "field_sources", "source", "container", "pod",
+                      "namespace"))
+INFO_FIELDS = tuple(f.name for f in fields(DeviceInfo))
+# Mapping fields whose keys are owned together (one engine, one owner).
+KEY_GROUPS: Mapping[str, str] = {"engine_utilization_ratio": "engine",
+                                 "engine_busy_seconds": "engine"}
+
+
+@dataclass(frozen=True)
+class View:
+    """One backend's devices as the merge sees them."""
+
+    priority: int
+    serving: bool  # open, answering, not stale: its values may be used
+    devices: Sequence[DeviceSample]
+
+
+def _first_info(infos: Sequence[DeviceInfo]) -> DeviceInfo:
+    """Identity field by field: the best source's non-empty value."""
+    best = infos[0]
+    changes: dict[str, Any] = {}
+    for name in INFO_FIELDS:
+        value = getattr(best, name)
+        if value:
+            continue
+        if isinstance(value, Mapping):
+            merged: dict[str, str] = {}
+            for info in reversed(infos):
+                merged.update(getattr(info, name))
+            if merged:
+                changes[name] = merged
+            continue
+        for info in infos[1:]:
+            other = getattr(info, name)
+            if other:
+                changes[name] = other
+                break
+    return replace(best, **changes) if changes else best
+
+
+def _merge_values(samples: Sequence[Any], names: Iterable[str], source_of: Callable[..., str],
+                  base_source: str) -> tuple[dict[str, Any], dict[Any, str]]:
+    """Field-by-field (and key-by-key) merge of ``samples`` in priority order.
+
+    Returns the merged field values and the sources that differ from ``base_source``.
+    ``source_of(sample, field, key)`` names the source of one value of one sample.
+    """
+    out: dict[str, Any] = {}
+    sources: dict[Any, str] = {}
+    owners: dict[tuple[str, Any], int] = {}  # (key group, key) -> index of owning sample
+    for index, sample in enumerate(samples):
+        for name, owned_by in KEY_GROUPS.items():
+            for key in getattr(sample, name, None) or ():
+                owners.setdefault((owned_by, key), index)
+    for name in names:
+        group = KEY_GROUPS.get(name)
+        merged: dict[Any, Any] | None = None
+        for index, sample in enumerate(samples):
+            value = getattr(sample, name)
+            if value is None:
+                continue
+            if isinstance(value, Mapping):
+                if merged is None:
+                    merged = {}
+                for key, v in value.items():
+                    if key in merged:
+                        continue
+                    if group is not None and owners[(group, key)] != index:
+                        continue
+                    merged[key] = v
+                    src = source_of(sample, name, key)
+                    if src != base_source:
+                        sources[(name, key)] = src
+                continue
+            out[name] = value
+            src = source_of(sample, name, None)
+            if src != base_source:
+                sources[name] = src
+            break
+        if merged is not None:
+            out[name] = merged
+    return out, sources
+
+
+def _device_source(d: DeviceSample, name: str, key: Any) -> str:
+    return d.source_of(name, key)
+
+
+def _process_source(p: tuple[ProcessSample, str], name: str, key: Any) -> str:
+    sample, default = p
+    return sample.field_sources.get((name, key)) or sample.field_sources.get(name) or default
+
+
+class _ProcessView:
+    """A ProcessSample seen through getattr, with the source of its device."""
+
+    def __init__(self, sample: ProcessSample, source: str) -> None:
+        self.sample, self.source = sample, source
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sample, name)
+
+
+def merge_processes(samples: Sequence[tuple[DeviceSample, Sequence[ProcessSample]]]
+                    ) -> tuple[ProcessSample, ...]:
+    """Processes of one device from several sources, pid by pid, in priority order."""
+    by_pid: dict[int, list[_ProcessView]] = {}
+    for device, processes in samples:
+        source = device.source_of("processes")
+        for p in processes:
+            by_pid.setdefault(p.pid, []).append(_ProcessView(p, source))
+    out = []
+    for views in by_pid.values():
+        base = views[0].source
+        values, sources = _merge_values(
+            views, PROCESS_VALUE_FIELDS,
+            lambda v, name, key: _process_source((v.sample, v.source), name, key), base)
+        first = views[0].sample
+        name = next((v.sample.process for v in views if v.sample.process), first.process)
+        out.append(replace(first, process=name, source=base, field_sources=sources, **values))
+    out.sort(key=lambda p: (-(p.memory_used_bytes or 0.0), p.pid))
+    return tuple(out)
+
+
+def merge_device(group: Sequence[tuple[View, DeviceSample]]) -> DeviceSample | None:
+    """The merged sample of one device key; None when no primary backend reports it."""
+    primaries = [(v, d) for v, d in group if d.primary]
+    if not primaries:
+        return None
+    info = _first_info([d.info for _, d in primaries])
+    lead = next((d for v, d in primaries if v.serving and d.up), primaries[0][1])
+    up = any(v.serving and d.up for v, d in primaries)
+    if not up:
+        return DeviceSample(info=info, source=lead.source, up=False)
+    live = [d for v, d in group if v.serving and d.up]
+    values, sources = _merge_values(live, VALUE_FIELDS, _device_source, lead.source)
+    processes = merge_processes([(d, d.processes) for d in live if d.processes])
+    return DeviceSample(info=info, source=lead.source, up=True, field_sources=sources,
+                        processes=processes, **values)
+
+
+def merge(views: Sequence[View], seen: Mapping[str, DeviceSample]) -> list[DeviceSample]:
+    """Every device key once, merged; ``seen`` holds what to report for a vanished device."""
+    groups: dict[str, list[tuple[View, DeviceSample]]] = {}
+    for view in sorted(views, key=lambda v: v.priority):
+        for d in view.devices:
+            groups.setdefault(d.info.key, []).append((view, d))
+    out = []
+    for group in groups.values():
+        merged = merge_device(group)
+        if merged is not None:
+            out.append(merged)
+    present = {d.info.key for d in out}
+    out.extend(gone for key, gone in seen.items() if key not in present)
+    return out
+
+
+def enrich(devices: Sequence[DeviceSample], enricher: Enricher | None
+           ) -> tuple[list[DeviceSample], int]:
+    """Apply pod attribution after the merge. Returns the devices and how many lookups failed."""
+    if enricher is None:
+        return list(devices), 0
+    failed = 0
+    out = []
+    for d in devices:
+        try:
+            allocations = tuple(enricher.allocations(d.info))
+        except Exception:  # noqa: BLE001 - attribution must never cost the device its series
+            failed += 1
+            allocations = ()
+        processes = []
+        for p in d.processes:
+            try:
+                ref = enricher.pod_of(p.pid)
+            except Exception:  # noqa: BLE001
+                failed += 1
+                ref = None
+            processes.append(p if ref is None else replace(
+                p, pod=ref.pod, namespace=ref.namespace, container=ref.container))
+        out.append(replace(d, allocations=allocations, processes=tuple(processes)))
+    return out, failed

@@ -1,0 +1,137 @@
+"""One device, one series: the collector's merge of several backends' views of a device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from exporter.backends.base import DERIVED, KERNEL, LIBRARY
+from exporter.merge import View, enrich, merge
+from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef, ProcessSample
+
+BUS = "0000:03:00.0"
+
+
+def info(source: str, **kw: str) -> DeviceInfo:
+    bus = kw.pop("bus", BUS)
+    return DeviceInfo(vendor="amd", pci_bus_id=bus, uuid=kw.pop("uuid", f"pci-{bus}"), **kw)
+
+
+def view(priority: int, *devices: DeviceSample, serving: bool = True) -> View:
+    return View(priority, serving, devices)
+
+
+def only(devices: Sequence[DeviceSample]) -> DeviceSample:
+    assert len(devices) == 1, devices
+    return devices[0]
+
+
+def test_library_wins_each_value_it_has_and_sysfs_fills_the_rest() -> None:
+    library = DeviceSample(info=info("amdsmi", uuid="ab12", name=""), source="amdsmi",
+                           utilization_ratio=0.5, temperatures_celsius={"edge": 50.0})
+    sysfs = DeviceSample(info=info("sysfs", name="Radeon RX 7800 XT", vbios_version="113"),
+                         source="sysfs", utilization_ratio=0.9, power_watts=120.0,
+                         temperatures_celsius={"edge": 99.0, "junction": 60.0})
+    # The order the backends come in does not matter: priority does.
+    d = only(merge([view(KERNEL, sysfs), view(LIBRARY, library)], {}))
+    assert d.source == "amdsmi" and d.up
+    assert d.utilization_ratio == 0.5 and d.source_of("utilization_ratio") == "amdsmi"
+    assert d.power_watts == 120.0 and d.source_of("power_watts") == "sysfs"
+    assert d.temperatures_celsius == {"edge": 50.0, "junction": 60.0}
+    assert d.source_of("temperatures_celsius", "edge") == "amdsmi"
+    assert d.source_of("temperatures_celsius", "junction") == "sysfs"
+    # Identity: the library's non-empty fields, the rest from sysfs.
+    assert d.info.uuid == "ab12" and d.info.name == "Radeon RX 7800 XT"
+    assert d.info.vbios_version == "113"
+
+
+def test_an_engine_belongs_to_one_source_in_both_engine_families() -> None:
+    sysfs = DeviceSample(info=info("sysfs"), source="sysfs", engine_utilization_ratio={"gfx": 0.3})
+    sums = DeviceSample(info=info("fdinfo"), source="fdinfo", primary=False,
+                        engine_utilization_ratio={"gfx": 0.28, "dma": 0.01},
+                        engine_busy_seconds={"gfx": 12.0, "dma": 1.0})
+    d = only(merge([view(KERNEL, sysfs), view(DERIVED, sums)], {}))
+    assert d.engine_utilization_ratio == {"gfx": 0.3, "dma": 0.01}
+    # sysfs owns gfx, so fdinfo's gfx busy counter does not sit beside it.
+    assert d.engine_busy_seconds == {"dma": 1.0}
+    assert d.source_of("engine_utilization_ratio", "dma") == "fdinfo"
+
+
+def test_processes_merge_pid_by_pid_with_the_source_of_each_field() -> None:
+    library = DeviceSample(info=info("level_zero"), source="level_zero", processes=(
+        ProcessSample(pid=10, process="python", memory_used_bytes=100.0),))
+    sums = DeviceSample(info=info("fdinfo"), source="fdinfo", primary=False, processes=(
+        ProcessSample(pid=10, process="python", memory_used_bytes=90.0,
+                      engine_busy_seconds={"render": 2.0}, host_memory_bytes=5.0),
+        ProcessSample(pid=11, process="Xorg", memory_used_bytes=7.0)))
+    d = only(merge([view(LIBRARY, library), view(DERIVED, sums)], {}))
+    by_pid = {p.pid: p for p in d.processes}
+    assert set(by_pid) == {10, 11}
+    p10 = by_pid[10]
+    assert p10.memory_used_bytes == 100.0 and p10.source == "level_zero"
+    assert p10.engine_busy_seconds == {"render": 2.0} and p10.host_memory_bytes == 5.0
+    assert p10.field_sources[("engine_busy_seconds", "render")] == "fdinfo"
+    assert p10.field_sources["host_memory_bytes"] == "fdinfo"
+    assert "memory_used_bytes" not in p10.field_sources
+    assert by_pid[11].source == "fdinfo"
+
+
+def test_an_augmenting_backend_alone_makes_no_device() -> None:
+    sums = DeviceSample(info=info("fdinfo"), source="fdinfo", primary=False,
+                        engine_busy_seconds={"gfx": 1.0})
+    assert merge([view(DERIVED, sums)], {}) == []
+
+
+def test_values_only_from_serving_backends_and_up_devices() -> None:
+    stale = DeviceSample(info=info("amdsmi"), source="amdsmi", power_watts=300.0)
+    sysfs = DeviceSample(info=info("sysfs"), source="sysfs", power_watts=120.0)
+    d = only(merge([view(LIBRARY, stale, serving=False), view(KERNEL, sysfs)], {}))
+    assert d.up and d.power_watts == 120.0 and d.source == "sysfs"
+    lost = DeviceSample(info=info("sysfs"), source="sysfs", up=False, power_watts=1.0)
+    sums = DeviceSample(info=info("fdinfo"), source="fdinfo", primary=False,
+                        engine_busy_seconds={"gfx": 1.0})
+    d = only(merge([view(KERNEL, lost), view(DERIVED, sums)], {}))
+    assert not d.up and d.power_watts is None and not d.engine_busy_seconds
+
+
+def test_a_device_no_backend_reports_any_more_stays_down_a_slice_goes() -> None:
+    gone = DeviceSample(info=info("sysfs", bus="0000:41:00.0", uuid="pci-0000:41:00.0"),
+                        source="sysfs", up=False)
+    here = DeviceSample(info=info("sysfs"), source="sysfs", power_watts=1.0)
+    devices = merge([view(KERNEL, here)], {gone.info.key: gone, here.info.key: here})
+    assert {d.info.key: d.up for d in devices} == {BUS: True, "0000:41:00.0": False}
+
+
+def test_slices_and_non_pci_devices_are_joined_by_their_key() -> None:
+    parent = DeviceSample(info=DeviceInfo(vendor="nvidia", pci_bus_id=BUS, uuid="GPU-1"),
+                          source="nvml")
+    mig = DeviceSample(info=DeviceInfo(vendor="nvidia", pci_bus_id=BUS, uuid="MIG-1",
+                                       device_key="MIG-1", parent_key=BUS,
+                                       slice_labels={"gpu_instance_id": "1"}),
+                       source="nvml", memory_used_bytes=5.0)
+    soc = DeviceSample(info=DeviceInfo(vendor="apple", pci_bus_id="", uuid="soc0",
+                                       device_key="soc0"), source="macmon")
+    keys = sorted(d.info.key for d in merge([view(LIBRARY, parent, mig, soc)], {}))
+    assert keys == [BUS, "MIG-1", "soc0"]
+
+
+class Kubelet:
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    def allocations(self, info: DeviceInfo) -> Sequence[Allocation]:
+        if self.fail:
+            raise RuntimeError("socket gone")
+        return [Allocation(PodRef("ml", "trainer-0", "main"), "amd.com/gpu")]
+
+    def pod_of(self, pid: int) -> PodRef | None:
+        return PodRef("ml", "trainer-0", "main") if pid == 10 else None
+
+
+def test_enrich_labels_devices_and_processes_and_survives_a_failing_enricher() -> None:
+    d = DeviceSample(info=info("sysfs"), source="sysfs", processes=(
+        ProcessSample(pid=10, process="python"), ProcessSample(pid=11, process="Xorg")))
+    [out], failed = enrich([d], Kubelet())
+    assert failed == 0 and out.allocations[0].pod.pod == "trainer-0"
+    assert [(p.pid, p.pod) for p in out.processes] == [(10, "trainer-0"), (11, None)]
+    [out], failed = enrich([d], Kubelet(fail=True))
+    assert failed == 1 and out.allocations == () and len(out.processes) == 2
