@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from exporter.backends.apple import AppleBackend
 from exporter.backends.base import BackendUnavailable, Cycle
@@ -241,7 +242,12 @@ def test_restarts_back_off_while_the_child_keeps_failing(fake: Fake) -> None:
     b = fake.backend()  # back-off 0.3 s, then 0.6 s
     b.open()
     try:
-        cycle = Collector(b).until(lambda _, e: e["child_exited"] >= 3, timeout=15)
+        with capture_logs() as logs:
+            cycle = Collector(b).until(lambda _, e: e["child_exited"] >= 3, timeout=15)
+        failed = [e for e in logs if e["event"] == "macmon child failed"]
+        (logged,) = failed  # once, not 3x
+        assert logged["reason"] == "child_exited: status 1: fake macmon: crashing as " \
+            "FAKE_MACMON_MODE asked"
         starts = [when for _, _, when, _ in fake.started()]
         assert len(starts) == 3 and cycle.child_restarts == 2
         # each run lives ~2 intervals; the wait before the next grows 0.3 s -> 0.6 s

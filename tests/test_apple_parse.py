@@ -91,6 +91,25 @@ def test_missing_fields_give_nothing_and_unknown_fields_are_ignored() -> None:
     assert values.gpu_utilization_ratio is None and values.unified_memory_total_bytes is None
 
 
+def test_the_unreleased_restructured_layout_gives_only_the_memory() -> None:
+    """macmon's main branch (crates/macmon/src/ffi.rs @ 0424a190c72ea3ece12d24b11a3f89e4c2674296,
+    ``Metrics``/``UsageMetrics``/``PowerMetrics``/``TempMetrics``) nests usage and power and
+    renames the temperatures; no release prints it. A line shaped by those structs (field
+    names from the source, values ours) keeps only what kept its name: memory."""
+    doc = {"usage": {"cpu": {"PCPU": [4, 3200, 0.5]}, "gpu": {"GPU": [10, 800, 0.2]}},
+           "power": {"package": 3.0, "cpu": 2.0, "gpu": 0.5, "ram": 0.2, "gpu_ram": 0.01,
+                     "ane": 0.0, "board": 9.0, "battery": 0.0, "dc_in": 12.0},
+           "memory": {"ram_total": 17179869184, "ram_usage": 8589934592,
+                      "swap_total": 0, "swap_usage": 0},
+           "temp": {"cpu_avg": 45.0, "gpu_avg": 41.0}, "timestamp": "2026-03-15T10:00:00Z"}
+    values = parse_macmon(doc)
+    assert values.dropped == 0
+    assert (values.unified_memory_total_bytes, values.unified_memory_used_bytes) == (
+        17179869184, 8589934592)
+    assert values.gpu_power_watts is None and values.gpu_temperature_celsius is None
+    assert values.gpu_utilization_ratio is None and values.gpu_clock_hertz is None
+
+
 @pytest.mark.parametrize(("doc", "dropped"), [
     ({"gpu_power": "1.5"}, 1),  # a string is not macmon's number
     ({"gpu_power": True}, 1),

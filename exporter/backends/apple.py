@@ -157,7 +157,7 @@ class AppleBackend:
             problem = "child_hung"
         else:
             if line is not None and now - child.started >= BACKOFF_RESET:
-                self._failures = 0
+                self._failures, self._logged = 0, ""  # healthy: a new failure is news
             return
         errors[problem] += 1
         if not child.stop(grace=0):
@@ -183,7 +183,6 @@ class AppleBackend:
         self._seen_seq = line.seq
         self._values = values
         self._ever = True
-        self._logged = ""
         if values.chip_name:
             self._chip = values.chip_name
 
