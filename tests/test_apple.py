@@ -13,6 +13,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,16 @@ class Fake:
     def backend(self, path: str | Path = FAKE) -> AppleBackend:
         return AppleBackend(Config(interval=INTERVAL, macmon_path=str(path)),
                             backoff=(0.3, 0.6))
+
+    @contextmanager
+    def opened(self) -> Iterator[Collector]:
+        """An opened backend (closed after), sampled by a Collector."""
+        b = self.backend()
+        b.open()
+        try:
+            yield Collector(b)
+        finally:
+            b.close()
 
 
 @pytest.fixture
@@ -156,14 +167,10 @@ def test_one_child_streams_values_converted_exactly(fake: Fake) -> None:
 
 def test_the_newest_line_is_the_sample(fake: Fake) -> None:
     fake.lines("early-v0.5.jsonl")  # two consecutive real lines: 169 MHz, then 338 MHz
-    b = fake.backend()
-    b.open()
-    try:
-        clocks: set[float] = set()
-        Collector(b).until(lambda c, _: serving(c, _) and bool(
-            clocks.add(only(c).clocks_hertz["graphics"])) or clocks == {169e6, 338e6})
-    finally:
-        b.close()
+    clocks: set[float] = set()
+    with fake.opened() as c:
+        c.until(lambda cycle, _: serving(cycle, _) and bool(
+            clocks.add(only(cycle).clocks_hertz["graphics"])) or clocks == {169e6, 338e6})
 
 
 def test_older_macmon_without_soc_info_is_asked_again_without_it(fake: Fake) -> None:
@@ -186,11 +193,8 @@ def test_older_macmon_without_soc_info_is_asked_again_without_it(fake: Fake) -> 
 
 def test_a_crashed_child_is_counted_reaped_and_replaced(fake: Fake) -> None:
     fake.mode("crash,replay", after=2)
-    b = fake.backend()
-    b.open()
-    try:
+    with fake.opened() as c:
         (first, _, _), = fake.runs()
-        c = Collector(b)
         cycle = c.until(lambda _, e: e["child_exited"] > 0)
         assert not alive(first)  # reaped at once, not left a zombie
         assert not only(cycle).up and only(cycle).power_watts is None  # nothing stale served
@@ -198,17 +202,12 @@ def test_a_crashed_child_is_counted_reaped_and_replaced(fake: Fake) -> None:
         assert cycle.child_restarts == 1 and c.errors == {"child_exited": 1}
         assert [mode for _, mode, _ in fake.runs()] == ["crash", "replay"]
         assert only(cycle).power_watts == recorded("v0.7-m1max-soc.jsonl")["gpu_power"]
-    finally:
-        b.close()
 
 
 def test_a_silent_child_is_killed_after_three_intervals(fake: Fake) -> None:
     fake.mode("hang,replay")
-    b = fake.backend()
-    b.open()
-    try:
+    with fake.opened() as c:
         (hung, _, _), = fake.runs()
-        c = Collector(b)
         c.until(serving)
         t0 = time.monotonic()
         cycle = c.until(lambda _, e: e["child_hung"] > 0)
@@ -217,44 +216,32 @@ def test_a_silent_child_is_killed_after_three_intervals(fake: Fake) -> None:
         assert not only(cycle).up
         cycle = c.until(serving)
         assert cycle.child_restarts == 1 and c.errors == {"child_hung": 1}
-    finally:
-        b.close()
 
 
 def test_garbage_lines_are_counted_and_a_child_printing_only_garbage_is_replaced(
         fake: Fake) -> None:
     fake.mode("garbage,replay")
-    b = fake.backend()
-    b.open()
-    try:
+    with fake.opened() as c:
         (garbled, _, _), = fake.runs()
-        c = Collector(b)
         c.until(lambda _, e: e["child_hung"] > 0)
         assert c.errors["child_garbage"] >= 2  # one per line, while it kept printing them
         assert not alive(garbled)
         assert c.until(serving).child_restarts == 1
-    finally:
-        b.close()
 
 
 def test_restarts_back_off_while_the_child_keeps_failing(fake: Fake) -> None:
     fake.mode("crash")  # every run: one line, then exit 1
-    b = fake.backend()  # back-off 0.3 s, then 0.6 s
-    b.open()
-    try:
-        with capture_logs() as logs:
-            cycle = Collector(b).until(lambda _, e: e["child_exited"] >= 3, timeout=15)
-        failed = [e for e in logs if e["event"] == "macmon child failed"]
-        (logged,) = failed  # once, not 3x
-        assert logged["reason"] == "child_exited: status 1: fake macmon: crashing as " \
-            "FAKE_MACMON_MODE asked"
-        starts = [when for _, _, when, _ in fake.started()]
-        assert len(starts) == 3 and cycle.child_restarts == 2
-        # each run lives ~2 intervals; the wait before the next grows 0.3 s -> 0.6 s
-        first_gap, second_gap = starts[1] - starts[0], starts[2] - starts[1]
-        assert second_gap > first_gap + 0.15, starts
-    finally:
-        b.close()
+    with fake.opened() as c, capture_logs() as logs:  # back-off 0.3 s, then 0.6 s
+        cycle = c.until(lambda _, e: e["child_exited"] >= 3, timeout=15)
+    failed = [e for e in logs if e["event"] == "macmon child failed"]
+    (logged,) = failed  # once, not 3x
+    assert logged["reason"] == "child_exited: status 1: fake macmon: crashing as " \
+        "FAKE_MACMON_MODE asked"
+    starts = [when for _, _, when, _ in fake.started()]
+    assert len(starts) == 3 and cycle.child_restarts == 2
+    # each run lives ~2 intervals; the wait before the next grows 0.3 s -> 0.6 s
+    first_gap, second_gap = starts[1] - starts[0], starts[2] - starts[1]
+    assert second_gap > first_gap + 0.15, starts
 
 
 def test_a_child_that_dies_before_its_first_line_makes_the_backend_unavailable(
@@ -284,12 +271,7 @@ def test_close_kills_and_reaps_the_child(fake: Fake) -> None:
 
 def test_a_child_silent_from_the_start_reports_no_gpu_then_is_replaced(fake: Fake) -> None:
     fake.mode("hang,replay", after=0)
-    b = fake.backend()
-    b.open()  # returns once the first-line wait is over; the child is still running
-    try:
-        c = Collector(b)
+    with fake.opened() as c:  # open() returns once the first-line wait is over
         assert c.sample().devices == ()  # nothing is known yet: no series, not a lost GPU
         cycle = c.until(serving)
         assert c.errors == {"child_hung": 1} and cycle.child_restarts == 1
-    finally:
-        b.close()
