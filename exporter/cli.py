@@ -325,7 +325,7 @@ def run_daemon(config: Config, hub: Any) -> int:
     import structlog
 
     from exporter.render import Renderer, RenderOptions
-    from exporter.server import bind_sockets, build_app, close_sockets, serve
+    from exporter.server import bind_sockets, build_app, close_sockets, serve, unix_files
     from exporter.webconfig import load_web_config
 
     log = structlog.get_logger("exporter.cli")
@@ -338,6 +338,7 @@ def run_daemon(config: Config, hub: Any) -> int:
     except OSError as e:
         print(f"gpu-exporter: error: cannot listen on {e.strerror or e}", file=sys.stderr)
         return 1
+    files = unix_files(sockets)
     if hasattr(signal, "SIGHUP"):
         # The configuration is read at start; a SIGHUP (a log rotation, a terminal that
         # closed) must not kill the daemon silently.
@@ -350,7 +351,7 @@ def run_daemon(config: Config, hub: Any) -> int:
     try:
         serve(config, build_app(config, hub, renderer, web), web, sockets)
     finally:
-        close_sockets(sockets)
+        close_sockets(sockets, files)
     return 0
 
 

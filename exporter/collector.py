@@ -54,6 +54,11 @@ class BackendState:
     priority: int = 0
     enricher: Enricher | None = None  # from its last cycle (the kubernetes backend)
     child_restarts: int | None = None  # cumulative, from its last cycle (macmon)
+    # The down reason last logged, and whether it came after a successful open (a handle
+    # that went bad, a sample that raised): a backend that opens and fails again and
+    # again logs its failure once, and "recovered" after GOOD_CYCLES_TO_RESET good cycles.
+    logged: str = ""
+    failing: bool = False
     errors_total: Mapping[str, int] = field(default_factory=dict)
     duration_buckets: tuple[int, ...] = (0,) * len(DURATION_BUCKETS)
     duration_sum: float = 0.0
@@ -119,8 +124,10 @@ class Hub:
     """Holds the latest state of every backend and publishes Snapshots."""
 
     def __init__(self, config: Config, backends: Sequence[Backend],
-                 listener: Callable[[Snapshot], None] | None = None) -> None:
+                 listener: Callable[[Snapshot], None] | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.config = config
+        self.wall_clock = wall_clock  # timestamps shown to people; never used for ages
         self.backends = list(backends)
         self.listener = listener
         self._lock = threading.Lock()
@@ -218,6 +225,8 @@ class Hub:
             if healthy is None:
                 return good  # handle went bad: back to _run, which reopens with back-off
             good = good + 1 if healthy else 0
+            if good == GOOD_CYCLES_TO_RESET:
+                self._recovered(backend.name)
             # Fixed cadence aligned on a shared epoch, so backends publish together and
             # renders coalesce; a cycle that overran skips the ticks it missed.
             now = time.monotonic()
@@ -236,10 +245,11 @@ class Hub:
             return False
         with self._lock:
             state = self._states[backend.name]
-            self._states[backend.name] = replace(state, up=True, reason="", attempted=True,
-                                                 stale=False, alive_at=time.monotonic())
-            if not state.up:
+            if not state.up and not state.failing:
                 log.info("backend up", backend=backend.name, gpus=len(infos))
+            self._states[backend.name] = replace(
+                state, up=True, reason="", attempted=True, stale=False,
+                alive_at=time.monotonic(), logged="" if not state.failing else state.logged)
             for info in infos:
                 self._register(info)
             self._check_attempted()
@@ -253,30 +263,40 @@ class Hub:
             cycle = backend.sample(slow)
         except BackendFailed as e:
             _close_quietly(backend)
-            self._set_down(backend.name, f"failed: {e}", level="warning")
+            self._set_down(backend.name, f"failed: {e}", level="warning", failing=True)
             return None
         except Exception as e:  # noqa: BLE001 - a bug in one backend must not stop the others
             # Its devices stay (gpu_up 0, from its last sample); the traceback is logged
             # once per distinct error, the count goes to errors_total{reason="exception"}.
             _close_quietly(backend)
             self._count(backend.name, {"exception": 1})
-            self._set_down(backend.name, f"sample raised {e!r}", level="error", exc_info=True)
+            self._set_down(backend.name, f"sample raised {e!r}", level="error", exc_info=True,
+                           failing=True)
             return None
         self._accept(backend.name, cycle, time.perf_counter() - t0)
         self.publish()
         return not cycle.devices or any(d.up for d in cycle.devices)
 
     # -- state changes ------------------------------------------------------------------
-    def _set_down(self, name: str, reason: str, level: str, exc_info: bool = False) -> None:
+    def _set_down(self, name: str, reason: str, level: str, exc_info: bool = False,
+                  failing: bool = False) -> None:
         with self._lock:
             state = self._states[name]
-            if state.reason != reason or state.up:
+            if state.logged != reason:
                 getattr(log, level)("backend down", backend=name, reason=reason,
                                     exc_info=exc_info)
             self._states[name] = replace(state, up=False, stale=False, reason=reason,
-                                         attempted=True)
+                                         attempted=True, logged=reason,
+                                         failing=failing or state.failing)
             self._check_attempted()
         self.publish()
+
+    def _recovered(self, name: str) -> None:
+        with self._lock:
+            state = self._states[name]
+            if state.failing:
+                log.info("backend recovered", backend=name, after=state.logged)
+                self._states[name] = replace(state, failing=False, logged="")
 
     def _count(self, name: str, errors: Mapping[str, int]) -> None:
         with self._lock:
@@ -293,7 +313,7 @@ class Hub:
             device, cut = cap_processes(device, self.config.max_processes_per_gpu)
             truncated += cut
             devices.append(device)
-        sample = BackendSample(backend=name, timestamp=time.time(), duration_seconds=duration,
+        sample = BackendSample(backend=name, timestamp=self.wall_clock(), duration_seconds=duration,
                                devices=tuple(devices), errors=dict(cycle.errors))
         with self._lock:
             state = self._states[name]
@@ -403,7 +423,7 @@ class Hub:
         ready = all(s.attempted and (not s.up or s.last is not None or s.stale)
                     for s in self._states.values()) and self._numbered
         self._generation += 1
-        return Snapshot(generation=self._generation, created=time.time(), ready=ready,
+        return Snapshot(generation=self._generation, created=self.wall_clock(), ready=ready,
                         backends=tuple(self._states.values()),
                         gpu_index={k: v for k, v in self._gpu_index.items() if v >= 0},
                         seen=self._seen_view, processes_truncated_total=self._truncated,

@@ -52,7 +52,7 @@ from exporter.webconfig import (
 
 log = structlog.get_logger(__name__)
 
-MAX_CONNECTIONS = 256  # open HTTP connections; more are closed at once
+MAX_CONNECTIONS = 256  # open HTTP connections at most (fewer when file descriptors are scarce)
 HEADER_TIMEOUT = 10.0  # seconds a connection may take to send a complete request head
 LOG_EVERY = 60.0  # seconds between two log lines about the same loop error
 
@@ -283,6 +283,19 @@ class Server(uvicorn.Server):
             loop.call_soon_threadsafe(event.set)
 
 
+def connection_limit() -> int:
+    """MAX_CONNECTIONS, or half the file descriptors where fewer are allowed: the other
+    half stays for the backends (sysfs, /proc, NVML), which must never see EMFILE."""
+    try:
+        import resource
+    except ImportError:
+        return MAX_CONNECTIONS
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(16, min(MAX_CONNECTIONS, soft // 2))
+
+
 class AddressInUse(OSError):
     """A listen address another process serves (with the address in the message)."""
 
@@ -335,18 +348,30 @@ def bind_sockets(addresses: tuple[str, ...]) -> list[socket.socket]:
             sock.set_inheritable(True)
             sockets.append(sock)
     except OSError:
-        close_sockets(sockets)
+        close_sockets(sockets, unix_files(sockets))
         raise
     return sockets
 
 
-def close_sockets(sockets: list[socket.socket]) -> None:
-    """Close the listeners and remove the unix socket files this process created."""
+def unix_files(sockets: list[socket.socket]) -> list[tuple[str, int]]:
+    """(path, inode) of each unix socket file: what close_sockets may remove later."""
+    out = []
     for sock in sockets:
-        path = sock.getsockname() if sock.family == socket.AF_UNIX else None
+        if sock.family == socket.AF_UNIX:
+            path = sock.getsockname()
+            if isinstance(path, str) and path:
+                out.append((path, os.stat(path).st_ino))
+    return out
+
+
+def close_sockets(sockets: list[socket.socket], files: list[tuple[str, int]]) -> None:
+    """Close the listeners (uvicorn may have already) and remove the unix socket files
+    this process created, unless another process has replaced them since."""
+    for sock in sockets:
         sock.close()
-        if isinstance(path, str) and path:
-            with contextlib.suppress(OSError):
+    for path, inode in files:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino == inode:
                 os.unlink(path)
 
 
@@ -354,7 +379,7 @@ def serve(config: Config, app: Starlette, web: WebConfig | None,
           sockets: list[socket.socket]) -> None:
     protocol = type("Protocol", (BoundedH11,), {
         "allowed_sans": frozenset(web.client_allowed_sans) if web else frozenset(),
-        "idle": {}})
+        "max_connections": connection_limit(), "idle": {}})
     uv = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                         server_header=False, date_header=False, proxy_headers=False,
                         http=protocol, ws="none",

@@ -284,8 +284,9 @@ def apply_tls(context: ssl.SSLContext, web: WebConfig) -> None:
 class PasswordChecker:
     """Basic-auth credentials checked against bcrypt hashes, never on the event loop.
 
-    bcrypt is slow on purpose (~100-250 ms). It runs on a pool of ``WORKERS`` threads,
-    so wrong passwords from many clients queue there while the loop keeps answering.
+    bcrypt is slow on purpose (~100-250 ms). It runs on ``WORKERS`` threads of their own
+    at a lower scheduling priority (Linux: nice +10 per thread), so wrong passwords from
+    many clients queue there while the loop keeps the CPU it needs to answer probes.
     Only successes are remembered (as a keyed SHA-256 digest, never in clear), so a
     Prometheus scraping every few seconds pays bcrypt once; a guess always pays it.
     An unknown user is checked against a configured hash too, so a known and an
@@ -293,7 +294,8 @@ class PasswordChecker:
     match (as in Go's bcrypt, which exporter-toolkit uses).
     """
 
-    WORKERS = 2
+    WORKERS = 1
+    NICE = 10
     CACHE_SIZE = 64
 
     def __init__(self, users: Mapping[str, bytes]) -> None:
@@ -309,6 +311,10 @@ class PasswordChecker:
     def _started(self) -> None:
         if self.on_thread is not None:
             self.on_thread(threading.current_thread())
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.NICE)
+        except (AttributeError, OSError):  # not Linux, or not allowed: same priority
+            pass
 
     def _bcrypt(self, password: bytes, hashed: bytes) -> bool:
         import bcrypt  # only with basic auth configured

@@ -8,6 +8,7 @@ named by FAKE_NVML_JSON; every other code path is the one a user runs.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -81,15 +82,21 @@ class Daemon:
 @contextmanager
 def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
             env: Mapping[str, str] | None = None, ready: bool = True,
-            module: str = "exporter.cli") -> Iterator[Daemon]:
-    """The daemon, run as ``python -m <module>`` (``tests.fakes.as_macos``: as on a Mac)."""
+            open_files: int | None = None, module: str = "exporter.cli") -> Iterator[Daemon]:
+    """The daemon on a free port; ``open_files`` caps its RLIMIT_NOFILE (soft and hard).
+
+    It runs as ``python -m <module>``: ``tests.fakes.as_macos`` runs it as on a Mac.
+    """
     port = free_port()
     log_path = tmp_path / f"daemon-{port}.log"
     cmd = [sys.executable, "-m", module, "--web.listen-address", f"127.0.0.1:{port}",
            "--log.format", "json", *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=daemon_env(nvml_json, env), stdout=log,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT,
+                                preexec_fn=None if open_files is None else
+                                (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                            (open_files, open_files))))
     daemon = Daemon(proc, f"http://127.0.0.1:{port}", log_path)
     try:
         if ready:

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.backends.base import KERNEL, BackendFailed, BackendUnavailable, Cycle
@@ -181,3 +182,140 @@ def test_a_lost_gpu_is_logged_once_when_lost_and_once_when_back() -> None:
             hub._sample(backend, slow=False)
     events = [e["event"] for e in logs if e["event"].startswith("gpu ")]
     assert events == ["gpu lost", "gpu back"]
+
+
+class Raising(Scripted):
+    """A backend with a bug (or a handle that goes bad): sample() raises after ``good``
+    cycles."""
+
+    def __init__(self, name: str, buses: Sequence[str], good: int = 0,
+                 error: Exception | None = None) -> None:
+        super().__init__(name, buses)
+        self.good = good
+        self.error = error or KeyError("boom")
+
+    def sample(self, slow: bool) -> Cycle:
+        if self.good <= 0:
+            raise self.error
+        self.good -= 1
+        return super().sample(slow)
+
+
+def wait_for(predicate: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.02)
+
+
+def test_an_exception_in_a_backend_keeps_its_gpus_down_logged_once_and_counted() -> None:
+    """Issue 8.5: the GPUs used to vanish while backend_up stayed 1."""
+    from structlog.testing import capture_logs
+
+    backend = Raising("amd", ["0000:03:00.0"], good=1)
+    hub = Hub(Config(interval=0.05), [backend])
+    with capture_logs() as logs:
+        hub.start()
+        try:
+            wait_for(lambda: hub.snapshot.backends[0].errors_total.get("exception", 0) >= 2)
+            got = scrape(hub)
+        finally:
+            hub.stop()
+    gpu = frozenset({("gpu", "0"), ("uuid", "pci-0000:03:00.0"), ("vendor", "amd"),
+                     ("source", "amd")})
+    assert got[("gpu_up", gpu)] == 0
+    assert ("gpu_power_watts", gpu) not in got
+    assert got[("gpu_exporter_backend_up", frozenset({("backend", "amd")}))] == 0
+    errors = frozenset({("backend", "amd"), ("reason", "exception")})
+    assert got[("gpu_exporter_collection_errors_total", errors)] >= 2
+    raised = [e for e in logs if e["event"] == "backend down"]
+    assert len(raised) == 1 and "KeyError" in raised[0]["reason"] and raised[0]["exc_info"]
+
+
+@pytest.mark.parametrize("error", [BackendFailed("handle went bad"), KeyError("bug")])
+def test_a_backend_that_fails_after_every_open_backs_off(error: Exception) -> None:
+    """Issue 8.6: 49,589 opens in one second with a sample that always failed."""
+    backend = Raising("amd", ["0000:03:00.0"], error=error)
+    hub = Hub(Config(interval=0.05), [backend])
+    hub.start()
+    try:
+        time.sleep(1.5)
+    finally:
+        hub.stop()
+    assert 1 <= backend.opens <= 3  # at t=0, after 1 s (REOPEN_BACKOFF[0]); the next at 3 s
+
+
+class AllLost(Scripted):
+    """NVML with its only GPU lost for good: every cycle down, BackendFailed every 2nd."""
+
+    def sample(self, slow: bool) -> Cycle:
+        self.cycles = getattr(self, "cycles", 0) + 1
+        if self.cycles % 2 == 0:
+            raise BackendFailed("every GPU lost: re-initialising")
+        return Cycle([DeviceSample(info=info(b), source=self.name, up=False)
+                      for b in self.buses])
+
+
+def test_back_off_is_not_reset_by_cycles_in_which_every_gpu_is_down() -> None:
+    backend = AllLost("nvidia", ["0000:18:00.0"])
+    hub = Hub(Config(interval=0.05), [backend])
+    hub.start()
+    try:
+        time.sleep(3.6)
+    finally:
+        hub.stop()
+    # opens at 0, ~1.05, ~3.1 (1 s then 2 s of back-off); without the carried back-off
+    # it reopened after 1 s every time (4 opens in 3.6 s).
+    assert backend.opens == 3
+
+
+def test_a_backend_that_hangs_in_its_first_sample_goes_stale_and_ready_is_reached() -> None:
+    """Issue 8.7: staleness counted from the last success, which never came."""
+    stuck, fine = Scripted("nvidia", ["0000:18:00.0"]), Scripted("amd", ["0000:03:00.0"])
+    stuck.block.clear()  # its very first sample() hangs
+    hub = Hub(Config(interval=0.05, stale_after=0.3), [stuck, fine])
+    hub.start()
+    try:
+        wait_for(lambda: hub.snapshot.backends[0].stale)
+        snapshot = hub.snapshot
+        assert snapshot.backends[0].stale and snapshot.ready
+        got = scrape(hub)
+        assert got[("gpu_exporter_backend_up", frozenset({("backend", "nvidia")}))] == 0
+        assert got[("gpu_exporter_up", frozenset())] == 1
+    finally:
+        stuck.block.set()
+        hub.stop()
+
+
+def test_a_wall_clock_step_does_not_withdraw_anything() -> None:
+    """Issue 8.7: an NTP step of 3 s made every backend stale."""
+    offset = [0.0]
+    backend = Scripted("amd", ["0000:03:00.0"])
+    hub = Hub(Config(interval=0.05, stale_after=0.3), [backend],
+              wall_clock=lambda: time.time() + offset[0])
+    hub.start()
+    try:
+        time.sleep(0.2)
+        offset[0] = 3.0  # the wall clock jumps forward
+        time.sleep(0.5)
+        assert not hub.snapshot.backends[0].stale
+        offset[0] = -3.0  # and back
+        time.sleep(0.5)
+        assert not hub.snapshot.backends[0].stale
+    finally:
+        hub.stop()
+
+
+def test_a_gpu_its_backend_stops_reporting_stays_with_gpu_up_0() -> None:
+    """Issue 8.8: a removed card stayed gpu_up 1 (or vanished) with its series gone."""
+    backend = Scripted("amd", ["0000:03:00.0", "0000:41:00.0"])
+    hub = Hub(Config(), [backend])
+    hub.collect_once()
+    backend.buses = ["0000:03:00.0"]  # the second card was pulled
+    hub._sample(backend, slow=False)
+    got = scrape(hub)
+    gone = frozenset({("gpu", "1"), ("uuid", "pci-0000:41:00.0"), ("vendor", "amd"),
+                      ("source", "amd")})
+    assert got[("gpu_up", gone)] == 0 and ("gpu_power_watts", gone) not in got
+    here = gone - {("gpu", "1"), ("uuid", "pci-0000:41:00.0")} | {
+        ("gpu", "0"), ("uuid", "pci-0000:03:00.0")}
+    assert got[("gpu_up", here)] == 1
