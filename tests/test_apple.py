@@ -8,8 +8,10 @@ these tests find the children and check that none is left running or unreaped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -78,8 +80,12 @@ class Fake:
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fake]:
     f = Fake(tmp_path, monkeypatch)
     yield f
-    for pid, _, _ in f.runs():
-        assert not alive(pid), f"fake macmon {pid} still running or unreaped"
+    left = [pid for pid, _, _ in f.runs() if alive(pid)]
+    for pid in left:  # a failed test must not leave children behind
+        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    assert not left, f"fake macmon {left} still running or unreaped"
     assert not zombie_children()
 
 

@@ -126,7 +126,11 @@ def test_sigkill_of_the_exporter_takes_the_child_with_it(tmp_path: Path) -> None
         assert running_process(child)
         d.proc.kill()  # no close(), no cleanup in the exporter
         d.proc.wait()
-        wait_for(lambda: not running_process(child), timeout=2.0)
+        try:
+            wait_for(lambda: not running_process(child), timeout=2.0)
+        finally:  # if it failed, do not leave a silent orphan behind
+            if running_process(child):
+                os.kill(child, signal.SIGKILL)
 
 
 def _samples(text: str) -> list[tuple[str, dict[str, str]]]:
