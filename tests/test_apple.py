@@ -63,7 +63,7 @@ class Fake:
 
     def backend(self, path: str | Path = FAKE) -> AppleBackend:
         return AppleBackend(Config(interval=INTERVAL, macmon_path=str(path)),
-                            backoff=(0.3, 0.6))
+                            backoff=(0.3, 1.0))
 
     @contextmanager
     def opened(self) -> Iterator[Collector]:
@@ -237,7 +237,7 @@ def test_garbage_lines_are_counted_and_a_child_printing_only_garbage_is_replaced
 
 def test_restarts_back_off_while_the_child_keeps_failing(fake: Fake) -> None:
     fake.mode("crash")  # every run: one line, then exit 1
-    with fake.opened() as c, capture_logs() as logs:  # back-off 0.3 s, then 0.6 s
+    with fake.opened() as c, capture_logs() as logs:  # back-off 0.3 s, then 1 s
         cycle = c.until(lambda _, e: e["child_exited"] >= 3, timeout=15)
     failed = [e for e in logs if e["event"] == "macmon child failed"]
     (logged,) = failed  # once, not 3x
@@ -245,9 +245,9 @@ def test_restarts_back_off_while_the_child_keeps_failing(fake: Fake) -> None:
         "FAKE_MACMON_MODE asked"
     starts = [when for _, _, when, _ in fake.started()]
     assert len(starts) == 3 and cycle.child_restarts == 2
-    # each run lives ~2 intervals; the wait before the next grows 0.3 s -> 0.6 s
+    # each run lives ~2 intervals; the wait before the next grows 0.3 s -> 1 s
     first_gap, second_gap = starts[1] - starts[0], starts[2] - starts[1]
-    assert second_gap > first_gap + 0.15, starts
+    assert second_gap > first_gap + 0.35, starts
 
 
 def test_a_child_that_dies_before_its_first_line_makes_the_backend_unavailable(
