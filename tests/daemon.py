@@ -82,11 +82,14 @@ class Daemon:
 @contextmanager
 def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
             env: Mapping[str, str] | None = None, ready: bool = True,
-            open_files: int | None = None) -> Iterator[Daemon]:
-    """The daemon on a free port; ``open_files`` caps its RLIMIT_NOFILE (soft and hard)."""
+            open_files: int | None = None, module: str = "exporter.cli") -> Iterator[Daemon]:
+    """The daemon on a free port; ``open_files`` caps its RLIMIT_NOFILE (soft and hard).
+
+    It runs as ``python -m <module>``: ``tests.fakes.as_macos`` runs it as on a Mac.
+    """
     port = free_port()
     log_path = tmp_path / f"daemon-{port}.log"
-    cmd = [sys.executable, "-m", "exporter.cli", "--web.listen-address", f"127.0.0.1:{port}",
+    cmd = [sys.executable, "-m", module, "--web.listen-address", f"127.0.0.1:{port}",
            "--log.format", "json", *args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=daemon_env(nvml_json, env), stdout=log,
