@@ -85,7 +85,7 @@ def measure(pid: int, port: int, window: float, scrape_every: float) -> None:
     scrapes: list[tuple[float, int]] = []
     next_scrape = t0
     while (now := time.monotonic()) < t0 + window:
-        if now >= next_scrape:
+        if scrape_every > 0 and now >= next_scrape:
             scrapes.append(scrape(port))
             next_scrape += scrape_every
         rss.append(rss_mib(pid))
@@ -96,9 +96,13 @@ def measure(pid: int, port: int, window: float, scrape_every: float) -> None:
     rss.append(rss_mib(pid))
 
     cpu_s = (cpu1 - cpu0) / TICK
-    print(f"\nwindow {elapsed:.1f} s, {len(scrapes)} scrapes (gzip, Prometheus Accept; "
-          f"median {statistics.median(s for s, _ in scrapes):.2f} ms, "
-          f"{scrapes[-1][1]} bytes), {len(rss)} RSS samples, clock tick {1000 / TICK:.0f} ms")
+    if scrapes:
+        print(f"\nwindow {elapsed:.1f} s, {len(scrapes)} scrapes (gzip, Prometheus Accept; "
+              f"median {statistics.median(s for s, _ in scrapes):.2f} ms, "
+              f"{scrapes[-1][1]} bytes), {len(rss)} RSS samples, clock tick {1000 / TICK:.0f} ms")
+    else:
+        print(f"\nwindow {elapsed:.1f} s, no scrapes, {len(rss)} RSS samples, "
+              f"clock tick {1000 / TICK:.0f} ms")
     print(f"CPU: {cpu_s:.2f} s in window = {cpu_s / elapsed * 60:.3f} CPU s/min = "
           f"{cpu_s / elapsed * 100:.3f} % of one core")
     print(f"RSS: median {statistics.median(rss):.1f} MiB, max {max(rss):.1f} MiB, "
@@ -122,14 +126,16 @@ def main() -> None:
     ap.add_argument("--cmd", help="measure this exporter command instead ({port} substituted)")
     ap.add_argument("--window", type=float, default=60.0, help="seconds measured (default 60)")
     ap.add_argument("--warmup", type=float, default=10.0, help="seconds before (default 10)")
-    ap.add_argument("--scrape-every", type=float, default=15.0, help="seconds (default 15)")
+    ap.add_argument("--scrape-every", type=float, default=15.0,
+                    help="seconds (default 15); 0: no scrapes in the window")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--processes", type=int, default=64, help="fake processes per GPU")
     ap.add_argument("--interval", default="1s", help="our --collector.interval (default 1s)")
     args = ap.parse_args()
     extra = [] if args.cmd else ["--collector.interval", args.interval]
     with start_daemon(args.real, extra, args.gpus, args.processes, cmd=args.cmd) as target:
-        scrape(target.port)  # a first scrape, as Prometheus would have done by now
+        if args.scrape_every > 0:
+            scrape(target.port)  # a first scrape, as Prometheus would have done by now
         time.sleep(args.warmup)
         measure(target.proc.pid, target.port, args.window, args.scrape_every)
         if target.proc.poll() is not None:

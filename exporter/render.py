@@ -380,9 +380,11 @@ class _Demand:
         self.last = now
 
     def due(self, now: float, lead: float) -> bool:
-        if self.last is None or now - self.last > WANT_TTL:
+        """Render ahead only once the scrape cadence is known (two requests): before
+        that a snapshot rendered ahead is almost always replaced before anyone asks."""
+        if self.last is None or self.period is None or now - self.last > WANT_TTL:
             return False
-        return self.period is None or now - self.last >= self.period - lead
+        return now - self.last >= self.period - lead
 
 
 class Exposition:

@@ -148,7 +148,7 @@ def test_render_ahead_only_for_formats_asked_for_and_only_near_the_next_scrape()
     d = _Demand()
     assert not d.due(0.0, lead=2.0)  # never asked for: rendered on the first request only
     d.asked(100.0)
-    assert d.due(100.5, lead=2.0)  # one request, no cadence known yet: render ahead
+    assert not d.due(100.5, lead=2.0)  # one request, no cadence known yet: on demand
     d.asked(115.0)  # a 15 s scrape interval
     assert not d.due(116.0, lead=2.0)  # the next scrape is ~14 s away: don't render
     assert d.due(128.5, lead=2.0)  # due within the lead: render ahead
@@ -163,8 +163,11 @@ def test_a_scrape_always_gets_the_newest_snapshot() -> None:
     body, snap = renderer.body("text")
     assert snap.generation == first.snapshot.generation and b"gpu_power_watts" in body
     second = renderer.render_now(hub.collect_once())
-    assert "text" in second._bodies  # asked for once, cadence unknown: rendered ahead
+    assert second._bodies == {}  # asked for once, cadence unknown: not rendered ahead
     assert renderer.body("text")[1].generation == second.snapshot.generation
+    renderer.body("text")  # a second request: the cadence is known (about 0 s here)
+    third = renderer.render_now(hub.collect_once())
+    assert "text" in third._bodies  # due now: rendered ahead
 
 
 def test_a_lost_gpu_is_logged_once_when_lost_and_once_when_back() -> None:

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The measurements of docs/performance.md on a machine with a real NVIDIA GPU, in two
+# parts that each fit one device-tool call (10 minutes). Logs go to $OUT (or ./out).
+#   bash bench/h100.sh hardware   # hardware tests, NVML call costs, memory, scrape latency
+#   bash bench/h100.sh cost       # CPU and RSS side by side with nvitop-exporter, CUDA load on
+# Needs on PATH: python3 with nvidia-ml-py, prometheus-client, our dependencies, and for
+# "cost" nvitop-exporter (python3 -m nvitop_exporter).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+load() {  # a CUDA matmul loop in the background, as a training job would be
+  python3 - <<'EOF' &
+import time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+end = time.time() + 900
+while time.time() < end:
+    for _ in range(20):
+        a @ a
+    torch.cuda.synchronize()
+    time.sleep(0.05)
+EOF
+  LOAD=$!
+  sleep 8
+}
+
+case "${1:-}" in
+hardware)
+  nvidia-smi --query-gpu=name,driver_version,mig.mode.current,power.draw --format=csv
+  python3 -c 'import sys, pynvml, prometheus_client; print(sys.version, pynvml.__file__)'
+  python3 -m pytest -v -s -p no:cacheprovider tests/hardware 2>&1 | tee "$OUT/hardware.log"
+  load
+  python3 bench/nvml_calls.py --batch --cycle --n 200 2>&1 | tee "$OUT/nvml_calls.log"
+  python3 bench/memory.py --real 2>&1 | tee "$OUT/memory.log"
+  python3 bench/scrape_latency.py --real --n 1000 2>&1 | tee "$OUT/scrape_real.log"
+  python3 bench/scrape_latency.py --n 1000 2>&1 | tee "$OUT/scrape_fake.log"
+  kill "$LOAD"
+  ;;
+cost)
+  load
+  nvitop="python3 -m nvitop_exporter --bind-address 127.0.0.1 --port {port} --interval 1.0"
+  for round in 1 2; do
+    for every in 15 0; do
+      echo "=== round $round, scrape every ${every}s: gpu-exporter"
+      python3 bench/daemon_cost.py --real --window 45 --warmup 6 --scrape-every "$every"
+      echo "=== round $round, scrape every ${every}s: nvitop-exporter"
+      python3 bench/daemon_cost.py --cmd "$nvitop" --window 45 --warmup 6 --scrape-every "$every"
+    done
+  done 2>&1 | tee "$OUT/cost.log"
+  kill "$LOAD"
+  ;;
+*)
+  echo "usage: $0 hardware|cost" >&2
+  exit 2
+  ;;
+esac
