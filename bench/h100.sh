@@ -4,7 +4,10 @@
 #   bash bench/h100.sh hardware   # hardware tests, NVML call costs, memory, scrape latency
 #   bash bench/h100.sh cost       # CPU and RSS side by side with nvitop-exporter, CUDA load on
 # Needs on PATH: python3 with nvidia-ml-py, prometheus-client, our dependencies, and for
-# "cost" nvitop-exporter (python3 -m nvitop_exporter).
+# "cost" nvitop-exporter (python3 -m nvitop_exporter). With CLEAN=1, "cost" runs both
+# exporters (and bench/memory.py) in a virtual environment without the system's
+# site-packages, so neither imports what only the machine's image has (uvloop, rich, ...):
+# what a container with just the exporter holds. PYTHONPATH must then carry every package.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -39,15 +42,19 @@ hardware)
   kill "$LOAD"
   ;;
 cost)
+  PY=python3
+  if [ -n "${CLEAN:-}" ]; then
+    python3 -m venv --without-pip /tmp/clean && PY=/tmp/clean/bin/python3
+  fi
   load
-  nvitop="python3 -m nvitop_exporter --bind-address 127.0.0.1 --port {port} --interval 1.0"
-  for round in 1 2; do
-    for every in 15 0; do
-      echo "=== round $round, scrape every ${every}s: gpu-exporter"
-      python3 bench/daemon_cost.py --real --window 45 --warmup 6 --scrape-every "$every"
-      echo "=== round $round, scrape every ${every}s: nvitop-exporter"
-      python3 bench/daemon_cost.py --cmd "$nvitop" --window 45 --warmup 6 --scrape-every "$every"
-    done
+  $PY bench/memory.py --real 2>&1 | tee "$OUT/memory_clean.log"
+  nvitop="$PY -m nvitop_exporter --bind-address 127.0.0.1 --port {port} --interval 1.0"
+  for run in "1 15" "2 15" "3 0"; do
+    set -- $run
+    echo "=== round $1, scrape every ${2}s: gpu-exporter"
+    $PY bench/daemon_cost.py --real --window 45 --warmup 6 --scrape-every "$2"
+    echo "=== round $1, scrape every ${2}s: nvitop-exporter"
+    $PY bench/daemon_cost.py --cmd "$nvitop" --window 45 --warmup 6 --scrape-every "$2"
   done 2>&1 | tee "$OUT/cost.log"
   kill "$LOAD"
   ;;

@@ -285,11 +285,14 @@ class Hub:
             if state.logged != reason:
                 getattr(log, level)("backend down", backend=name, reason=reason,
                                     exc_info=exc_info)
-            self._states[name] = replace(state, up=False, stale=False, reason=reason,
-                                         attempted=True, logged=reason,
-                                         failing=failing or state.failing)
+            new = replace(state, up=False, stale=False, reason=reason, attempted=True,
+                          logged=reason, failing=failing or state.failing)
+            self._states[name] = new
             self._check_attempted()
-        self.publish()
+        # A backend that retries its open() every cycle (no card yet) changes nothing:
+        # no new snapshot, so nothing to render.
+        if new != state:
+            self.publish()
 
     def _recovered(self, name: str) -> None:
         with self._lock:

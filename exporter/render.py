@@ -43,6 +43,7 @@ TEXT_CONTENT_TYPE = getattr(text_format, "CONTENT_TYPE_PLAIN_0_0_4",
                             "text/plain; version=0.0.4; charset=utf-8")
 OPENMETRICS_CONTENT_TYPE = om_format.CONTENT_TYPE_LATEST
 T = TypeVar("T")
+ESCAPING = "allow-utf-8"  # prometheus_client's ALLOWUTF8
 GPU_LABELS = ("gpu", "uuid", "vendor", "source")
 PROCESS_LABELS = (*GPU_LABELS, "pid", "process")
 INFO_LABELS = (*GPU_LABELS, "name", "pci_bus_id", "driver", "driver_version", "vbios_version",
@@ -361,28 +362,32 @@ WANT_TTL = 300.0  # a format nobody asked for in 5 minutes is no longer rendered
 
 
 class _Demand:
-    """When one format was last asked for, and how often (a moving average of the gaps).
+    """When one format was last asked for, and the gap before that: the scrape cadence.
 
     Prometheus scrapes on a fixed cadence, usually much slower than the collection
     interval; rendering every snapshot ahead of time would render fifteen to serve one.
-    So a snapshot is rendered ahead only when a scrape is due within ``lead`` seconds.
-    A scrape that comes early still gets the newest snapshot, rendered on the spot.
+    So at most one snapshot is rendered ahead per expected scrape, the first one that
+    comes within ``lead`` seconds of it. A scrape that comes early, or after a newer
+    snapshot, still gets the newest snapshot, rendered on the spot.
     """
 
     def __init__(self) -> None:
         self.last: float | None = None
         self.period: float | None = None
+        self.ahead = False  # a snapshot was rendered ahead since the last request
 
     def asked(self, now: float) -> None:
         if self.last is not None:
-            gap = now - self.last
-            self.period = gap if self.period is None else 0.7 * self.period + 0.3 * gap
+            self.period = now - self.last
         self.last = now
+        self.ahead = False
 
     def due(self, now: float, lead: float) -> bool:
-        """Render ahead only once the scrape cadence is known (two requests): before
-        that a snapshot rendered ahead is almost always replaced before anyone asks."""
-        if self.last is None or self.period is None or now - self.last > WANT_TTL:
+        """Render ahead only once the scrape cadence is known (two requests), once per
+        expected scrape: before that a snapshot rendered ahead is almost always replaced
+        before anyone asks."""
+        if self.last is None or self.period is None or self.ahead or \
+                now - self.last > WANT_TTL:
             return False
         return now - self.last >= self.period - lead
 
@@ -487,10 +492,14 @@ class Renderer:
             if self.worker.thread is not None:
                 self.cpu_threads["renderer"] = [self.worker.thread]
             self._collector.snapshot = snapshot
+            # Every name here is a legacy Prometheus name, so "allow-utf-8" writes the
+            # same bytes as the default "underscores", which checks each label name
+            # character by character: 40 % of an OpenMetrics render (bench on H100).
             if openmetrics:
-                body: bytes = om_format.generate_latest(self.registry)  # type: ignore[no-untyped-call]
+                body: bytes = om_format.generate_latest(  # type: ignore[no-untyped-call]
+                    self.registry, escaping=ESCAPING)
                 return body
-            return text_format.generate_latest(self.registry)
+            return text_format.generate_latest(self.registry, escaping=ESCAPING)
 
     def render_now(self, snapshot: Snapshot) -> Exposition:
         """Make ``snapshot`` current, rendering it in the formats due to be asked for soon."""
@@ -498,6 +507,7 @@ class Renderer:
         now = time.monotonic()
         for variant, demand in self._demand.items():
             if demand.due(now, self.lead):
+                demand.ahead = True
                 exposition.body(variant)
         current = self.current
         if current is None or snapshot.generation >= current.snapshot.generation:

@@ -382,7 +382,9 @@ def serve(config: Config, app: Starlette, web: WebConfig | None,
         "max_connections": connection_limit(), "idle": {}})
     uv = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                         server_header=False, date_header=False, proxy_headers=False,
-                        http=protocol, ws="none",
+                        # The asyncio loop, never uvloop: one more library in memory for
+                        # a server that answers a scrape every few seconds.
+                        http=protocol, ws="none", loop="asyncio",
                         # longer than Prometheus's usual 15 s scrape interval: it reuses
                         # the connection instead of opening a new one every scrape
                         timeout_keep_alive=20,

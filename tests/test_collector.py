@@ -152,7 +152,11 @@ def test_render_ahead_only_for_formats_asked_for_and_only_near_the_next_scrape()
     d.asked(115.0)  # a 15 s scrape interval
     assert not d.due(116.0, lead=2.0)  # the next scrape is ~14 s away: don't render
     assert d.due(128.5, lead=2.0)  # due within the lead: render ahead
-    assert not d.due(115.0 + 301.0, lead=2.0)  # nobody asked for 5 minutes
+    d.ahead = True  # what Renderer.render_now records when it renders ahead
+    assert not d.due(129.5, lead=2.0)  # once per expected scrape, not every snapshot
+    d.asked(130.0)
+    assert d.due(143.5, lead=2.0)
+    assert not d.due(130.0 + 301.0, lead=2.0)  # nobody asked for 5 minutes
 
 
 def test_a_scrape_always_gets_the_newest_snapshot() -> None:
