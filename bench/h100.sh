@@ -52,9 +52,9 @@ cost)
   for run in "1 15" "2 15" "3 0"; do
     set -- $run
     echo "=== round $1, scrape every ${2}s: gpu-exporter"
-    $PY bench/daemon_cost.py --real --window 45 --warmup 6 --scrape-every "$2"
+    $PY bench/daemon_cost.py --real --window "${WINDOW:-45}" --warmup 6 --scrape-every "$2"
     echo "=== round $1, scrape every ${2}s: nvitop-exporter"
-    $PY bench/daemon_cost.py --cmd "$nvitop" --window 45 --warmup 6 --scrape-every "$2"
+    $PY bench/daemon_cost.py --cmd "$nvitop" --window "${WINDOW:-45}" --warmup 6 --scrape-every "$2"
   done 2>&1 | tee "$OUT/cost.log"
   kill "$LOAD"
   ;;

@@ -41,6 +41,7 @@ log = structlog.get_logger(__name__)
 _CARD_RE = re.compile(r"card\d+")
 _PCI_ADDR_RE = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
+UDEV_POLL = 5.0  # seconds between open() retries of a card-less backend with udev events
 VENDOR_AMD = 0x1002
 VENDOR_INTEL = 0x8086
 VENDOR_NVIDIA = 0x10DE
@@ -216,6 +217,20 @@ class DrmDiscovery:
         for name, card in before.items():
             if name not in after:
                 log.info("drm card removed", card=name, pci_bus_id=card.pci_bus_id)
+
+    @property
+    def watching(self) -> bool:
+        """udev events reach us (a real /sys with a working monitor)."""
+        return self._observer is not None
+
+    def retry_interval(self, interval: float) -> float:
+        """How often a backend with no card yet should look again.
+
+        Every collection interval in a container (no udev events reach it: polling is
+        the only way to see a new card); where udev tells us, every UDEV_POLL seconds
+        is enough, so three idle backends on an NVIDIA-only host cost next to nothing.
+        """
+        return max(interval, UDEV_POLL) if self.watching else interval
 
     def start(self) -> None:
         """Also listen for DRM uevents (real /sys only): a re-read on any event. Idempotent."""

@@ -128,3 +128,16 @@ def test_parse_uevent() -> None:
         "PCI_SLOT_NAME": "0000:03:00.0",
     }
     assert parse_uevent(None) == {}
+
+
+def test_card_less_backends_poll_each_cycle_unless_udev_tells_us(tmp_path: Path) -> None:
+    """In a container nothing announces a new card: look every collection interval.
+    Where a udev monitor runs, every UDEV_POLL seconds is enough."""
+    from exporter.discovery import UDEV_POLL
+
+    discovery = DrmDiscovery(SysFS(tmp_path), hotplug=False)
+    discovery.start()  # no udev for a fixture root
+    assert not discovery.watching and discovery.retry_interval(1.0) == 1.0
+    discovery._observer = object()  # what start() keeps while pyudev's observer runs
+    assert discovery.watching and discovery.retry_interval(1.0) == UDEV_POLL
+    assert discovery.retry_interval(30.0) == 30.0

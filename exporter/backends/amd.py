@@ -344,7 +344,12 @@ class AmdBackend:
         self._ids = AmdgpuIds(Path(config.amdgpu_ids) if config.amdgpu_ids
                               else default_path(config.sysfs))
         # open() only reads the cached card list: the collector may retry it every cycle.
-        self.retry_interval = config.interval
+
+    @property
+    def retry_interval(self) -> float:
+        """open() only reads the cached card list: retried every cycle, or less often
+        where udev announces new cards (DrmDiscovery.retry_interval)."""
+        return self.discovery.retry_interval(self.config.interval)
 
     def open(self) -> Sequence[DeviceInfo]:
         # With no card, stay down; the collector's reopen back-off calls us again and

@@ -126,8 +126,8 @@ class FdinfoBackend:
     def __init__(self, config: Config, discovery: DrmDiscovery | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.interval: float | None = config.processes_interval
-        # open() is a listdir of class/drm: the collector may retry it every cycle.
-        self.retry_interval = config.interval
+        # open() is a listdir of class/drm: the collector may retry it every fast cycle.
+        self._fast_interval = config.interval
         self.budget = config.processes_budget
         self.clock = clock
         self.discovery = discovery or DrmDiscovery(SysFS(config.sysfs), hotplug=False)
@@ -155,7 +155,14 @@ class FdinfoBackend:
         root = self.discovery.sysfs.path("class", "drm")
         return f"no amdgpu, i915 or xe card under {root}: no DRM usage stats to read"
 
+    @property
+    def retry_interval(self) -> float:
+        """open() only reads the cached card list: retried every cycle, or less often
+        where udev announces new cards (DrmDiscovery.retry_interval)."""
+        return self.discovery.retry_interval(self._fast_interval)
+
     def open(self) -> Sequence[DeviceInfo]:
+        self.discovery.start()  # udev events on a real /sys (idempotent; shared with amd)
         if self._known_cards() is None:
             raise BackendUnavailable(self._no_cards())
         try:

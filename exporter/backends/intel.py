@@ -192,9 +192,15 @@ class IntelBackend:
         self._clock = clock  # injected so tests control the energy -> power interval
         self._states: dict[DrmCard, _CardState] = {}
         # open() only reads the cached card list: the collector may retry it every cycle.
-        self.retry_interval = config.interval
+
+    @property
+    def retry_interval(self) -> float:
+        """open() only reads the cached card list: retried every cycle, or less often
+        where udev announces new cards (DrmDiscovery.retry_interval)."""
+        return self._discovery.retry_interval(self._config.interval)
 
     def open(self) -> Sequence[DeviceInfo]:
+        self._discovery.start()  # udev events on a real /sys (idempotent; shared with amd)
         cards = self._discovery.cards(DRIVERS)
         if not cards:
             raise BackendUnavailable(f"no i915/xe card under {self._config.sysfs}/class/drm")
