@@ -47,7 +47,7 @@ cost)
     python3 -m venv --without-pip /tmp/clean && PY=/tmp/clean/bin/python3
   fi
   load
-  $PY bench/memory.py --real 2>&1 | tee "$OUT/memory_clean.log"
+  [ "${MEMORY:-1}" = 1 ] && $PY bench/memory.py --real 2>&1 | tee "$OUT/memory_clean.log"
   nvitop="$PY -m nvitop_exporter --bind-address 127.0.0.1 --port {port} --interval 1.0"
   for run in "1 15" "2 15" "3 0"; do
     set -- $run
