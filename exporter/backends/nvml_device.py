@@ -236,15 +236,17 @@ class NvmlDevice:
             if kb is not None:
                 pcie[key] = float(kb * KIB)
         out["pcie_throughput_bytes_per_second"] = pcie
-        values = self._slow_fields(errors)
+        throughput_due, errors_due = self.nvlink.next_slow_cycle()
+        values = self._slow_fields(errors, throughput_due)
         out["nvlink_throughput_bytes_per_second"] = self.nvlink.throughput(
-            errors, values, self.fields.dropped)
-        out["nvlink_errors"] = self.nvlink.read_errors(errors)
+            errors, values, self.fields.dropped, throughput_due)
+        out["nvlink_errors"] = self.nvlink.read_errors(errors, errors_due)
         out.update(self.health.read(errors, values))
         return out
 
-    def _slow_fields(self, errors: Counter[str]) -> dict[FieldKey, Any]:
-        return self.fields.read(errors, self.health.fields() + self.nvlink.throughput_fields())
+    def _slow_fields(self, errors: Counter[str], nvlink: bool = True) -> dict[FieldKey, Any]:
+        return self.fields.read(errors, self.health.fields()
+                                + (self.nvlink.throughput_fields() if nvlink else []))
 
     def prime(self, errors: Counter[str]) -> None:
         """At open: find the active NVLinks and take a first throughput reading, so the

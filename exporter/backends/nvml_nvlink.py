@@ -11,14 +11,23 @@ Remote type (``nvmlDeviceGetNvLinkRemoteDeviceType``, nvml.h nvmlIntNvLinkDevice
 GPU -> ``gpu``, SWITCH -> ``switch``, IBMNPU (the POWER9 CPU's NVLink unit) -> ``cpu``;
 anything else (UNKNOWN 0xFF, a failed read) -> ``unknown``.
 
-Throughput (slow tier): the cumulative KiB counters NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+Cost, measured on two NVLink-connected H100s (bench/nvml_calls.py, driver 580.159.04):
+each ``nvmlDeviceGetNvLinkErrorCounter`` costs 0.79 ms of CPU, so the 72 counters of 18
+links cost 57 ms per GPU; the 36 throughput fields cost 13 ms in one batched call. Read
+on the slow tier, an HGX board of 8 GPUs would spend 5.6 % of a core on NVLink alone.
+So throughput is read every THROUGHPUT_EVERY-th slow cycle (30 s by default: the rate
+is the average over that time) and the error counters every ERRORS_EVERY-th (60 s: a
+counter read less often loses nothing), about 1.4 ms of CPU per GPU per second.
+
+Throughput (every THROUGHPUT_EVERY slow cycles): the cumulative KiB counters NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
 / _RX with the link in scopeId, batched with the other slow field values; the rate is
 the counter's increase over NVML's own timestamps between two reads. Where a driver has
 no such fields for a link, the older ``nvmlDeviceGetNvLinkUtilizationCounter`` (counter
 set 0) is used, but only if its control already counts bytes: the exporter never sets
 a control (``nvmlDeviceSetNvLinkUtilizationControl`` changes the GPU's state). A counter
 that goes back (driver reload, counter reset) gives no rate for that interval, never a
-spike. Errors (slow tier): ``nvmlDeviceGetNvLinkErrorCounter`` per link for replay,
+spike. Errors (every ERRORS_EVERY slow cycles): ``nvmlDeviceGetNvLinkErrorCounter``
+per link for replay,
 recovery, CRC flit and CRC data (nvml.h nvmlNvLinkErrorCounter_t).
 """
 
@@ -42,6 +51,8 @@ ERROR_COUNTERS = {"replay": "NVML_NVLINK_ERROR_DL_REPLAY",
 THROUGHPUT_FIELDS = {"tx": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
                      "rx": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"}
 DEFAULT_MAX_LINKS = 18  # nvml.h NVML_NVLINK_MAX_LINKS before it grew to 36
+THROUGHPUT_EVERY = 3  # slow cycles between throughput reads (see the module docstring)
+ERRORS_EVERY = 6  # slow cycles between error-counter reads
 
 
 class NvLinks:
@@ -60,6 +71,15 @@ class NvLinks:
         self.remote: dict[int, str] = {}  # link -> remote type, for links seen active
         self.absent = False  # every link index answered "absent" / "not supported"
         self._last: dict[tuple[int, str], tuple[int, float]] = {}  # (link, dir) -> (B, s)
+        self._slow_cycles = 0  # slow cycles seen: which of them read throughput / errors
+        self._rates: dict[tuple[str, str], float] = {}
+        self._errors: dict[tuple[str, str], int] = {}
+
+    def next_slow_cycle(self) -> tuple[bool, bool]:
+        """Count a slow cycle; (read throughput now, read errors now). The first slow
+        cycle reads both."""
+        n, self._slow_cycles = self._slow_cycles, self._slow_cycles + 1
+        return n % THROUGHPUT_EVERY == 0, n % ERRORS_EVERY == 0
 
     def read_state(self, errors: Counter[str]) -> dict[tuple[str, str], bool]:
         """(link, remote) -> up, for every link that has been active (fast tier)."""
@@ -89,8 +109,11 @@ class NvLinks:
         return [(fid, link) for link in sorted(self.remote) for fid in self.fields.values()]
 
     def throughput(self, errors: Counter[str], values: dict[FieldKey, FieldValue],
-                   dropped: set[FieldKey]) -> dict[tuple[str, str], float]:
-        """(link, direction) -> bytes/s from this slow read and the previous one."""
+                   dropped: set[FieldKey], due: bool = True) -> dict[tuple[str, str], float]:
+        """(link, direction) -> bytes/s from this read and the previous one; between
+        reads (``due`` False) the last rates."""
+        if not due:
+            return dict(self._rates)
         out: dict[tuple[str, str], float] = {}
         now = time.monotonic()
         for link in sorted(self.remote):
@@ -108,6 +131,7 @@ class NvLinks:
                 rate = self._rate((link, direction), count, at)
                 if rate is not None:
                     out[(str(link), direction)] = rate
+        self._rates = out
         return out
 
     def _utilization_counter(self, errors: Counter[str], link: int,
@@ -128,17 +152,23 @@ class NvLinks:
             return None  # first reading, no time passed, or the counter was reset
         return bounded((count - last[0]) / (at - last[1]), "bytes_per_second")
 
-    def read_errors(self, errors: Counter[str]) -> dict[tuple[str, str], int]:
-        """(link, type) -> counter, for every link that has been active (slow tier)."""
+    def read_errors(self, errors: Counter[str], due: bool = True
+                    ) -> dict[tuple[str, str], int]:
+        """(link, type) -> counter, for every link that has been active; between reads
+        (``due`` False) the last values."""
+        if not due:
+            return dict(self._errors)
         out: dict[tuple[str, str], int] = {}
         for link in sorted(self.remote):
             for kind, counter in self.errors_by_type.items():
                 v = u64(self.call.get(errors, "nvmlDeviceGetNvLinkErrorCounter", link, counter))
                 if v is not None:
                     out[(str(link), kind)] = v
+        self._errors = out
         return out
 
     def reset(self) -> None:
-        """After a GPU loss: rates restart from a fresh pair of readings."""
+        """After a GPU loss: rates restart from a fresh pair of readings, read at once."""
         self._last.clear()
+        self._rates, self._errors, self._slow_cycles = {}, {}, 0
 
