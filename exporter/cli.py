@@ -139,7 +139,7 @@ def env_name(key: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpu-exporter", usage="gpu-exporter [snapshot] [flags]",
-        description="Prometheus exporter for NVIDIA, AMD and Intel GPUs, per GPU and per "
+        description="Prometheus exporter for NVIDIA, AMD, Intel and Apple GPUs, per GPU and per "
         "process.", epilog=USAGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=argparse.SUPPRESS)
     p.add_argument("--version", action="version",

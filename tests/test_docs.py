@@ -1,0 +1,69 @@
+"""Nothing is advertised that is not produced (issue 14): every flag the README, the docs
+and the deployment files name is one the CLI accepts, and every metric family
+docs/metrics.md documents is produced by some backend on some fixture machine (a golden
+output holds it), as every family a golden holds is documented."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from test_deploy_docs import TOOL_FLAGS, exporter_text, flags_in
+from test_deploy_systemd import cli_flags
+
+from exporter.metricsdoc import generate
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "deploy").rglob("*.plist")),
+        *sorted((ROOT / "deploy" / "prometheus").glob("*.yml"))]
+# Flags of other programs the docs show (pip, pytest, nvidia-smi, apt, kubectl, helm, ...).
+OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "target",
+                            "soc-info", "samples", "interval", "no-install-recommends",
+                            "without-pip", "system-site-packages", "python-version",
+                            "namespace", "values", "version", "help", "window", "warmup",
+                            "scrape-every", "real", "gpus", "processes", "cmd", "rounds",
+                            "batch", "cycle", "stub", "nvlinks", "procs", "probe",
+                            "nvidia-only", "grpc_python_out", "python_out", "pyi_out",
+                            "proto_path", "kubernetes-virtual-gpus", "init", "privileged",
+                            "device", "group-add", "all", "from-file", "dry-run",
+                            "query-gpu", "format", "report", "quiet", "kubelet-arg",
+                            # device plugins (docs/kubernetes.md), nvitop-exporter
+                            "device-id-strategy", "shared-dev-num", "bind-address", "port"}
+
+
+def golden_families() -> set[str]:
+    out = set()
+    for golden in (ROOT / "tests" / "golden").rglob("*.prom"):
+        for family in text_string_to_metric_families(golden.read_text()):
+            for sample in family.samples:
+                out.add(re.sub(r"_(bucket|count|sum)$", "", sample.name))
+    return out
+
+
+def test_every_flag_the_docs_name_is_a_flag_the_cli_accepts() -> None:
+    known = cli_flags() | OTHER_TOOLS
+    unknown = []
+    for path in DOCS:
+        for flag in flags_in(exporter_text(path)):
+            if flag not in known and flag.removeprefix("no-") not in known:
+                unknown.append(f"{path.relative_to(ROOT)}: --{flag}")
+    assert unknown == []
+
+
+def test_the_checks_can_fail() -> None:
+    assert "collector.nvidai" not in cli_flags() | OTHER_TOOLS
+    assert flags_in("run gpu-exporter --collector.nvidai now") == {"collector.nvidai"}
+
+
+def test_every_documented_family_is_produced_on_some_fixture() -> None:
+    documented = set(re.findall(r"^\| `([a-z0-9_]+)`", generate(), re.M))
+    produced = golden_families()
+    assert documented - produced == set(), "documented, but no golden output produces it"
+
+
+def test_every_produced_family_is_documented() -> None:
+    documented = set(re.findall(r"^\| `([a-z0-9_]+)`", generate(), re.M))
+    ours = {f for f in golden_families() if f.startswith("gpu_")}
+    assert ours - documented == set()
