@@ -60,7 +60,7 @@ class Config:
     log_level: str = "info"
     log_format: str = "auto"
     config_file: str | None = None
-    metric_names: str = "gpu"  # gpu, dcgm or both (METRICS.md "DCGM-compatible names")
+    metric_names: str = "gpu"  # gpu, dcgm or both (docs/metrics.md "DCGM-compatible names")
     kubernetes_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     kubernetes_cri_socket: str | None = None  # None: the first standard socket that exists
     kubernetes_device_labels: bool = False

@@ -200,7 +200,7 @@ VENDOR_OF_DRIVER = MappingProxyType({"amdgpu": "amd", "i915": "intel", "xe": "in
 # hardware so one dashboard covers both Intel drivers (intel_gpu_top does the same).
 _ENGINE_NAMES = MappingProxyType({
     "rcs": "render", "bcs": "copy", "vcs": "video", "vecs": "video_enhance", "ccs": "compute",
-    "dec": "decoder", "enc": "encoder",  # amdgpu's short names -> METRICS.md's
+    "dec": "decoder", "enc": "encoder",  # amdgpu's short names -> docs/metrics.md's
 })
 
 

@@ -5,7 +5,7 @@ into metric families and never touches a vendor library. ``None`` (or a key that
 is absent from a mapping) means "this source does not expose it" and produces
 no series: never 0, never NaN.
 
-Mapping fields are keyed by the label value METRICS.md names for that family
+Mapping fields are keyed by the label value docs/metrics.md names for that family
 (``temperatures_celsius["junction"]``, ``clocks_hertz["sm"]``, ...).
 """
 
@@ -60,10 +60,10 @@ class DeviceInfo:
     # A slice of a GPU (MIG instance, AMD partition): the parent's key. Its series carry
     # the parent's `gpu` index plus ``slice_labels``.
     parent_key: str = ""
-    # Labels that identify a slice next to `gpu` (METRICS.md: gpu_instance_id,
+    # Labels that identify a slice next to `gpu` (docs/metrics.md: gpu_instance_id,
     # compute_instance_id, mig_profile for NVIDIA MIG; partition_id for AMD).
     slice_labels: Mapping[str, str] = _empty()
-    # Extra gpu_info labels where the source knows them (METRICS.md: partition, mig_mode).
+    # Extra gpu_info labels where the source knows them (docs/metrics.md: partition, mig_mode).
     info_labels: Mapping[str, str] = _empty()
 
     @property
@@ -194,7 +194,7 @@ class DeviceSample:
 
 
 def pci_uuid(pci_bus_id: str) -> str:
-    """The fallback identity METRICS.md names for a GPU without a stable id."""
+    """The fallback identity docs/metrics.md names for a GPU without a stable id."""
     return f"pci-{pci_bus_id}"
 
 

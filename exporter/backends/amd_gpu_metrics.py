@@ -30,7 +30,7 @@ from exporter import units
 from exporter.backends.amd_gpu_metrics_layouts import LAYOUTS, Layout, Nested
 
 # Independent throttle bits (SMU_THROTTLER_*_BIT in amdgpu_smu.h), grouped into the
-# `reason` values METRICS.md defines: PPT/SPL limits are firmware power capping,
+# `reason` values docs/metrics.md defines: PPT/SPL limits are firmware power capping,
 # TDC/EDC are electrical (current) limits, temperature limits are enforced by the
 # firmware, VRHOT/PROCHOT are hardware signals from outside the GPU.
 THROTTLE_GROUPS: Mapping[str, tuple[int, ...]] = MappingProxyType(

@@ -18,7 +18,7 @@ from exporter.backends.amdsmi_calls import Caller, number, text
 from exporter.model import ProcessSample
 
 MIB = 1 << 20
-# AmdSmiTemperatureType member -> METRICS.md sensor
+# AmdSmiTemperatureType member -> docs/metrics.md sensor
 TEMPERATURES = (("EDGE", "edge"), ("HOTSPOT", "junction"), ("VRAM", "memory"))
 THRESHOLDS = (("CRITICAL", "critical"), ("EMERGENCY", "shutdown"))
 CLOCKS = (("GFX", "graphics"), ("MEM", "memory"))
@@ -26,7 +26,7 @@ CLOCKS = (("GFX", "graphics"), ("MEM", "memory"))
 RAS_BLOCKS = ("UMC", "SDMA", "GFX", "MMHUB", "ATHUB", "PCIE_BIF", "HDP", "XGMI_WAFL", "DF",
               "SMN", "SEM", "MP0", "MP1", "FUSE", "MCA", "VCN", "JPEG", "IH", "MPIO")
 XGMI_LINK_TYPE = 2  # AMDSMI_LINK_TYPE_XGMI (amdsmi_wrapper.py)
-ENGINES = (("gfx", "gfx"), ("enc", "encoder"))  # process engine_usage key -> METRICS.md engine
+ENGINES = (("gfx", "gfx"), ("enc", "encoder"))  # process engine_usage key -> docs/metrics.md engine
 
 
 def activity(call: Caller, errors: Counter[str]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ per-device busy counters, and the DeviceSamples of the AMD/Intel GPUs they belon
 to. The text format lives in exporter.fdinfo_parse.
 
 Choices (docs/vendors-fdinfo.md has the per-driver detail):
-- Only amdgpu, i915 and xe are exported (vendors METRICS.md knows). Other drivers
+- Only amdgpu, i915 and xe are exported (vendors docs/metrics.md knows). Other drivers
   (v3d, msm, amdxdna NPUs, ...) are skipped and logged once per driver name; they
   are not errors, so a Raspberry Pi does not count one every scan.
 - No card bound to one of those drivers, nothing to find: ``open()`` says so

@@ -24,7 +24,7 @@ more than 20 digits or a value outside its unit's range is dropped and counted a
 - PCIe link, and xe ``tile<T>/physical_vram_size_bytes`` as memory total.
 
 Engine utilisation is not read here (it comes from the fdinfo backend); GT idle
-residency (``gtidle/idle_residency_ms``) has no METRICS.md family and is not read.
+residency (``gtidle/idle_residency_ms``) has no docs/metrics.md family and is not read.
 """
 
 from __future__ import annotations

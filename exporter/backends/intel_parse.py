@@ -1,6 +1,6 @@
 """Pure parsers and tables for the Intel (i915 / xe) backend: no file access here.
 
-Owns: what an i915/xe sysfs attribute means in METRICS.md terms: the throttle-reason
+Owns: what an i915/xe sysfs attribute means in docs/metrics.md terms: the throttle-reason
 mapping, which GT is the render one and which the media one, which hwmon channel is
 which sensor, PCI device id -> marketing name. Numbers themselves are parsed and
 bounded by exporter.units, energy -> power by exporter.backends.energy.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 # xe ``freq0/throttle/reason_<x>`` and i915 ``gt/gtN/throttle_reason_<x>`` both read
-# the PCU's PERF_LIMIT_REASONS bits. Mapped onto METRICS.md's NVML-derived `reason`
+# the PCU's PERF_LIMIT_REASONS bits. Mapped onto docs/metrics.md's NVML-derived `reason`
 # values by what limits the clock; several Intel bits may fold into one reason (OR):
 #  - pl1, pl2 (package power limits the firmware enforces over a window) are what
 #    NVML calls a software power cap                              -> sw_power_cap
@@ -53,7 +53,7 @@ def map_throttle_reasons(bits: Mapping[str, int]) -> dict[str, bool]:
     return out
 
 
-# hwmon channel labels -> METRICS.md `sensor`. xe also labels mctrl, pcie and
+# hwmon channel labels -> docs/metrics.md `sensor`. xe also labels mctrl, pcie and
 # vram_ch_<N> sensors (Battlemage); METRICS has no sensor value for them, so they
 # stay out rather than invent label values.
 TEMP_SENSORS: Mapping[str, str] = {"pkg": "package", "vram": "vram"}

@@ -1,6 +1,6 @@
 """Pure parser for one line of ``macmon pipe`` (Apple Silicon): JSON -> base units.
 
-Owns what each field of macmon's output means in METRICS.md terms, across the
+Owns what each field of macmon's output means in docs/metrics.md terms, across the
 releases whose output differs (vladkens/macmon, changelog.md and readme.md):
 
 - v0.4-v0.5: ``gpu_usage: [freq_mhz, ratio]``, ``gpu_power`` (W),
@@ -21,8 +21,8 @@ Choices, each because of what the field measures:
   used there and reads lower at low clocks (docs/vendors-apple.md).
 - ``gpu_temp_avg`` of exactly 0 is macmon's "no sensor read" (``zero_div`` of an
   empty list in ``get_temp_smc`` / ``get_temp_hid``), not a reading: no series.
-- Unified memory is ``gpu_shared_memory_*`` (METRICS.md: "Apple unified").
-- CPU, ANE, DRAM and system power, CPU temperature and swap have no METRICS.md
+- Unified memory is ``gpu_shared_memory_*`` (docs/metrics.md: "Apple unified").
+- CPU, ANE, DRAM and system power, CPU temperature and swap have no docs/metrics.md
   family and are not read here.
 
 A field that is absent gives no value; one of the wrong type or outside its unit's
@@ -100,7 +100,7 @@ class _Reader:
 
 
 def parse_macmon(doc: Mapping[str, object]) -> MacmonValues:
-    """One decoded line of any macmon release -> the values METRICS.md has a family for."""
+    """One decoded line of any macmon release -> the values docs/metrics.md has a family for."""
     r = _Reader()
     pair = r.pair(doc, "gpu_usage")
     if "gpu_freq_mhz" in doc:

@@ -12,7 +12,7 @@
   nvmlMemoryLocation_t; a location this GPU does not split out answers NOT_SUPPORTED once
   and is not asked again (an H100 has ``dram`` and ``sram``; Volta also L1/L2/register
   file/texture). The AGGREGATE counters (lifetime, kept in the InfoROM) are not exported:
-  METRICS.md has no family for a lifetime count, and over the exporter's life they move
+  docs/metrics.md has no family for a lifetime count, and over the exporter's life they move
   exactly like the volatile ones.
 - Retired pages (before Ampere; Ampere and later remap rows instead and answer N/A) ->
   ``retired_pages[cause]``: field values NVML_FI_DEV_RETIRED_SBE / _DBE (page counts),
