@@ -19,8 +19,8 @@ So throughput is read every THROUGHPUT_EVERY-th slow cycle (30 s by default: the
 is the average over that time) and the error counters every ERRORS_EVERY-th (60 s: a
 counter read less often loses nothing), about 1.4 ms of CPU per GPU per second.
 
-Throughput (every THROUGHPUT_EVERY slow cycles): the cumulative KiB counters NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
-/ _RX with the link in scopeId, batched with the other slow field values; the rate is
+Throughput (every THROUGHPUT_EVERY slow cycles): the cumulative KiB counters
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX with the link in scopeId, batched with the other slow field values; the rate is
 the counter's increase over NVML's own timestamps between two reads. Where a driver has
 no such fields for a link, the older ``nvmlDeviceGetNvLinkUtilizationCounter`` (counter
 set 0) is used, but only if its control already counts bytes: the exporter never sets
