@@ -27,7 +27,7 @@ OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "ta
                             "batch", "cycle", "stub", "nvlinks", "procs", "probe",
                             "nvidia-only", "grpc_python_out", "python_out", "pyi_out",
                             "proto_path", "kubernetes-virtual-gpus", "init", "privileged",
-                            "device", "group-add", "all", "from-file", "dry-run",
+                            "device", "group-add", "all", "from-file",
                             "query-gpu", "format", "report", "quiet", "kubelet-arg",
                             # device plugins (docs/kubernetes.md), nvitop-exporter
                             "device-id-strategy", "shared-dev-num", "bind-address", "port"}

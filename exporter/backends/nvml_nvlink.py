@@ -20,15 +20,15 @@ is the average over that time) and the error counters every ERRORS_EVERY-th (60 
 counter read less often loses nothing), about 1.4 ms of CPU per GPU per second.
 
 Throughput (every THROUGHPUT_EVERY slow cycles): the cumulative KiB counters
-NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX with the link in scopeId, batched with the other slow field values; the rate is
-the counter's increase over NVML's own timestamps between two reads. Where a driver has
-no such fields for a link, the older ``nvmlDeviceGetNvLinkUtilizationCounter`` (counter
-set 0) is used, but only if its control already counts bytes: the exporter never sets
-a control (``nvmlDeviceSetNvLinkUtilizationControl`` changes the GPU's state). A counter
-that goes back (driver reload, counter reset) gives no rate for that interval, never a
-spike. Errors (every ERRORS_EVERY slow cycles): ``nvmlDeviceGetNvLinkErrorCounter``
-per link for replay,
-recovery, CRC flit and CRC data (nvml.h nvmlNvLinkErrorCounter_t).
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX with the link in scopeId, batched with the
+other slow field values; the rate is the counter's increase over NVML's own timestamps
+between two reads. Where a driver has no such fields for a link, the older
+``nvmlDeviceGetNvLinkUtilizationCounter`` (counter set 0) is used, but only if its
+control already counts bytes: the exporter never sets a control
+(``nvmlDeviceSetNvLinkUtilizationControl`` changes the GPU's state). A counter that goes
+back (driver reload, counter reset) gives no rate for that interval, never a spike.
+Errors (every ERRORS_EVERY slow cycles): ``nvmlDeviceGetNvLinkErrorCounter`` per link
+for replay, recovery, CRC flit and CRC data (nvml.h nvmlNvLinkErrorCounter_t).
 """
 
 from __future__ import annotations
