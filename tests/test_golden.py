@@ -225,3 +225,41 @@ def test_mixed_machine_numbers_gpus_by_pci_bus_id(scrapes: dict[str, str]) -> No
     ordered = sorted(infos)
     assert [infos[b]["gpu"] for b in ordered] == [str(i) for i in range(len(ordered))]
     assert {infos[b]["vendor"] for b in ordered} == {"amd", "nvidia", "intel"}
+
+
+def test_turing_t4_retires_pages_and_has_no_gpm(scrapes: dict[str, str]) -> None:
+    """nvidia-t4 (telegraf_tesla-t4.xml): a GPU before Ampere reports retired pages (0 is a
+    series), no remapped rows (N/A) and no GPM; the rest read back from its nvml.json."""
+    text = scrapes["nvidia-t4"]
+    (gpu,) = json.loads((FIXTURES / "nvidia-t4" / "nvml.json").read_text())["gpus"]
+    uuid = gpu["uuid"]
+    for cause, pages in gpu["retired_pages"].items():
+        assert value(text, "gpu_memory_retired_pages", uuid=uuid, cause=cause) == pages
+    samples = parse_samples(text)
+    assert not [n for n, ls in samples if ("source", "nvml_gpm") in ls]  # GPM: Hopper on
+    families = {n for n, _ in samples}
+    assert not families & {"gpu_sm_active_ratio", "gpu_tensor_active_ratio",
+                           "gpu_memory_remapped_rows", "gpu_memory_remap_pending",
+                           "gpu_memory_remap_failed"}
+    h100 = parse_samples(scrapes["nvidia-h100x2"])  # the same checks can fail
+    assert [n for n, ls in h100 if ("source", "nvml_gpm") in ls]
+    assert "gpu_memory_remap_pending" in {n for n, _ in h100}
+    (info,) = [ls for n, ls in parse_samples(text) if n == "gpu_info"]
+    assert dict(info)["architecture"] == "turing" and dict(info)["name"] == gpu["name"]
+    assert dict(info)["serial"] == gpu["serial"]
+    mib = 1 << 20
+    assert value(text, "gpu_memory_total_bytes", uuid=uuid) == gpu["memory_total_bytes"]
+    assert value(text, "gpu_memory_used_bytes", uuid=uuid) == gpu["memory_used_bytes"]
+    assert gpu["memory_used_bytes"] == 1032 * mib  # fb_memory_usage/used in the capture
+    assert value(text, "gpu_temperature_celsius", uuid=uuid, sensor="gpu") == \
+        gpu["temperature_gpu"]
+    assert not values_of(text, "gpu_temperature_celsius", uuid=uuid, sensor="memory")
+    assert value(text, "gpu_pcie_link_width", uuid=uuid) == gpu["pcie_width"]
+    assert value(text, "gpu_clock_hertz", uuid=uuid, clock="memory") == \
+        gpu["clocks_mhz"]["memory"] * 1e6
+    for (corrected, uncorrected), block in ((gpu["ecc_locations"][b], b)
+                                            for b in gpu["ecc_locations"]):
+        assert value(text, "gpu_ras_errors_total", uuid=uuid, block=block,
+                     severity="corrected") == corrected
+        assert value(text, "gpu_ras_errors_total", uuid=uuid, block=block,
+                     severity="uncorrected") == uncorrected
