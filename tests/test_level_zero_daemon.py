@@ -2,8 +2,9 @@
 
 The stub is compiled as ``libze_loader.so.1`` into a directory the dynamic linker is
 pointed at, so the daemon finds it exactly as it would find the real loader. Proves:
-- with ``--collector.level-zero`` the machine reports engine utilisation, memory used
-  and per-process memory from ``level_zero``, merged with the sysfs and fdinfo views
+- with ``--collector.level-zero`` the machine reports engine utilisation, memory used,
+  memory bandwidth (first counter reading at open) and per-process memory from
+  ``level_zero``, merged with the sysfs and fdinfo views
   of the same card into one series per metric (golden + values re-read from the data);
 - without the flag, the loader being present changes nothing: the output is the
   machine's existing golden, byte for byte.
@@ -80,6 +81,12 @@ def test_level_zero_values_against_the_stub_data(with_l0: str) -> None:
                          source="level_zero") == [int(mem)]
         assert values_of(with_l0, "gpu_process_shared_memory_used_bytes", pid=pid,
                          source="level_zero") == [int(shared)]
+    # One reading at open, one in the cycle: the counters' steps over their timestamps'.
+    read_step, write_step, ts_step_us = int(memory[6]), int(memory[7]), int(memory[9])
+    assert values_of(with_l0, "gpu_memory_bandwidth_bytes_per_second", direction="read",
+                     source="level_zero") == [read_step / (ts_step_us / 1e6)]
+    assert values_of(with_l0, "gpu_memory_bandwidth_bytes_per_second", direction="write",
+                     source="level_zero") == [write_step / (ts_step_us / 1e6)]
     compute = [r for r in rows["engine"] if r[0] == "4"]
     assert values_of(with_l0, "gpu_engine_busy_seconds_total", engine="compute",
                      source="level_zero") == [sum(int(r[1]) for r in compute) / 1e6]

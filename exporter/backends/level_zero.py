@@ -20,7 +20,8 @@ sets enumerated once and kept. Each cycle:
   the busiest of render and compute. Single-engine groups win over the *_ALL group of
   the same kind; several engines of a kind are averaged.
 - ``zesMemoryGetState`` of device-local modules -> memory total/used/free;
-  ``zesMemoryGetBandwidth`` counter deltas -> ``memory_bandwidth_bytes_per_second``.
+  ``zesMemoryGetBandwidth`` counter deltas over the counters' own µs timestamps ->
+  ``memory_bandwidth_bytes_per_second`` (first reading at open, so the first cycle has it).
 - ``zesPowerGetEnergyCounter`` (device-level domains) -> energy and power from its
   delta, the counter chosen by exporter.backends.energy like the sysfs one.
 - ``zesTemperatureGetState``: GPU -> "gpu", MEMORY -> "vram" (the xe name for the same
@@ -174,6 +175,9 @@ class LevelZeroBackend:
             )
             device = _Device(handle, info, energy=EnergyCounter(bus_id))
             _enumerate(caller, device, errors)
+            # A first reading of the byte counters, so the first collection already
+            # reports a bandwidth (over the counters' time since open).
+            _bandwidth(caller, device, errors)
         except ze.DeviceLost:
             return None
         return device
@@ -339,7 +343,9 @@ def _engines(caller: ze.Caller, d: _Device, errors: Counter[str]
 
 
 def _bandwidth(caller: ze.Caller, d: _Device, errors: Counter[str]) -> dict[str, float]:
-    """Read/write B/s from the memory modules' byte counters between two cycles."""
+    """Read/write B/s from the memory modules' byte counters between two readings, over
+    the time between the readings' own timestamps (zes_mem_bandwidth_t.timestamp, µs), not
+    the wall clock between the calls."""
     rates: dict[str, float] = {}
     for i, module in enumerate(d.memory):
         bw = ze.ZesMemBandwidth()
