@@ -6,12 +6,17 @@ the library's value where it has one and sysfs's where it has not; the GPU's two
 partitions are devices of their own (the parent's ``gpu`` plus ``partition_id``) with
 their own VRAM and processes from amdsmi; XGMI link throughput comes from amdsmi's
 accumulators. Key values are re-read from the fake's JSON, not through the exporter.
+
+XGMI rates are accumulator deltas over the time the backend measures between two reads
+(amdsmi_get_link_metrics carries no timestamp; the first read is at open), so the golden
+keeps their series and labels with the value 0, and the values are checked on their own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -28,18 +33,29 @@ from tests.test_golden import GOLDEN, ONE_CYCLE, normalize
 MI300X = FIXTURES / "amd-mi300x"
 AMDSMI_GOLDEN = GOLDEN / "amd-mi300x+amdsmi.prom"
 DATA = json.loads((MI300X / "amdsmi.json").read_text())
+XGMI = "gpu_xgmi_throughput_bytes_per_second"
+XGMI_LINK_TYPE = 2  # amdsmi's AMDSMI_LINK_TYPE_XGMI; the fake's link to itself is type 3
+STARTED: dict[str, float] = {}  # monotonic time the daemon of with_amdsmi was started
+
+
+def normalize_rates(text: str) -> str:
+    """test_golden.normalize, and the XGMI rates' values (timing-dependent) set to 0."""
+    return re.sub(rf"^({XGMI}{{[^}}]*}}) \S+$", r"\1 0", normalize(text), flags=re.M)
 
 
 @pytest.fixture(scope="module")
 def with_amdsmi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("daemon")
+    STARTED["with_amdsmi"] = time.monotonic()
     with running([*machine_args(MI300X), *ONE_CYCLE], tmp,
                  env=amdsmi_env(MI300X / "amdsmi.json")) as daemon:
-        yield daemon.get().text
+        text = daemon.get().text
+        STARTED["scraped"] = time.monotonic()
+        yield text
 
 
 def test_golden_with_amdsmi(with_amdsmi: str) -> None:
-    got = normalize(with_amdsmi)
+    got = normalize_rates(with_amdsmi)
     if os.environ.get("UPDATE_GOLDEN") == "1":
         AMDSMI_GOLDEN.write_text(got)
     assert got == AMDSMI_GOLDEN.read_text()
@@ -79,16 +95,39 @@ def test_partitions_vram_and_processes_from_amdsmi(with_amdsmi: str) -> None:
     assert values_of(with_amdsmi, "gpu_shared_memory_used_bytes", source="sysfs") == [gtt]
 
 
+def xgmi_rates(text: str) -> dict[tuple[str, str], float]:
+    return {(dict(ls)["link"], dict(ls)["direction"]): v
+            for (n, ls), v in parse_samples(text).items()
+            if n == XGMI and ("source", "amdsmi") in ls}
+
+
+def check_xgmi(rates: dict[tuple[str, str], float], within_seconds: float) -> None:
+    """Each XGMI link of the fake (its index in amdsmi's list) has an rx and a tx rate: the
+    fake's per-read step (KB; write moves by half of it) over a time the backend measured,
+    which is no longer than ``within_seconds`` (the daemon's whole life so far)."""
+    gpu = DATA["gpus"][0]
+    links = [str(i) for i, link in enumerate(gpu["links"])
+             if link["link_type"] == XGMI_LINK_TYPE]
+    assert sorted(rates) == sorted((link, d) for link in links for d in ("rx", "tx"))
+    step_bytes = gpu["link_step_kb"] * 1000
+    for link in links:
+        rx, tx = rates[(link, "rx")], rates[(link, "tx")]
+        assert tx == rx / 2  # same interval, half the bytes
+        assert step_bytes / within_seconds <= rx <= 1e14
+
+
+def test_first_collection_reports_xgmi_rates(with_amdsmi: str) -> None:
+    """The first read at open makes the first (and, here, only) collection report them."""
+    check_xgmi(xgmi_rates(with_amdsmi), STARTED["scraped"] - STARTED["with_amdsmi"])
+    assert f"{XGMI}{{" in normalize_rates(with_amdsmi)  # the golden keeps the series
+
+
 def test_xgmi_throughput_from_amdsmi_accumulators(tmp_path: Path) -> None:
     args = [*machine_args(MI300X), "--collector.interval", "200ms",
             "--collector.slow-interval", "200ms"]
+    started = time.monotonic()
     with running(args, tmp_path, env=amdsmi_env(MI300X / "amdsmi.json")) as d:
-        deadline = time.monotonic() + 10
-        rates: list[float] = []
-        while not rates and time.monotonic() < deadline:
-            rates = values_of(d.get().text, "gpu_xgmi_throughput_bytes_per_second",
-                              source="amdsmi", direction="tx")
-            time.sleep(0.2)
-    # the fake's XGMI links (amdsmi's link_type 2 is XGMI; the link to itself is none)
-    links = [link for link in DATA["gpus"][0]["links"] if link["link_type"] == 2]
-    assert 0 < len(rates) <= len(links) and all(r > 0 for r in rates)
+        d.get()
+        time.sleep(0.5)  # past the first collection: rates between two cycles
+        rates = xgmi_rates(d.get().text)
+    check_xgmi(rates, time.monotonic() - started)

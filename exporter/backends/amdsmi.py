@@ -97,6 +97,7 @@ class AmdSmiBackend:
             self.close()
             raise BackendUnavailable("amdsmi found no AMD GPU")
         self._devices = self._discover(handles)
+        self._prime()
         return [d.info for d in self._devices]
 
     def close(self) -> None:
@@ -162,6 +163,18 @@ class AmdSmiBackend:
             driver_version=text(driver.get("driver_version")),
             vbios_version=text(vbios.get("version")), serial=text(asic.get("asic_serial")),
             info_labels={"partition": mode} if mode else {})
+
+    def _prime(self) -> None:
+        """A first reading of the XGMI accumulators, so the first collection already
+        reports a rate (over the time since open). A device lost here reports up=0 from
+        its first sample; what failed is counted there, when it fails again."""
+        errors: Counter[str] = Counter()
+        for d in self._devices:
+            if d.role != "slice":
+                try:
+                    d.xgmi.update(time.monotonic(), dev.xgmi_links(d.call, errors)[1])
+                except GpuLost:
+                    continue
 
     # -- sampling -----------------------------------------------------------------------
     def sample(self, slow: bool) -> Cycle:
