@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -121,3 +122,17 @@ def values_of(text: str, name: str, **labels: str) -> list[float]:
     """Every value of ``name`` whose labels include ``labels``."""
     return [v for (n, ls), v in parse_samples(text).items()
             if n == name and set(labels.items()) <= set(ls)]
+
+
+def promtool_check(text: str) -> subprocess.CompletedProcess[str]:
+    """``promtool check metrics`` on an exposition. Skips the test where promtool is not
+    installed, and fails it under CI, where .ci/run installs Debian's prometheus."""
+    import pytest
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool missing: .ci/run installs Debian's prometheus")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          text=True)

@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -26,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import FIXTURES, machine_args, parse_samples, running, values_of
+from tests.daemon import FIXTURES, machine_args, parse_samples, promtool_check, running, values_of
 from tests.test_amdsmi import amdsmi_env
 from tests.test_golden import GOLDEN, ONE_CYCLE, normalize
 
@@ -62,11 +60,7 @@ def test_golden_with_amdsmi(with_amdsmi: str) -> None:
 
 
 def test_promtool_lints_it(with_amdsmi: str) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    done = subprocess.run([promtool, "check", "metrics"], input=with_amdsmi,
-                          capture_output=True, text=True)
+    done = promtool_check(with_amdsmi)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import REPO, Daemon, daemon_env, running, values_of
+from tests.daemon import REPO, Daemon, daemon_env, promtool_check, running, values_of
 from tests.test_golden import GOLDEN, normalize
 
 FAKE = REPO / "tests" / "fakes" / "fake_macmon.py"
@@ -156,11 +155,8 @@ def test_apple_machine_golden(tmp_path: Path) -> None:
                  module="tests.fakes.as_macos") as d:
         scraped = d.get().text
         got = normalize(scraped)
-    promtool = shutil.which("promtool")
-    if promtool is not None:  # tests/test_golden.py says when CI lacks it
-        lint = subprocess.run([promtool, "check", "metrics"], input=scraped,
-                              capture_output=True, text=True)
-        assert lint.returncode == 0, lint.stdout + lint.stderr
+    lint = promtool_check(scraped)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
     path = GOLDEN / "apple-m1max.prom"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(got)

@@ -12,15 +12,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from tests.daemon import FIXTURES, REPO, machine_args, parse_samples, running, values_of
+from tests.daemon import (
+    FIXTURES,
+    REPO,
+    machine_args,
+    parse_samples,
+    promtool_check,
+    running,
+    values_of,
+)
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML
 from tests.test_golden import GOLDEN, ONE_CYCLE, normalize
 
@@ -88,13 +94,7 @@ def test_dcgm_mode_keeps_process_and_exporter_families_and_drops_the_other_gpu_o
 @pytest.mark.parametrize(("machine", "mode"), [(m, mode) for m in MACHINES for mode in MODES])
 def test_promtool_lints_all_but_dcgm_exporters_own_names(
         machine: str, mode: str, scrapes: dict[tuple[str, str], str]) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool missing: .ci/run installs Debian's prometheus")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    result = subprocess.run([promtool, "check", "metrics"], input=scrapes[machine, mode],
-                            capture_output=True, text=True)
+    result = promtool_check(scrapes[machine, mode])
     problems = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     other = [p for p in problems
              if not (p.startswith("DCGM_FI_") and p.endswith(DCGM_NAMING))]

@@ -17,14 +17,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemon import FIXTURES, REPO, machine_args, parse_samples, running, values_of
+from tests.daemon import (
+    FIXTURES,
+    REPO,
+    machine_args,
+    parse_samples,
+    promtool_check,
+    running,
+    values_of,
+)
 
 GOLDEN = REPO / "tests" / "golden"
 MACHINES = sorted(p.name for p in FIXTURES.iterdir() if (p / "sys").is_dir())
@@ -97,13 +103,7 @@ def test_golden(machine: str, scrapes: dict[str, str]) -> None:
 
 @pytest.mark.parametrize("machine", MACHINES)
 def test_promtool_lints(machine: str, scrapes: dict[str, str]) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool missing: .ci/run installs Debian's prometheus")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    result = subprocess.run([promtool, "check", "metrics"], input=scrapes[machine],
-                            capture_output=True, text=True)
+    result = promtool_check(scrapes[machine])
     assert result.returncode == 0, result.stdout + result.stderr
 
 

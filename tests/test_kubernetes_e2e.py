@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from test_deploy_dashboards import load, targets, to_promql
 from test_deploy_prometheus_e2e import PROMETHEUS, RULES, free_port, query, stop, wait_for
 from test_golden import normalize
 
-from tests.daemon import FIXTURES, REPO, running
+from tests.daemon import FIXTURES, REPO, promtool_check, running
 from tests.fakes.kubelet import FakeKubelet, FakeRuntime, Node
 
 NODE_DIR = FIXTURES / "k8s-node"
@@ -140,11 +139,7 @@ def test_golden_and_promtool(scrape: str) -> None:
     if os.environ.get("UPDATE_GOLDEN") == "1":
         GOLDEN.write_text(got)
     assert got == GOLDEN.read_text(), f"/metrics differs from {GOLDEN}"
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    result = subprocess.run([promtool, "check", "metrics"], input=scrape, capture_output=True,
-                            text=True)
+    result = promtool_check(scrape)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

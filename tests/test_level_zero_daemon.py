@@ -13,8 +13,6 @@ pointed at, so the daemon finds it exactly as it would find the real loader. Pro
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import FIXTURES, machine_args, parse_samples, running, values_of
+from tests.daemon import FIXTURES, machine_args, parse_samples, promtool_check, running, values_of
 from tests.fakes.ze_build import build_stub
 from tests.test_golden import GOLDEN, ONE_CYCLE, normalize
 from tests.test_level_zero import DATA, table
@@ -54,11 +52,7 @@ def test_golden_with_level_zero(with_l0: str) -> None:
 
 
 def test_promtool_lints_it(with_l0: str) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (apt-get install prometheus)")
-    done = subprocess.run([promtool, "check", "metrics"], input=with_l0, capture_output=True,
-                          text=True)
+    done = promtool_check(with_l0)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
