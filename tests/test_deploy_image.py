@@ -237,6 +237,12 @@ def test_image_builds_runs_as_its_user_and_reads_a_fixture(tmp_path: Path) -> No
     # Old builds left dangling by the re-tag; the last hour's stay as the layer cache.
     subprocess.run(["podman", "image", "prune", "-f", "--filter", "until=1h"],
                    capture_output=True, timeout=120)
+    if out.returncode != 0:
+        # Inside a container (a fresh Debian container running .ci/run) podman itself may
+        # not run; that is the environment, not the Dockerfile. Anything else fails.
+        info = subprocess.run(["podman", "info"], capture_output=True, text=True, timeout=120)
+        if info.returncode != 0:
+            pytest.skip(f"podman cannot run here: {info.stderr.strip()[-300:]}")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()
     lines = lines[next(i for i, line in enumerate(lines) if line.startswith("image ")):]
