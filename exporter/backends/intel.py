@@ -393,8 +393,8 @@ def _read_fan_ratios(chip: Path, errors: Counter[str]) -> dict[str, float]:
             continue
         rpm = read_attr(chip / filename, errors, unit="rpm")
         top = read_attr(chip / f"fan{index}_max", errors, unit="rpm")
-        if rpm is not None and top:
-            out[str(index - 1)] = min(max(rpm / top, 0.0), 1.0)
+        if rpm is not None and top and (ratio := units.clamp_ratio(rpm / top)) is not None:
+            out[str(index - 1)] = ratio
     return out
 
 
