@@ -37,8 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.backends.base import BackendUnavailable  # noqa: E402
-from exporter.backends.fdinfo import FdinfoBackend  # noqa: E402
-from exporter.backends.fdinfo_scan import KnownCards  # noqa: E402
+from exporter.backends.fdinfo.backend import FdinfoBackend  # noqa: E402
+from exporter.backends.fdinfo.scan import KnownCards  # noqa: E402
 from exporter.config import Config  # noqa: E402
 
 FDINFO = (

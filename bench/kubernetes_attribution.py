@@ -36,7 +36,7 @@ def rss():
     for line in open('/proc/self/status'):
         if line.startswith('VmRSS:'):
             return int(line.split()[1])
-import exporter.cli, exporter.backends.nvidia  # what the daemon imports anyway
+import exporter.cli, exporter.backends.nvidia.backend  # what the daemon imports anyway
 before = rss()
 if {load}:
     from exporter.kubernetes.podresources import PodResourcesClient

@@ -20,8 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from exporter.backends.apple import AppleBackend  # noqa: E402
-from exporter.backends.macmon_parse import decode_line, parse_macmon  # noqa: E402
+from exporter.backends.apple.backend import AppleBackend  # noqa: E402
+from exporter.backends.apple.parse import decode_line, parse_macmon  # noqa: E402
 from exporter.config import Config  # noqa: E402
 
 LINES = ROOT / "tests" / "fixtures" / "macmon"

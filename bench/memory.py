@@ -37,8 +37,8 @@ STAGES = (
     ("+ the exporter (cli, collector, render, server)",
      "import exporter.cli, exporter.collector, exporter.render, exporter.server"),
     ("+ backends (nvidia, amd, intel, fdinfo)",
-     "import exporter.backends.nvidia, exporter.backends.amd, exporter.backends.intel, "
-     "exporter.backends.fdinfo"),
+     "import exporter.backends.nvidia.backend, exporter.backends.amd.backend, "
+     "exporter.backends.intel.backend, exporter.backends.fdinfo.backend"),
     ("+ pyudev", "import pyudev; pyudev.Context()"),
     ("+ yaml, bcrypt (only with --config.file / basic auth)", "import yaml, bcrypt"),
     ("+ grpc and the kubernetes stubs (only in a cluster)", "import exporter.kubernetes.rpc"),

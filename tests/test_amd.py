@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.amd import AmdBackend
-from exporter.backends.amd_parse import dpm_current_hz, dpm_max_hz, parse_pp_dpm, parse_ras_count
+from exporter.backends.amd.backend import AmdBackend
 from exporter.backends.base import BackendUnavailable
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
 from exporter.fs import SysFS
+from exporter.kernel.amdgpu import dpm_current_hz, dpm_max_hz, parse_pp_dpm, parse_ras_count
 from exporter.model import DeviceSample
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.amd import AmdBackend
+from exporter.backends.amd.backend import AmdBackend
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
 from exporter.fs import SysFS

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.amd_gpu_metrics import GpuMetricsError, decode_raw, parse_gpu_metrics
+from exporter.kernel.amdgpu_gpu_metrics import GpuMetricsError, decode_raw, parse_gpu_metrics
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.amd import AmdBackend
-from exporter.backends.amd_ids import AmdgpuIds, default_path, parse_amdgpu_ids
+from exporter.backends.amd.backend import AmdBackend
+from exporter.backends.amd.ids import AmdgpuIds, default_path, parse_amdgpu_ids
 from exporter.cli import load_config
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery

@@ -5,12 +5,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from exporter.backends import amd_gpu_metrics_layouts as layouts
-from exporter.backends.amd import AmdBackend
-from exporter.backends.amd_rates import AccumulatorRates, ResidencyFlags
+from exporter.backends.amd.backend import AmdBackend
+from exporter.backends.amd.rates import AccumulatorRates, ResidencyFlags
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
 from exporter.fs import SysFS
+from exporter.kernel import amdgpu_gpu_metrics_layouts as layouts
 from exporter.model import DeviceSample
 from tests.test_amd_gpu_metrics_mi300 import MI300X, build
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from exporter.backends import build_backends
-from exporter.backends.amdsmi import AmdSmiBackend
+from exporter.backends.amd.amdsmi import AmdSmiBackend
 from exporter.backends.base import BackendFailed, BackendUnavailable
 from exporter.config import COLLECTORS, Config
 from exporter.model import DeviceSample

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.backends.apple import AppleBackend
+from exporter.backends.apple.backend import AppleBackend
 from exporter.backends.base import BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.model import DeviceSample

@@ -174,7 +174,7 @@ def test_the_whole_package_imports_and_runs_a_snapshot_as_on_a_mac(tmp_path: Pat
                "names = [m.name for m in pkgutil.walk_packages(exporter.__path__, 'exporter.')\n"
                "         if m.name != 'exporter.__main__']  # that one runs the daemon\n"
                "for name in names: importlib.import_module(name)\n"
-               "assert 'exporter.backends.amd' in names and 'exporter.discovery' in names\n"
+               "assert 'exporter.backends.amd.backend' in names and 'exporter.discovery' in names\n"
                "print(len(names))")
     env = daemon_env(None, macmon_on_path(tmp_path))
     done = subprocess.run([sys.executable, "-c", imports], cwd=REPO, env=env,

@@ -19,7 +19,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as om_gener
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.backends.nvidia import NvidiaBackend
+from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.config import Config
 from exporter.dcgm import FIELDS, dcgm_bus_id, dcgm_families, hostname
 from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef

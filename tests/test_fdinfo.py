@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from exporter.backends.base import BackendFailed, BackendUnavailable
-from exporter.backends.fdinfo import FdinfoBackend
-from exporter.backends.fdinfo_scan import error_reason
+from exporter.backends.fdinfo.backend import FdinfoBackend
+from exporter.backends.fdinfo.scan import error_reason
 from exporter.config import Config
 from exporter.model import DeviceSample, ProcessSample
 from exporter.units import parse_rss, process_name

@@ -11,8 +11,8 @@ import shutil
 import time
 from pathlib import Path
 
-from exporter.backends.amd import AmdBackend
-from exporter.backends.fdinfo import FdinfoBackend
+from exporter.backends.amd.backend import AmdBackend
+from exporter.backends.fdinfo.backend import FdinfoBackend
 from exporter.collector import Hub
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery

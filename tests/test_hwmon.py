@@ -1,4 +1,4 @@
-"""exporter.hwmon against the real-layout fixture trees and small tmp_path chips."""
+"""exporter.kernel.hwmon against the real-layout fixture trees and small tmp_path chips."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import hwmon
+from exporter.kernel import hwmon
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RX7800XT = FIXTURES / "amd-rdna3-rx7800xt/sys/class/drm/card1/device"

@@ -16,11 +16,11 @@ import pytest
 
 from exporter.backends.base import BackendUnavailable
 from exporter.backends.energy import power_from_energy
-from exporter.backends.intel import IntelBackend
-from exporter.backends.intel_parse import gt_clock_label, map_throttle_reasons
+from exporter.backends.intel.backend import IntelBackend
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
 from exporter.fs import SysFS
+from exporter.kernel.i915_xe import gt_clock_label, map_throttle_reasons
 from exporter.model import DeviceSample
 
 FIXTURES = Path(__file__).parent / "fixtures"

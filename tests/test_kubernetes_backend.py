@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from exporter.backends import build_backends
-from exporter.backends.amd import AmdBackend
+from exporter.backends.amd.backend import AmdBackend
 from exporter.backends.base import BackendFailed, BackendUnavailable
-from exporter.backends.fdinfo import FdinfoBackend
-from exporter.backends.intel import IntelBackend
-from exporter.backends.nvidia import NvidiaBackend
+from exporter.backends.fdinfo.backend import FdinfoBackend
+from exporter.backends.intel.backend import IntelBackend
+from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.collector import Hub
 from exporter.config import COLLECTORS, Config
 from exporter.discovery import DrmDiscovery

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from exporter.backends import build_backends
-from exporter.backends import ze_calls as ze
 from exporter.backends.base import BackendFailed, BackendUnavailable
-from exporter.backends.level_zero import LevelZeroBackend
+from exporter.backends.intel import ze_calls as ze
+from exporter.backends.intel.level_zero import LevelZeroBackend
 from exporter.collector import Hub
 from exporter.config import COLLECTORS, Config
 from tests.fakes.ze_build import build_stub, real_header_layout

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from exporter.backends.base import BackendFailed, BackendUnavailable
-from exporter.backends.nvidia import ALL_LOST_REINIT, NvidiaBackend
+from exporter.backends.nvidia.backend import ALL_LOST_REINIT, NvidiaBackend
 from exporter.config import Config
 from exporter.model import DeviceSample
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
@@ -426,7 +426,7 @@ def test_fixture_machine_lost() -> None:
 def test_shim_is_pynvml_for_a_subprocess(tmp_path: Path) -> None:
     config = tmp_path / "nvml.json"
     config.write_text(json.dumps({"gpus": [{"name": "NVIDIA H200", "power_mw": 250000}, {}]}))
-    code = ("from exporter.backends.nvidia import NvidiaBackend\n"
+    code = ("from exporter.backends.nvidia.backend import NvidiaBackend\n"
             "from exporter.config import Config\n"
             "import pynvml\n"
             "b = NvidiaBackend(Config())\n"

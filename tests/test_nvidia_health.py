@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from exporter.backends.base import BackendFailed
-from exporter.backends.nvidia import NvidiaBackend
+from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.config import Config
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.fakes.nvml_real import N

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.nvidia import NvidiaBackend
+from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.config import Config
 from exporter.model import DeviceSample
 from tests.fakes.fake_nvml import FakeGPU, FakeMig, FakeNvLink, FakeNVML, FakeProcess

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from exporter.backends.nvidia import NvidiaBackend
-from exporter.backends.nvml_nvlink import ERRORS_EVERY, THROUGHPUT_EVERY
+from exporter.backends.nvidia.backend import NvidiaBackend
+from exporter.backends.nvidia.nvlink import ERRORS_EVERY, THROUGHPUT_EVERY
 from exporter.config import Config
 from exporter.model import DeviceSample
 from tests.fakes.fake_nvml import FakeGPU, FakeNvLink, FakeNVML

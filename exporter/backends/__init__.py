@@ -27,7 +27,7 @@ LINUX_ONLY = ("amd", "intel", "processes")
 def build_backends(config: Config) -> list[Backend]:
     backends: list[Backend] = []
     if config.collector_enabled("nvidia") is not False:
-        from exporter.backends.nvidia import NvidiaBackend
+        from exporter.backends.nvidia.backend import NvidiaBackend
 
         backends.append(NvidiaBackend(config))
 
@@ -47,20 +47,20 @@ def build_backends(config: Config) -> list[Backend]:
 
         discovery = DrmDiscovery(SysFS(config.sysfs), hotplug=config.sysfs == "/sys")
         if wants_amd:
-            from exporter.backends.amd import AmdBackend
+            from exporter.backends.amd.backend import AmdBackend
 
             backends.append(AmdBackend(config, discovery))
         if wants_intel:
-            from exporter.backends.intel import IntelBackend
+            from exporter.backends.intel.backend import IntelBackend
 
             backends.append(IntelBackend(config, discovery))
         if wants_processes:
-            from exporter.backends.fdinfo import FdinfoBackend
+            from exporter.backends.fdinfo.backend import FdinfoBackend
 
             backends.append(FdinfoBackend(config, discovery))
 
     if config.collector_enabled("level-zero"):  # opt-in: docs/vendors-intel.md says why
-        from exporter.backends.level_zero import LevelZeroBackend
+        from exporter.backends.intel.level_zero import LevelZeroBackend
 
         backends.append(LevelZeroBackend(config))
 
@@ -68,7 +68,7 @@ def build_backends(config: Config) -> list[Backend]:
     # (no backend_up series), unless --collector.amdsmi asks for it and is told why not.
     amdsmi_switch = config.collector_enabled("amdsmi")
     if amdsmi_switch or (amdsmi_switch is None and importlib.util.find_spec("amdsmi")):
-        from exporter.backends.amdsmi import AmdSmiBackend
+        from exporter.backends.amd.amdsmi import AmdSmiBackend
 
         backends.append(AmdSmiBackend(config))
 
@@ -76,7 +76,7 @@ def build_backends(config: Config) -> list[Backend]:
     # only when forced on, which is how the tests run it with a fake macmon.
     apple = config.collector_enabled("apple")
     if apple or (apple is None and sys.platform == "darwin"):
-        from exporter.backends.apple import AppleBackend
+        from exporter.backends.apple.backend import AppleBackend
 
         backends.append(AppleBackend(config))
 

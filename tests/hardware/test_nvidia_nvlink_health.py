@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from exporter.backends.nvidia import NvidiaBackend
+from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.config import Config
 from exporter.model import DeviceSample
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter import units
-from exporter.backends.amdsmi_calls import Caller, number, text
+from exporter.backends.amd.amdsmi_calls import Caller, number, text
 from exporter.model import ProcessSample
 
 MIB = 1 << 20

@@ -29,12 +29,12 @@ from typing import Any
 import structlog
 
 from exporter.backends.base import LIBRARY, BackendFailed, BackendUnavailable, Cycle
-from exporter.backends.nvml_calls import GpuLost, text
-from exporter.backends.nvml_device import NvmlDevice, read_info
-from exporter.backends.nvml_events import XidEvents
-from exporter.backends.nvml_gpm import GpmSampler, GpmUnsupported
-from exporter.backends.nvml_mig import MigReader
-from exporter.backends.nvml_processes import ProcessReader
+from exporter.backends.nvidia.calls import GpuLost, text
+from exporter.backends.nvidia.device import NvmlDevice, read_info
+from exporter.backends.nvidia.events import XidEvents
+from exporter.backends.nvidia.gpm import GpmSampler, GpmUnsupported
+from exporter.backends.nvidia.mig import MigReader
+from exporter.backends.nvidia.processes import ProcessReader
 from exporter.config import Config
 from exporter.fs import ProcFS
 from exporter.model import DeviceInfo, DeviceSample

@@ -22,26 +22,27 @@ from pathlib import Path
 
 import structlog
 
-from exporter import hwmon, units
-from exporter.backends.amd_gpu_metrics import (
-    MI300_THROTTLERS,
-    GpuMetrics,
-    GpuMetricsError,
-    parse_gpu_metrics,
-)
-from exporter.backends.amd_ids import AmdgpuIds, default_path
-from exporter.backends.amd_parse import (
+from exporter import units
+from exporter.backends.amd.ids import AmdgpuIds, default_path
+from exporter.backends.amd.rates import AccumulatorRates, ResidencyFlags
+from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
+from exporter.config import Config
+from exporter.discovery import DrmCard, DrmDiscovery
+from exporter.fs import clean_text, read_bytes
+from exporter.kernel import hwmon
+from exporter.kernel.amdgpu import (
     DpmLevel,
     dpm_current_hz,
     dpm_max_hz,
     parse_pp_dpm,
     parse_ras_count,
 )
-from exporter.backends.amd_rates import AccumulatorRates, ResidencyFlags
-from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
-from exporter.config import Config
-from exporter.discovery import DrmCard, DrmDiscovery
-from exporter.fs import clean_text, read_bytes
+from exporter.kernel.amdgpu_gpu_metrics import (
+    MI300_THROTTLERS,
+    GpuMetrics,
+    GpuMetricsError,
+    parse_gpu_metrics,
+)
 from exporter.model import DeviceInfo, DeviceSample, pci_uuid
 
 log = structlog.get_logger(__name__)

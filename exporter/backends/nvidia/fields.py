@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from exporter.backends.nvml_calls import Caller
+from exporter.backends.nvidia.calls import Caller
 
 FieldKey = tuple[int, int]  # (field id, scope id)
 

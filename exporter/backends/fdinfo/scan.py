@@ -3,8 +3,8 @@
 Owns which files are read (``<pid>/fd/*`` links to ``/dev/dri/*`` or ``/dev/accel/*``,
 then ``<pid>/fdinfo/<fd>`` of those fds only, ``comm`` and ``statm`` of the processes
 that own a client), which clients a scan keeps, and how its failures are counted.
-The fdinfo text itself is parsed by exporter.fdinfo_parse; what the clients add up
-to between scans is exporter.backends.fdinfo's.
+The fdinfo text itself is parsed by exporter.kernel.drm_fdinfo; what the clients add up
+to between scans is exporter.backends.fdinfo.backend's.
 
 Choices:
 - A client counts only for a GPU this machine has: its ``drm-pdev`` (or the DRM node
@@ -29,8 +29,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exporter.fdinfo_parse import VENDOR_OF_DRIVER, DrmClientStats, parse_fdinfo
 from exporter.fs import ProcFS
+from exporter.kernel.drm_fdinfo import VENDOR_OF_DRIVER, DrmClientStats, parse_fdinfo
 from exporter.units import parse_rss, process_name
 
 MAX_FDINFO_BYTES = 64 * 1024  # real files are < 4 KiB; anything bigger is garbage

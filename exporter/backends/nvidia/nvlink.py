@@ -36,8 +36,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from exporter.backends.nvml_calls import Caller, u32, u64
-from exporter.backends.nvml_fields import FieldKey, FieldValue, field_id
+from exporter.backends.nvidia.calls import Caller, u32, u64
+from exporter.backends.nvidia.fields import FieldKey, FieldValue, field_id
 from exporter.units import bounded
 
 KIB = 1024

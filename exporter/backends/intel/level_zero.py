@@ -1,6 +1,6 @@
 """Intel GPUs through Level Zero Sysman (``source="level_zero"``): opt-in, runtime-detected.
 
-Owns: one Sysman session over the loader (ctypes, exporter.backends.ze_calls) and
+Owns: one Sysman session over the loader (ctypes, exporter.backends.intel.ze_calls) and
 turning its answers into DeviceSamples joined to the i915/xe sysfs view of the same
 card by PCI bus id (the collector merges them; this backend is LIBRARY priority, so its
 values win and sysfs fills the rest).
@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from exporter import units
-from exporter.backends import ze_calls as ze
 from exporter.backends.base import LIBRARY, BackendUnavailable, Cycle
 from exporter.backends.energy import EnergyCounter
+from exporter.backends.intel import ze_calls as ze
 from exporter.config import Config
 from exporter.fs import ProcFS
 from exporter.model import DeviceInfo, DeviceSample, ProcessSample, pci_uuid

@@ -31,9 +31,9 @@ from typing import Any
 
 import structlog
 
-from exporter.backends import amdsmi_device as dev
-from exporter.backends.amd_rates import AccumulatorRates
-from exporter.backends.amdsmi_calls import Caller, GpuLost, text
+from exporter.backends.amd import amdsmi_device as dev
+from exporter.backends.amd.amdsmi_calls import Caller, GpuLost, text
+from exporter.backends.amd.rates import AccumulatorRates
 from exporter.backends.base import LIBRARY, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.model import DeviceInfo, DeviceSample, normalize_pci_bus_id

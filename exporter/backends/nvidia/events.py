@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from exporter.backends.nvml_calls import text
+from exporter.backends.nvidia.calls import text
 
 log = structlog.get_logger(__name__)
 

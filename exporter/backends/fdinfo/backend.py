@@ -1,9 +1,9 @@
 """Per-process GPU use from DRM fdinfo: the ``processes`` backend.
 
-Owns what the DRM clients found by each /proc scan (exporter.backends.fdinfo_scan)
+Owns what the DRM clients found by each /proc scan (exporter.backends.fdinfo.scan)
 add up to between scans: busy counters turned into ratios, per-process and
 per-device busy counters, and the DeviceSamples of the AMD/Intel GPUs they belong
-to. The text format lives in exporter.fdinfo_parse.
+to. The text format lives in exporter.kernel.drm_fdinfo.
 
 Choices (docs/vendors-fdinfo.md has the per-driver detail):
 - Only amdgpu, i915 and xe are exported (vendors docs/metrics.md knows). Other drivers
@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 import structlog
 
 from exporter.backends.base import DERIVED, BackendFailed, BackendUnavailable, Cycle
-from exporter.backends.fdinfo_scan import ClientKey, ClientRead, KnownCards, ProcScanner, ScanResult
+from exporter.backends.fdinfo.scan import ClientKey, ClientRead, KnownCards, ProcScanner, ScanResult
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
-from exporter.fdinfo_parse import VENDOR_OF_DRIVER, engine_label, memory_split
 from exporter.fs import ProcFS, SysFS
+from exporter.kernel.drm_fdinfo import VENDOR_OF_DRIVER, engine_label, memory_split
 from exporter.model import DeviceInfo, DeviceSample, ProcessSample, pci_uuid
 from exporter.units import bounded, clamp_ratio
 

@@ -29,10 +29,10 @@ from typing import Any
 
 import structlog
 
-from exporter.backends.nvml_calls import Caller, text, u32
-from exporter.backends.nvml_device import NvmlDevice, read_memory
-from exporter.backends.nvml_gpm import GpmSampler, GpmUnsupported
-from exporter.backends.nvml_processes import ProcessReader
+from exporter.backends.nvidia.calls import Caller, text, u32
+from exporter.backends.nvidia.device import NvmlDevice, read_memory
+from exporter.backends.nvidia.gpm import GpmSampler, GpmUnsupported
+from exporter.backends.nvidia.processes import ProcessReader
 from exporter.fs import ProcFS
 from exporter.model import DeviceInfo, DeviceSample
 

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 
 import structlog
 
+from exporter.backends.apple.child import Child, Line
+from exporter.backends.apple.parse import MacmonValues, parse_macmon
 from exporter.backends.base import LIBRARY, BackendUnavailable, Cycle
-from exporter.backends.macmon_child import Child, Line
-from exporter.backends.macmon_parse import MacmonValues, parse_macmon
 from exporter.collector import REOPEN_BACKOFF
 from exporter.config import Config
 from exporter.model import DeviceInfo, DeviceSample

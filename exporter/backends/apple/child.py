@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from exporter.backends.macmon_parse import decode_line
+from exporter.backends.apple.parse import decode_line
 
 MAX_LINE = 256 * 1024  # a macmon line is a few KiB; longer is garbage, and memory stays bounded
 STDERR_KEEP = 5  # last stderr lines kept for the log

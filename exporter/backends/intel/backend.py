@@ -39,19 +39,20 @@ from pathlib import Path
 
 import structlog
 
-from exporter import hwmon, units
+from exporter import units
 from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.backends.energy import EnergyCounter
-from exporter.backends.intel_parse import (
+from exporter.config import Config
+from exporter.discovery import DrmCard, DrmDiscovery
+from exporter.fs import clean_text, read_bytes, read_text
+from exporter.kernel import hwmon
+from exporter.kernel.i915_xe import (
     device_name,
     first_present,
     gt_clock_label,
     map_throttle_reasons,
     temperature_sensor,
 )
-from exporter.config import Config
-from exporter.discovery import DrmCard, DrmDiscovery
-from exporter.fs import clean_text, read_bytes, read_text
 from exporter.model import DeviceInfo, DeviceSample, pci_uuid
 
 log = structlog.get_logger(__name__).bind(backend="intel")
@@ -114,7 +115,7 @@ def _hwmon(
     read: Callable[..., dict[str, float]], chip: Path, unit: str, errors: Counter[str],
     *args: str,
 ) -> dict[str, float]:
-    """An exporter.hwmon reader's channels, each bounded for ``unit`` (garbage counted).
+    """An exporter.kernel.hwmon reader's channels, each bounded for ``unit`` (garbage counted).
 
     hwmon's own parser lets NaN and infinities through and overflows on a 400-digit
     file; this keeps both out of the output and the card up, whatever hwmon does.

@@ -19,7 +19,7 @@ import os
 from collections import Counter
 from typing import Any
 
-from exporter.backends.nvml_calls import Caller, text, u32, u64
+from exporter.backends.nvidia.calls import Caller, text, u32, u64
 from exporter.fs import ProcFS
 from exporter.model import ProcessSample
 from exporter.units import parse_rss, process_name

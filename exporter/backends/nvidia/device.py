@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from exporter.backends.nvml_calls import Caller, text, u32, u64
-from exporter.backends.nvml_fields import FieldKey, FieldReader, field_id
-from exporter.backends.nvml_health import Health
-from exporter.backends.nvml_nvlink import NvLinks
+from exporter.backends.nvidia.calls import Caller, text, u32, u64
+from exporter.backends.nvidia.fields import FieldKey, FieldReader, field_id
+from exporter.backends.nvidia.health import Health
+from exporter.backends.nvidia.nvlink import NvLinks
 from exporter.model import DeviceInfo, normalize_pci_bus_id
 from exporter.units import ratio_from_percent as ratio
 from exporter.units import scaled

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from exporter import units
-from exporter.backends.amd_gpu_metrics_layouts import LAYOUTS, Layout, Nested
+from exporter.kernel.amdgpu_gpu_metrics_layouts import LAYOUTS, Layout, Nested
 
 # Independent throttle bits (SMU_THROTTLER_*_BIT in amdgpu_smu.h), grouped into the
 # `reason` values docs/metrics.md defines: PPT/SPL limits are firmware power capping,

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from exporter.backends.nvml_calls import Caller, u64
-from exporter.backends.nvml_fields import FieldKey, FieldValue, field_id
+from exporter.backends.nvidia.calls import Caller, u64
+from exporter.backends.nvidia.fields import FieldKey, FieldValue, field_id
 from exporter.units import scaled
 
 VIOLATIONS = {"sw_power_cap": "NVML_PERF_POLICY_POWER",

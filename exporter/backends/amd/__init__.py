@@ -1,0 +1,2 @@
+"""AMD: the amdgpu sysfs backend, PCI id names, rates, and the optional amdsmi backend.
+"""

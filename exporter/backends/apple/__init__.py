@@ -1,0 +1,2 @@
+"""Apple Silicon: the long-lived `macmon pipe` child and its JSON parser.
+"""
