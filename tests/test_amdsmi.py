@@ -119,6 +119,25 @@ def test_not_supported_is_not_asked_again(fake: ModuleType) -> None:
     b.close()
 
 
+def test_vram_used_is_exact_bytes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """amdsmi_get_gpu_memory_usage's bytes, not amdsmi_get_gpu_vram_usage's whole MiB: on an
+    idle MI300X the library holds 297,771,008 B, which the MiB getter truncates to 283 MiB."""
+    g0, g1 = (json.loads(json.dumps(g)) for g in DATA["gpus"])
+    g0["vram"]["vram_used_bytes"] = 297771008
+    g1["not_supported"] = ["amdsmi_get_gpu_memory_usage"]  # an amdsmi without it: MiB
+    load_fake(monkeypatch, {**DATA, "gpus": [g0, g1]}, tmp_path)
+    b = AmdSmiBackend(Config())
+    b.open()
+    d = by_key(b.sample(slow=False).devices)
+    p0, p1 = d["0000:05:00.0:partition0"], d["0000:05:00.0:partition1"]
+    assert p0.memory_used_bytes == 297771008 != g0["vram"]["vram_used"] * MIB
+    assert p0.memory_total_bytes == 196592 * MIB
+    assert p0.memory_free_bytes == 196592 * MIB - 297771008
+    assert p1.memory_used_bytes == 492 * MIB and p1.memory_total_bytes == 98296 * MIB
+    b.close()
+    sys.modules.pop("amdsmi", None)
+
+
 def test_missing_package_and_forced_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     sys.modules.pop("amdsmi", None)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != FAKES])

@@ -1,10 +1,11 @@
 """What one amdsmi processor handle reports, as DeviceSample fields (amdsmi's units -> base units).
 
 Split from the backend so the mapping reads in one place. Units (amdsmi.h, and the
-Python package's ``amdsmi_interface.py`` dict keys): activity %, VRAM MiB, power W,
-energy ``energy_accumulator x counter_resolution`` µJ, temperatures °C, clocks MHz,
-PCIe speed MT/s, XGMI link ``read`` / ``write`` accumulators KB, process memory bytes,
-process engine usage ns (a busy-time counter).
+Python package's ``amdsmi_interface.py`` dict keys): activity %, VRAM bytes (MiB from
+the older ``amdsmi_get_gpu_vram_usage``), power W, energy ``energy_accumulator x
+counter_resolution`` µJ, temperatures °C, clocks MHz, PCIe speed MT/s, XGMI link
+``read`` / ``write`` accumulators KB, process memory bytes, process engine usage ns (a
+busy-time counter).
 """
 
 from __future__ import annotations
@@ -40,9 +41,18 @@ def activity(call: Caller, errors: Counter[str]) -> dict[str, Any]:
 
 
 def memory(call: Caller, errors: Counter[str]) -> dict[str, Any]:
-    v = call.get(errors, "amdsmi_get_gpu_vram_usage") or {}
-    total = number(v.get("vram_total"), "bytes", MIB, errors)
-    used = number(v.get("vram_used"), "bytes", MIB, errors)
+    """VRAM in exact bytes (``amdsmi_get_gpu_memory_total`` / ``_usage``, ``uint64_t`` bytes
+    in amdsmi.h); ``amdsmi_get_gpu_vram_usage`` (whole MiB, truncated: 283 MiB where the
+    GPU holds 297,771,008 B) only where the byte getters are missing or not supported."""
+    kind = getattr(getattr(call.lib, "AmdSmiMemoryType", None), "VRAM", None)
+    total = used = None
+    if kind is not None:
+        total = number(call.get(errors, "amdsmi_get_gpu_memory_total", kind), "bytes", 1, errors)
+        used = number(call.get(errors, "amdsmi_get_gpu_memory_usage", kind), "bytes", 1, errors)
+    if total is None or used is None:
+        v = call.get(errors, "amdsmi_get_gpu_vram_usage") or {}
+        total = total if total is not None else number(v.get("vram_total"), "bytes", MIB, errors)
+        used = used if used is not None else number(v.get("vram_used"), "bytes", MIB, errors)
     free = total - used if total is not None and used is not None and used <= total else None
     return {"memory_total_bytes": total, "memory_used_bytes": used, "memory_free_bytes": free}
 

@@ -12,7 +12,8 @@ JSON (every key optional)::
 
     {"gpus": [{"bdf": "0000:05:00.0", "uuid": "...", "asic": {...}, "driver": {...},
                "vbios": {...}, "kfd": {...}, "compute_partition": "DPX",
-               "memory_partition": "NPS1", "activity": {...}, "vram": {...},
+               "memory_partition": "NPS1", "activity": {...},
+               "vram": {"vram_total": MiB, "vram_used": MiB, "vram_used_bytes": B},
                "power": {...}, "energy": {"energy_accumulator": N,
                "counter_resolution": 15.3, "step": N}, "temps": {"EDGE": 40, ...},
                "thresholds": {"CRITICAL": 110}, "clocks": {"GFX": {...}}, "pcie": {...},
@@ -135,6 +136,12 @@ class AmdSmiGpuBlock(IntEnum):
     JPEG = 65536
     IH = 131072
     MPIO = 262144
+
+
+class AmdSmiMemoryType(IntEnum):
+    VRAM = 0
+    VIS_VRAM = 1
+    GTT = 2
 
 
 class AmdSmiLinkType(IntEnum):
@@ -263,6 +270,25 @@ def amdsmi_get_gpu_activity(h: Any) -> dict[str, Any]:
 def amdsmi_get_gpu_vram_usage(h: Any) -> dict[str, Any]:
     vram = _need(_gpu(h, "amdsmi_get_gpu_vram_usage"), "vram")
     return {"vram_total": vram["vram_total"], "vram_used": vram["vram_used"]}
+
+
+def _memory(h: Any, fn: str, mem_type: AmdSmiMemoryType, key: str) -> int:
+    """Bytes of VRAM: ``{key}_bytes`` where the JSON has it (what the library reads from the
+    driver), else the MiB figure times 2**20; other memory types are not in the JSON."""
+    vram = _need(_gpu(h, fn), "vram")
+    if not isinstance(mem_type, AmdSmiMemoryType):
+        raise AmdSmiParameterException(mem_type)
+    if mem_type != AmdSmiMemoryType.VRAM:
+        raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
+    return int(vram.get(f"{key}_bytes", vram[key] << 20))
+
+
+def amdsmi_get_gpu_memory_total(h: Any, mem_type: AmdSmiMemoryType) -> int:
+    return _memory(h, "amdsmi_get_gpu_memory_total", mem_type, "vram_total")
+
+
+def amdsmi_get_gpu_memory_usage(h: Any, mem_type: AmdSmiMemoryType) -> int:
+    return _memory(h, "amdsmi_get_gpu_memory_usage", mem_type, "vram_used")
 
 
 def amdsmi_get_power_info(h: Any) -> dict[str, Any]:
