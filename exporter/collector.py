@@ -18,6 +18,7 @@ are measured on the monotonic clock: an NTP step changes nothing.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -139,6 +140,9 @@ class Hub:
         self._gpu_index: dict[str, int] = {}
         self._seen: dict[str, DeviceSample] = {}
         self._seen_view: Mapping[str, DeviceSample] = MappingProxyType({})
+        # backend -> the devices its last open() returned, as they are reported (gpu_up 0)
+        # should it go stale before its first sample: an alert on gpu_up == 0 still fires.
+        self._opened: dict[str, tuple[DeviceSample, ...]] = {}
         self._threads_by_backend: Mapping[str, threading.Thread] = {}
         self._numbered = False
         self._truncated = 0
@@ -252,6 +256,9 @@ class Hub:
                 alive_at=time.monotonic(), logged="" if not state.failing else state.logged)
             for info in infos:
                 self._register(info)
+            source = getattr(sys.modules.get(type(backend).__module__), "SOURCE", backend.name)
+            self._opened[backend.name] = tuple(
+                DeviceSample(info=i, source=source, up=False) for i in infos if not i.parent_key)
             self._check_attempted()
         return True
 
@@ -342,16 +349,20 @@ class Hub:
                     continue  # an augmenting backend never makes a device of its own
                 self._register(device.info)
                 if not device.info.parent_key:
-                    key = device.info.key
-                    known = self._seen.get(key)
-                    if known is None or known.info != device.info:
-                        self._seen[key] = DeviceSample(info=device.info, source=device.source,
-                                                       up=False)
-                        self._seen_view = MappingProxyType(dict(self._seen))
+                    self._remember(DeviceSample(info=device.info, source=device.source, up=False))
+
+    def _remember(self, gone: DeviceSample, replace_known: bool = True) -> None:
+        """What to report (up=False) for this device once no backend reports it."""
+        known = self._seen.get(gone.info.key)
+        if known is None or (replace_known and known.info != gone.info):
+            self._seen[gone.info.key] = gone
+            self._seen_view = MappingProxyType(dict(self._seen))
 
     @staticmethod
     def _log_device_changes(old: BackendSample | None, new: BackendSample) -> None:
-        before = {d.info.key: d.up for d in old.devices} if old else {}
+        # Primary devices only, on both sides: an augmenting backend's (fdinfo) devices
+        # are not "gone" in every cycle.
+        before = {d.info.key: d.up for d in old.devices if d.primary} if old else {}
         after = set()
         for d in new.devices:
             if not d.primary:
@@ -413,6 +424,8 @@ class Hub:
                         if stale:
                             log.warning("backend stale: no completed collection",
                                         backend=name, seconds=round(age, 1))
+                            for device in self._opened.get(name, ()):
+                                self._remember(device, replace_known=False)
             if changed:
                 self.publish()
             # Nothing to watch (every backend down or stale): look again after a stale
