@@ -7,14 +7,20 @@ exposition, parsed with prometheus-client.
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from exporter.backends import build_backends
 from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.collector import Hub
-from exporter.config import Config
+from exporter.config import COLLECTORS, Config
+from exporter.kubernetes.backend import KubernetesBackend
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML
 from tests.test_collector import scrape, wait_for
 
@@ -64,3 +70,52 @@ def test_a_backend_hanging_in_its_first_sample_shows_its_gpus_down() -> None:
     assert up == {"0": ("nvml", 0.0), "1": ("nvml", 0.0)}
     assert got[("gpu_exporter_backend_up", frozenset({("backend", "nvidia")}))] == 0
     assert not [n for n, _ in got if n == "gpu_power_watts"]
+
+
+@pytest.fixture
+def garbage_socket(tmp_path: Path) -> Iterator[Path]:
+    """A unix socket whose server answers every connection with random bytes."""
+    path = tmp_path / "kubelet.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(16)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                try:
+                    conn.sendall(os.urandom(64))  # a random first HTTP/2 frame type
+                    conn.recv(4096)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield path
+    stop.set()
+    thread.join(2)
+    server.close()
+
+
+def test_a_garbage_kubelet_socket_logs_down_once(garbage_socket: Path) -> None:
+    """grpc's text names the random frame type the peer sent: each retry was a new reason,
+    so a new "backend down" line (1.2 lines/s at --kubernetes.interval 1s)."""
+    config = Config(collectors={**COLLECTORS, "kubernetes": True},
+                    kubernetes_pod_resources_socket=str(garbage_socket))
+    backend = KubernetesBackend(config)
+    hub = Hub(config, [backend])
+    with capture_logs() as logs:
+        for _ in range(6):
+            assert hub._open(backend) is False
+    downs = [e for e in logs if e["event"] == "backend down"]
+    assert len(downs) == 1, downs
+    reason = f"{garbage_socket}: unavailable: not a gRPC server (bad HTTP/2 frames)"
+    assert downs[0]["reason"] == reason
+    assert hub.snapshot.backends[0].reason == downs[0]["reason"]
+    hub.stop()

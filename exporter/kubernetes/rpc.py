@@ -4,18 +4,44 @@ grpcio and protobuf are imported only when a kubernetes client is created, so a
 daemon with the kubernetes backend off never loads them (they cost several MB of
 resident memory). Every failed call becomes ``RpcFailed`` with a short reason for
 logs and ``/snapshot``: ``socket ... not found``, ``unavailable: ...``,
-``timed out after 1s``, ``unimplemented``.
+``timed out after 1s``, ``unimplemented``. The reason is a stable class of the error
+(``not a gRPC server``, ``connection refused``...), never grpc's raw text: that embeds
+whatever a broken peer sent (``got frame type 177``), and the collector logs a
+"backend down" line each time the reason changes.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable
 from typing import Any
 
 CALL_TIMEOUT = 1.0  # seconds; both servers answer from memory in milliseconds
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a node with thousands of containers; grpc's default is 4 MiB
+
+
+# grpc's error text (core's connectivity and HTTP/2 parser messages) -> a stable class; first match.
+_CLASSES = (
+    ("http1.x server", "an HTTP/1 server, not gRPC"),
+    ("Failed parsing HTTP/2", "not a gRPC server (bad HTTP/2 frames)"),
+    ("Connection refused", "connection refused"),
+    ("Connection reset", "connection closed by the peer"),
+    ("Socket closed", "connection closed by the peer"),
+    ("Broken pipe", "connection closed by the peer"),
+    ("Permission denied", "permission denied"),
+    ("No such file", "socket not found"),
+)
+
+
+def classify(details: str, path: str) -> str:
+    """A reason that stays the same while the failure does: a known class, else grpc's
+    text without the socket path and with every number masked."""
+    for needle, reason in _CLASSES:
+        if needle in details:
+            return reason
+    return re.sub(r"\d+", "N", details.replace(path, "")).strip(" :")[:160]
 
 
 class RpcFailed(Exception):
@@ -69,7 +95,8 @@ class UnixChannel:
         if name == "DEADLINE_EXCEEDED":
             return RpcFailed(f"{self.path}: timed out after {self.timeout:g}s", name)
         details = e.details() if callable(getattr(e, "details", None)) else ""
-        return RpcFailed(f"{self.path}: {name.lower()}: {details}".rstrip(": "), name)
+        reason = classify(details if isinstance(details, str) else "", self.path)
+        return RpcFailed(f"{self.path}: {name.lower()}: {reason}".rstrip(": "), name)
 
     def close(self) -> None:
         self.channel.close()
