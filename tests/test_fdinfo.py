@@ -341,6 +341,36 @@ def test_budget_stops_keeps_and_resumes(tmp_path: Path) -> None:
     assert dict(second.errors) == {"budget": 1}
 
 
+def test_budget_is_checked_inside_one_process_fd_walk(tmp_path: Path) -> None:
+    """One process with many DRM fds used to be walked whole, past the budget and
+    uncounted (20k fds: 0.98 s against 0.5 s). Now the walk stops, counts ``budget``, and
+    the next scans go on from the fd where it stopped until every client was read."""
+    gpu(tmp_path)
+    d = proc(tmp_path, 10)
+    fds = 1000
+    for fd in range(3, 3 + fds):
+        drm_fd(d, fd, amd(cid=fd, gfx_ns=fd, vram_kib=1024))
+    b = backend(tmp_path, Clock(tick=0.001), budget=0.1)  # every clock read costs 1 ms
+    first = b.sample(slow=False)
+    assert dict(first.errors) == {"budget": 1}
+    (p,) = only_device(first.devices).processes
+    assert p.pid == 10 and p.memory_used_bytes is not None
+    read = p.memory_used_bytes / (1024 * 1024)  # 1024 KiB of VRAM per client
+    assert 64 <= read < 300
+    totals, busy = [read], [p.engine_busy_seconds["gfx"]]
+    for _ in range(20):
+        cycle = b.sample(slow=False)
+        (p,) = only_device(cycle.devices).processes
+        assert p.memory_used_bytes is not None
+        totals.append(p.memory_used_bytes / (1024 * 1024))
+        busy.append(p.engine_busy_seconds["gfx"])
+        if totals[-1] == fds:
+            break
+    assert totals == sorted(totals) and totals[-1] == fds  # resumed, never lost a client
+    # each client counted once: the busy counter never goes back and ends at the sum
+    assert busy == sorted(busy) and busy[-1] == pytest.approx(sum(range(3, 3 + fds)) / 1e9)
+
+
 def test_host_memory_falls_back_to_status(tmp_path: Path) -> None:
     gpu(tmp_path)
     d = proc(tmp_path, 10, rss_pages=None, vmrss_kib=2048)

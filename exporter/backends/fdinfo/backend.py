@@ -16,7 +16,8 @@ Choices (docs/vendors-fdinfo.md has the per-driver detail):
   and a card bound later is picked up.
 - A scan past ``processes_budget`` stops, counts ``budget``, keeps the last values
   of the clients of the pids it did not reach, and the next scan starts where this
-  one stopped, so on a very busy host every pid is still reached in turn.
+  one stopped (at the fd, inside one process's walk), so on a very busy host every
+  pid is still reached in turn.
 - A busy counter that goes backwards keeps its larger previous value (the
   drm-usage-stats rule) and yields no ratio for that interval; a new client id is
   a new baseline. Ratios are clamped to 0..1.
@@ -138,7 +139,7 @@ class FdinfoBackend:
         self._device_busy_ns: dict[str, Counter[str]] = {}
         self._process_busy_ns: dict[DeviceKey, Counter[str]] = {}
         self._device_engines: dict[str, set[str]] = {}  # labels that had a ratio before
-        self._resume = 0
+        self._resume = (0, 0)
         self._over_budget = False
         self._unsupported_logged: set[str] = set()
 
@@ -223,7 +224,7 @@ class FdinfoBackend:
             if st.misses >= MISSES_BEFORE_FORGET:
                 del self._clients[key]
         owners = {st.pid for st in self._clients.values() if st.live}
-        for pid in owners & scan.reached:
+        for pid in owners & scan.walked:
             info = self.scanner.read_process(pid)
             if info is None:
                 self.scanner.count(pid, "vanished", scan.errors)

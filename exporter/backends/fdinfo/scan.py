@@ -17,6 +17,11 @@ Choices:
   fails on every scan, so per-attempt counts measured scan frequency x process
   count (15,405 in three minutes on an ordinary host), not trouble.
 - A client shared by several processes (fork, passed fds) belongs to the lowest pid.
+- The budget is checked inside a process's fd walk too (every ``BUDGET_CHECK_FDS``
+  fds, in fd order): one process with 20,000 DRM fds took 0.98 s against 0.5 s,
+  uncounted. The walk stops there, counts ``budget`` and the next scan resumes at that
+  fd; a process counts as reached only when all its fds were walked in one scan, so
+  the clients of the fds not walked keep their last values.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ _DRM_PREFIXES = ("/dev/dri/", "/dev/accel/")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NOT_A_CLIENT = DrmClientStats()  # a DRM node whose driver prints no usage stats
 _ONCE_PER_PROCESS = frozenset({"permission", "vanished"})
+BUDGET_CHECK_FDS = 64  # fds walked between two looks at the clock (~3 ms of fdinfo reads)
 
 ClientKey = tuple[str, str]  # (pci bus id, drm-client-id)
 
@@ -71,10 +77,12 @@ class ClientRead:
 @dataclass
 class ScanResult:
     clients: dict[ClientKey, ClientRead] = field(default_factory=dict)
-    reached: set[int] = field(default_factory=set)
+    reached: set[int] = field(default_factory=set)  # pids whose every fd was walked
+    walked: set[int] = field(default_factory=set)  # pids with some fds walked (reached too)
     errors: Counter[str] = field(default_factory=Counter)
     unsupported: set[str] = field(default_factory=set)  # driver names skipped
-    resume: int = 0  # pid the next scan starts at; 0 after a complete scan
+    # (pid, fd) the next scan starts at; (0, 0) after a complete scan
+    resume: tuple[int, int] = (0, 0)
 
 
 class ProcScanner:
@@ -101,46 +109,58 @@ class ProcScanner:
         errors[reason] += 1
 
     def scan(self, pids: Sequence[int], deadline: float, cards: KnownCards,
-             resume: int = 0) -> ScanResult:
+             resume: tuple[int, int] = (0, 0)) -> ScanResult:
         out = ScanResult()
         if self._counted:  # forget the pids that are gone: bounded by the live processes
             alive = set(pids)
             self._counted = {p: r for p, r in self._counted.items() if p in alive}
-        start = bisect_left(pids, resume) if resume else 0
+        start = bisect_left(pids, resume[0]) if resume[0] else 0
         order = [*pids[start:], *pids[:start]]
         for i, pid in enumerate(order):
             if i and self.clock() > deadline:
                 out.errors["budget"] += 1
-                out.resume = pid
+                out.resume = (pid, 0)
                 break
-            out.reached.add(pid)
-            self._scan_pid(pid, cards, out)
+            first_fd = resume[1] if i == 0 and pid == resume[0] else 0
+            out.walked.add(pid)
+            cut = self._scan_pid(pid, cards, out, deadline, first_fd)
+            if cut is not None:
+                out.errors["budget"] += 1
+                out.resume = (pid, cut)
+                break
+            if not first_fd:
+                out.reached.add(pid)
         return out
 
-    def _scan_pid(self, pid: int, cards: KnownCards, out: ScanResult) -> None:
+    def _scan_pid(self, pid: int, cards: KnownCards, out: ScanResult, deadline: float,
+                  first_fd: int = 0) -> int | None:
+        """Walk the fds of ``pid`` from ``first_fd`` on; the fd to resume at if the
+        deadline passed first, else None."""
         # Links are read relative to an open fd directory: one path walk per process
         # instead of one per fd, the main cost on a host with 100k open files.
         try:
             dir_fd = os.open(f"{self._root}/{pid}/fd", _DIR_FLAGS)
         except OSError as e:
             self.count(pid, error_reason(e), out.errors)
-            return
-        drm: list[tuple[str, str]] = []
+            return None
         try:
-            for fd in os.listdir(dir_fd):
+            fds = sorted(n for name in os.listdir(dir_fd)
+                         if name.isdigit() and (n := int(name)) >= first_fd)
+            for walked, fd in enumerate(fds):
+                if walked and walked % BUDGET_CHECK_FDS == 0 and self.clock() > deadline:
+                    return fd
                 try:
-                    target = os.readlink(fd, dir_fd=dir_fd)
+                    target = os.readlink(str(fd), dir_fd=dir_fd)
                 except OSError as e:
                     self.count(pid, error_reason(e), out.errors)
                     continue
                 if target.startswith(_DRM_PREFIXES):
-                    drm.append((fd, target))
+                    self._read_client(pid, str(fd), target, cards, out)
         except OSError as e:
             self.count(pid, error_reason(e), out.errors)
         finally:
             os.close(dir_fd)
-        for fd, target in drm:
-            self._read_client(pid, fd, target, cards, out)
+        return None
 
     def _read_client(self, pid: int, fd: str, target: str, cards: KnownCards,
                      out: ScanResult) -> None:
