@@ -170,6 +170,18 @@ def process_name(raw: bytes | str | None) -> str:
     return "".join(ch for ch in text.rstrip("\n") if ch.isprintable())[:64]
 
 
+def parse_start_time(stat: bytes) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (clock ticks after boot); comm may hold spaces.
+
+    With the pid, the identity of a process: a reused pid has another start time.
+    """
+    _, sep, rest = stat.rpartition(b")")
+    fields = rest.split()
+    if not sep or len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return int(fields[19])
+
+
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 

@@ -1,4 +1,5 @@
-"""The hub's device bookkeeping under hostile conditions: state-change logs and stale starts.
+"""Hardening of the hub and of backends' bookkeeping: state-change logs, stale starts,
+stable failure reasons, process identity.
 
 Real backends on committed machines (amdgpu sysfs + /proc fdinfo of the RX 7800 XT)
 and the NVIDIA backend on FakeNVML's hang injection; values are checked in the rendered
@@ -21,7 +22,7 @@ from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.collector import Hub
 from exporter.config import COLLECTORS, Config
 from exporter.kubernetes.backend import KubernetesBackend
-from tests.fakes.fake_nvml import FakeGPU, FakeNVML
+from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.test_collector import scrape, wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -119,3 +120,35 @@ def test_a_garbage_kubelet_socket_logs_down_once(garbage_socket: Path) -> None:
     assert downs[0]["reason"] == reason
     assert hub.snapshot.backends[0].reason == downs[0]["reason"]
     hub.stop()
+
+
+def a_process(proc: Path, pid: int, comm: str, start: int) -> None:
+    """/proc/<pid> with ``comm``, ``statm`` and ``stat`` (``start``: field 22)."""
+    d = proc / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "comm").write_text(comm + "\n")
+    (d / "statm").write_text("900 100 10 5 0 300 0\n")
+    (d / "stat").write_text(f"{pid} ({comm}) S {' '.join(['0'] * 18)} {start} 0 0\n")
+
+
+def test_nvml_process_names_follow_a_reused_pid(tmp_path: Path) -> None:
+    """The NVIDIA backend cached a pid's name for ever: a pid NVML kept listing while
+    another process took it (the job restarted under a new name) kept the old name."""
+    proc = tmp_path / "proc"
+    a_process(proc, 4242, "python3", start=1000)
+    fake = FakeNVML([FakeGPU(processes=[FakeProcess(pid=4242, used_memory_bytes=1 << 20)])])
+    b = NvidiaBackend(Config(procfs=str(proc)), nvml=fake)
+    b.open()
+
+    def name(slow: bool) -> str:
+        (d,) = b.sample(slow=slow).devices
+        (p,) = d.processes
+        return p.process
+
+    assert name(slow=True) == "python3"
+    a_process(proc, 4242, "vllm", start=2000)  # pid 4242 now belongs to another process
+    assert name(slow=False) == "python3"  # identity is read on the slow tier
+    assert name(slow=True) == "vllm"
+    (proc / "4242" / "comm").write_text("renamed\n")  # same process (same start time)
+    assert name(slow=True) == "vllm"  # read once per identity
+    b.close()

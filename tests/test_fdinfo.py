@@ -464,6 +464,45 @@ def test_client_changing_owner_keeps_both_counters_monotonic(tmp_path: Path) -> 
     assert dev.engine_busy_seconds == {"gfx": 6.0}
 
 
+def started(d: Path, start: int, comm: str = "worker") -> None:
+    """Write ``stat`` with ``start`` as field 22 (clock ticks after boot)."""
+    (d / "stat").write_text(f"{d.name} ({comm}) S {' '.join(['0'] * 18)} {start} 0 0\n")
+
+
+def test_a_reused_pid_is_a_new_process_for_its_counters(tmp_path: Path) -> None:
+    """Identity is (pid, start time): the pid reused between two scans, under the same
+    name, used to carry the old process's busy seconds into the new one's series."""
+    clock = Clock()
+    gpu(tmp_path)
+    d = proc(tmp_path, 10, comm=b"worker")
+    started(d, 1000)
+    drm_fd(d, 3, amd(cid=1, gfx_ns=5_000_000_000))
+    b = backend(tmp_path, clock)
+    seen: list[tuple[int, float]] = []  # (start time, gfx busy seconds) per scan
+
+    def scan(start: int) -> None:
+        clock.now += 1.0
+        (p,) = only_device(b.sample(slow=False).devices).processes
+        assert (p.pid, p.process) == (10, "worker")
+        seen.append((start, p.engine_busy_seconds["gfx"]))
+
+    scan(1000)
+    drm_fd(d, 3, amd(cid=1, gfx_ns=6_000_000_000))
+    scan(1000)
+    # The process exits and a new "worker" gets pid 10 before the next scan.
+    started(d, 2000)
+    drm_fd(d, 3, amd(cid=2, gfx_ns=2_000_000_000))
+    scan(2000)
+    drm_fd(d, 3, amd(cid=2, gfx_ns=2_500_000_000))
+    scan(2000)
+    assert seen == [(1000, 5.0), (1000, 6.0), (2000, 2.0), (2000, 2.5)]
+    for identity in (1000, 2000):  # never back for one identity
+        values = [v for start, v in seen if start == identity]
+        assert values == sorted(values)
+    # the device's counter is the GPU's, whatever process did the work: it goes on
+    assert only_device(b.sample(slow=False).devices).engine_busy_seconds == {"gfx": 8.5}
+
+
 def test_huge_engine_counter_is_dropped_not_fatal(tmp_path: Path) -> None:
     # Item 11: one 400-digit engine counter raised OverflowError in every later scan,
     # so no GPU had per-process data until restart. The line is dropped and counted.

@@ -31,6 +31,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from exporter.fs import ProcFS
+from exporter.units import parse_start_time
 
 MAX_CGROUP_BYTES = 64 * 1024  # a real file is a few hundred bytes even with v1's 13 lines
 CACHE_LIMIT = 4096  # processes remembered; far above max-processes-per-gpu x GPUs
@@ -87,15 +88,6 @@ def parse_cgroup(text: str) -> CgroupRef | None:
             return ref
         found_host = True
     return HOST if found_host else None
-
-
-def parse_start_time(stat: bytes) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat`` (clock ticks after boot); comm may hold spaces."""
-    _, sep, rest = stat.rpartition(b")")
-    fields = rest.split()
-    if not sep or len(fields) < 20 or not fields[19].isdigit():
-        return None
-    return int(fields[19])
 
 
 class ContainerCache:

@@ -25,6 +25,12 @@ Choices (docs/vendors-fdinfo.md has the per-driver detail):
   the clients' increments, so they stay monotonic while clients come and go (a
   process that closes one of its two clients keeps what both did). A process's
   counters are forgotten when its pid goes; a device's when its card goes.
+- A process is its pid and its start time (``/proc/<pid>/stat`` field 22; not a
+  label). A pid reused between two scans (even under the same name) is a new process
+  whose counters start from its own clients, not the old process's sum. Its series
+  keep the same labels, so Prometheus sees the drop as a counter reset, which is
+  what it is: rate() and increase() count the new process from zero, as for any
+  restarted counter. For one identity a counter never goes back.
 """
 
 from __future__ import annotations
@@ -135,6 +141,7 @@ class FdinfoBackend:
         self.scanner = ProcScanner(ProcFS(config.procfs), clock)
         self._clients: dict[ClientKey, _Client] = {}
         self._procs: dict[int, tuple[str, float | None]] = {}
+        self._started: dict[int, int] = {}  # pid -> start time (clock ticks): its identity
         self._devices: dict[str, tuple[str, str]] = {}  # bus -> (vendor, driver)
         self._device_busy_ns: dict[str, Counter[str]] = {}
         self._process_busy_ns: dict[DeviceKey, Counter[str]] = {}
@@ -204,8 +211,26 @@ class FdinfoBackend:
         for key in list(self._process_busy_ns):
             if key[1] not in alive or key[0] not in self._devices:
                 del self._process_busy_ns[key]
+        self._started = {pid: t for pid, t in self._started.items() if pid in alive}
+
+    def _read_processes(self, scan: ScanResult) -> None:
+        """Name, RSS and identity of each process with a client in this scan; a pid whose
+        start time changed is another process: its counters start again from nothing."""
+        for pid in sorted({r.pid for r in scan.clients.values()}):
+            info = self.scanner.read_process(pid)
+            if info is None:
+                self.scanner.count(pid, "vanished", scan.errors)
+                self._procs.pop(pid, None)
+                continue
+            name, rss, start = info
+            if start is not None and self._started.setdefault(pid, start) != start:
+                self._started[pid] = start
+                for key in [k for k in self._process_busy_ns if k[1] == pid]:
+                    del self._process_busy_ns[key]
+            self._procs[pid] = (name, rss)
 
     def _account(self, scan: ScanResult, alive: set[int]) -> None:
+        self._read_processes(scan)
         for key, r in scan.clients.items():
             st = self._clients.get(key)
             if st is None:
@@ -224,13 +249,6 @@ class FdinfoBackend:
             if st.misses >= MISSES_BEFORE_FORGET:
                 del self._clients[key]
         owners = {st.pid for st in self._clients.values() if st.live}
-        for pid in owners & scan.walked:
-            info = self.scanner.read_process(pid)
-            if info is None:
-                self.scanner.count(pid, "vanished", scan.errors)
-                self._procs.pop(pid, None)
-            else:
-                self._procs[pid] = info
         for pid in list(self._procs):
             if pid not in owners:
                 del self._procs[pid]

@@ -1,8 +1,9 @@
 """The walk of ``--path.procfs`` for DRM clients: one scan, its errors, the processes found.
 
 Owns which files are read (``<pid>/fd/*`` links to ``/dev/dri/*`` or ``/dev/accel/*``,
-then ``<pid>/fdinfo/<fd>`` of those fds only, ``comm`` and ``statm`` of the processes
-that own a client), which clients a scan keeps, and how its failures are counted.
+then ``<pid>/fdinfo/<fd>`` of those fds only, ``comm``, ``statm`` and ``stat`` (the
+start time) of the processes that own a client), which clients a scan keeps, and how
+its failures are counted.
 The fdinfo text itself is parsed by exporter.kernel.drm_fdinfo; what the clients add up
 to between scans is exporter.backends.fdinfo.backend's.
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 
 from exporter.fs import ProcFS
 from exporter.kernel.drm_fdinfo import VENDOR_OF_DRIVER, DrmClientStats, parse_fdinfo
-from exporter.units import parse_rss, process_name
+from exporter.units import parse_rss, parse_start_time, process_name
 
 MAX_FDINFO_BYTES = 64 * 1024  # real files are < 4 KiB; anything bigger is garbage
 _DRM_PREFIXES = ("/dev/dri/", "/dev/accel/")
@@ -199,11 +200,14 @@ class ProcScanner:
         if seen is None or pid < seen.pid:
             out.clients[key] = ClientRead(key, pid, stats, at)
 
-    def read_process(self, pid: int) -> tuple[str, float | None] | None:
-        """(``process`` label, RSS bytes), or None when the process is gone."""
+    def read_process(self, pid: int) -> tuple[str, float | None, int | None] | None:
+        """(``process`` label, RSS bytes, start time in clock ticks or None where ``stat``
+        does not say), or None when the process is gone."""
         comm = self.proc.read_bytes(str(pid), "comm")
         if comm is None:
             return None
         statm = self.proc.read_bytes(str(pid), "statm")
         status = None if statm else self.proc.read_bytes(str(pid), "status")
-        return process_name(comm), parse_rss(statm, status)
+        stat = self.proc.read_bytes(str(pid), "stat")
+        start = None if stat is None else parse_start_time(stat)
+        return process_name(comm), parse_rss(statm, status), start

@@ -6,9 +6,11 @@ milliseconds). The process name is the kernel's ``comm`` through
 ``units.process_name`` (the one reader every backend uses) and the host memory is the
 resident set from ``statm`` (one short line, cheaper than ``status``), both read only
 for the pids NVML listed and through ``ProcFS`` so a container sees the host's /proc.
-The name is read once per pid; the resident set when a pid is first listed and then on
-the slow tier (bench/nvml_calls.py --stub --procs 64: opening ``statm`` of every GPU
-process every second was most of a fast cycle's cost with many processes).
+The name is read once per process; the resident set when a pid is first listed and then
+on the slow tier (bench/nvml_calls.py --stub --procs 64: opening ``statm`` of every GPU
+process every second was most of a fast cycle's cost with many processes). A process is
+its pid and its start time (``stat`` field 22, read with the resident set): a pid
+reused by another process, even one NVML keeps listing, is named again.
 On a MIG device handle the lists hold only that instance's processes, which is how a
 process is attributed to its instance.
 """
@@ -22,14 +24,14 @@ from typing import Any
 from exporter.backends.nvidia.calls import Caller, text, u32, u64
 from exporter.fs import ProcFS
 from exporter.model import ProcessSample
-from exporter.units import parse_rss, process_name
+from exporter.units import parse_rss, parse_start_time, process_name
 from exporter.units import ratio_from_percent as ratio
 
 PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
 
 
 class ProcessReader:
-    """Per-device process list with a name cache (comm does not change under a live pid)."""
+    """Per-device process list with a name cache per process identity (pid, start time)."""
 
     def __init__(self, nvml: Any, call: Caller, proc: ProcFS) -> None:
         self.nvml = nvml
@@ -37,6 +39,7 @@ class ProcessReader:
         self.proc = proc
         self._names: dict[int, str] = {}
         self._rss: dict[int, float | None] = {}  # pid -> bytes, from the slow tier
+        self._started: dict[int, int | None] = {}  # pid -> start time, read with the RSS
         self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
         self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
 
@@ -55,11 +58,13 @@ class ProcessReader:
                 memory[pid] = used
         self._names = {pid: n for pid, n in self._names.items() if pid in memory}
         self._rss = {pid: r for pid, r in self._rss.items() if pid in memory}
+        self._started = {pid: t for pid, t in self._started.items() if pid in memory}
         out = []
         for pid, used in memory.items():
             util = self._sm_util.get(pid)
             if slow or pid not in self._rss:
                 self._rss[pid] = parse_rss(self.proc.read_bytes(str(pid), "statm"), None)
+                self._identify(pid)
             out.append(ProcessSample(
                 pid=pid,
                 process=self._name(pid),
@@ -94,6 +99,14 @@ class ProcessReader:
                 latest[pid] = (ts, sm)
             self._last_util_ts = max(self._last_util_ts, ts)
         self._sm_util = {pid: sm for pid, (_ts, sm) in latest.items()}
+
+    def _identify(self, pid: int) -> None:
+        """Forget the name of a pid that another process now holds (start time changed)."""
+        stat = self.proc.read_bytes(str(pid), "stat")
+        start = None if stat is None else parse_start_time(stat)
+        if self._started.setdefault(pid, start) != start:
+            self._started[pid] = start
+            self._names.pop(pid, None)
 
     def _name(self, pid: int) -> str:
         name = self._names.get(pid)
