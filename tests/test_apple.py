@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -273,6 +274,56 @@ def test_close_kills_and_reaps_the_child(fake: Fake) -> None:
     b.close()
     assert not alive(pid) and not zombie_children()
     b.close()  # twice is harmless
+
+
+def gone(pid: int) -> bool:
+    """Exited and reaped. A killed grandchild is reaped by whoever adopted it: init, or
+    this process where it is pid 1 (a container without an init)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    return not alive(pid)
+
+
+def all_gone(pids: list[int], timeout: float = 5.0) -> bool:
+    """Every pid gone within ``timeout``: SIGKILL is sent, the adoptive reaping follows."""
+    deadline = time.monotonic() + timeout
+    while not all(gone(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def wrapper(tmp_path: Path) -> Path:
+    """A ``--macmon.path`` script that runs macmon as its child (no ``exec``)."""
+    script = tmp_path / "macmon-wrapper"
+    script.write_text(f'#!/bin/sh\n"{FAKE}" "$@"\nstatus=$?\necho "macmon exited" >&2\n'
+                      'exit $status\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_a_wrapper_that_does_not_exec_leaves_no_macmon_behind(
+        fake: Fake, tmp_path: Path) -> None:
+    """Killing only the wrapper left macmon running with the pipe, its two reader
+    threads and their fds: threads 10 -> 18, fds 15 -> 23 over 90 s, 7 macmon left
+    after exit. The child's whole process group goes on every restart and on close."""
+    threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+    fake.mode("hang,hang,replay")
+    b = AppleBackend(Config(interval=INTERVAL, macmon_path=str(wrapper(tmp_path))),
+                     backoff=(0.3, 1.0))
+    b.open()
+    try:
+        c = Collector(b)
+        c.until(lambda _, e: e["child_hung"] >= 2, timeout=15)
+        hung = [pid for pid, mode, _ in fake.runs() if mode == "hang"]
+        assert len(hung) == 2 and all_gone(hung)
+        c.until(serving)
+    finally:
+        b.close()
+    assert all_gone([pid for pid, _, _ in fake.runs()])
+    assert threading.active_count() == threads
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_a_child_silent_from_the_start_reports_no_gpu_then_is_replaced(fake: Fake) -> None:

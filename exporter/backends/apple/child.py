@@ -7,17 +7,21 @@ the log, so a chatty child can never block on a full pipe. ``newest()`` hands
 the newest line to the backend without waiting.
 
 The child dies with the exporter:
-- ``stop()`` (the backend's ``close()``) terminates and reaps it.
-- Linux: ``PR_SET_PDEATHSIG`` = SIGKILL is set between fork and exec, so it is killed
-  the moment the exporter dies, even by SIGKILL. The kernel sends the signal when the
-  *thread* that forked it ends: every child is started from the backend's collector
-  thread, which lives as long as the exporter.
+- It leads a process group (and session) of its own, and every stop signals the
+  whole group: ``--macmon.path`` may name a wrapper script that runs macmon without
+  ``exec``, and killing only the wrapper left macmon running, holding the pipe, its
+  two reader threads and their fds (7 macmon left after the exporter exited). The
+  group is signalled only before its leader is reaped, so its id cannot belong to
+  another process by then.
+- ``stop()`` (the backend's ``close()``) terminates the group and reaps the child.
+- Linux: ``PR_SET_PDEATHSIG`` = SIGKILL is set between fork and exec, so the child is
+  killed the moment the exporter dies, even by SIGKILL. The kernel sends the signal
+  when the *thread* that forked it ends: every child is started from the backend's
+  collector thread, which lives as long as the exporter. (A wrapper's own children
+  do not inherit it: they go as on macOS, below.)
 - macOS has no parent-death signal. There the child dies at its next line (within
   one interval): its stdout's reader is gone, so the write fails with EPIPE, and
-  macmon (Rust: SIGPIPE ignored, ``println!`` panics on a failed write) exits. Under
-  launchd it goes at once: launchd kills what is left of a job's process group when
-  the job exits (``AbandonProcessGroup`` is not set in deploy/launchd), and the
-  child stays in the exporter's group for that reason.
+  macmon (Rust: SIGPIPE ignored, ``println!`` panics on a failed write) exits.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ class Child:
         self._eof = threading.Event()
         self.proc = subprocess.Popen(
             self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, close_fds=True, preexec_fn=_die_with_parent())
+            stderr=subprocess.PIPE, close_fds=True, preexec_fn=_die_with_parent(),
+            start_new_session=True)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self._threads = [
             threading.Thread(target=self._read_stdout, args=(self.proc.stdout,),
@@ -121,17 +126,23 @@ class Child:
             return " | ".join(self._stderr)
 
     def stop(self, grace: float) -> bool:
-        """Terminate (SIGKILL when ``grace`` is 0) and reap. False: not reaped yet."""
-        if self.proc.poll() is None:  # send_signal() re-checks, so no pid-reuse race
+        """Terminate its process group (SIGKILL when ``grace`` is 0) and reap the child.
+        False: not reaped yet."""
+        if self.proc.returncode is None:  # not reaped: the group id is still ours
             if grace > 0:
-                self.proc.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(grace)
-            if self.proc.poll() is None:
-                self.proc.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(max(grace, 0.2))
+                self._signal_group(signal.SIGTERM)
+                self._eof.wait(grace)  # every member closed the pipe: all exited
+            # Whatever is left (a wrapper's macmon that ignored SIGTERM, or one whose
+            # wrapper already exited) goes now; the leader is at most a zombie here.
+            self._signal_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(max(grace, 0.2))
         return self.reap()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
 
     def reap(self) -> bool:
         """Collect the exit status; close the pipes once both readers are done."""
