@@ -22,6 +22,12 @@ has no ``drm-`` keys), ``class/drm`` has only that card. It times what the backe
 did there every scan before it checked for such a card (the same /proc walk, finding
 nothing) next to what it does now: ``open()``, a look at ``class/drm`` that says
 "no amdgpu, i915 or xe card", which the collector repeats every ``retry_interval``.
+
+``--one-process N``: one process holding N DRM fds (N clients), nothing else. Times a
+scan with ``--budget`` (default 0.5 s) next to the same scan with no budget in reach:
+the whole walk, which is what every scan cost before the budget was checked inside a
+process's fd walk. Prints the medians (time, clients read per scan) and how many
+scans stopped at the budget and counted it.
 """
 
 from __future__ import annotations
@@ -33,12 +39,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter.backends.base import BackendUnavailable  # noqa: E402
 from exporter.backends.fdinfo.backend import FdinfoBackend  # noqa: E402
-from exporter.backends.fdinfo.scan import KnownCards  # noqa: E402
+from exporter.backends.fdinfo.scan import KnownCards, ScanResult  # noqa: E402
 from exporter.config import Config  # noqa: E402
 
 FDINFO = (
@@ -162,16 +169,65 @@ def nvidia_only(tmp: Path, args: argparse.Namespace) -> None:
           f"({before / now:.0f}x less)")
 
 
+def one_process(tmp: Path, args: argparse.Namespace) -> None:
+    """One process with ``args.one_process`` DRM clients: budgeted scan vs the whole walk."""
+    d = tmp / "proc" / "4242"
+    (d / "fd").mkdir(parents=True)
+    (d / "fdinfo").mkdir()
+    (d / "comm").write_text("many-fds\n")
+    (d / "statm").write_text("25000 4000 1000 200 0 9000 0\n")
+    for fd in range(3, 3 + args.one_process):
+        os.symlink("/dev/dri/renderD128", d / "fd" / str(fd))
+        (d / "fdinfo" / str(fd)).write_text(FDINFO.format(
+            pasid=32768, cid=fd, gfx=fd * 1_000_003, compute=fd * 7, vram=4096))
+    sys_root = tmp / "sys"
+    add_card(sys_root, "0000:03:00.0", "amdgpu", "1002:747E")
+
+    def run(budget: float) -> tuple[list[tuple[float, float]], int, int]:
+        config = Config(procfs=str(tmp / "proc"), sysfs=str(sys_root), processes_budget=budget)
+        backend = FdinfoBackend(config)
+        backend.open()
+        scans: list[ScanResult] = []
+        walk = backend.scanner.scan
+
+        def recorded(*a: Any, **kw: Any) -> ScanResult:  # keeps what each scan read
+            scans.append(walk(*a, **kw))
+            return scans[-1]
+
+        backend.scanner.scan = recorded  # type: ignore[method-assign]
+        times = [timed(lambda: backend.sample(slow=False)) for _ in range(args.rounds)]
+        return (times, int(statistics.median(len(x.clients) for x in scans)),
+                sum(x.errors["budget"] for x in scans))
+
+    whole, whole_read, _ = run(600.0)
+    cut, cut_read, counted = run(args.budget)
+    print(f"one process, {args.one_process} DRM fds, rounds: {args.rounds} (median per scan)")
+    print(f"{'':28}{'cpu ms':>10}{'wall ms':>10}{'clients':>9}  scans cut")
+    print(f"{'whole walk (no budget)':28}{med(whole, 0):10.1f}{med(whole, 1):10.1f}"
+          f"{whole_read:9d}  0 of {args.rounds}")
+    print(f"{f'budget {args.budget:g} s':28}{med(cut, 0):10.1f}{med(cut, 1):10.1f}"
+          f"{cut_read:9d}  {counted} of {args.rounds}")
+    print(f"{'ratio (budget / whole)':28}{med(cut, 0) / med(whole, 0):10.2f}"
+          f"{med(cut, 1) / med(whole, 1):10.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--processes", type=int, default=5000)
     ap.add_argument("--fds", type=int, default=20)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--one-process", type=int, default=0, metavar="N",
+                    help="one process with N DRM fds: a budgeted scan vs the whole walk")
+    ap.add_argument("--budget", type=float, default=0.5)
     ap.add_argument("--nvidia-only", action="store_true",
                     help="no amdgpu/i915/xe card: the scan before vs the check now")
     args = ap.parse_args()
 
+    if args.one_process:
+        with tempfile.TemporaryDirectory(prefix="fdinfo-bench-") as tmp:
+            one_process(Path(tmp), args)
+        return
     with tempfile.TemporaryDirectory(prefix="fdinfo-bench-") as tmp:
         proc = Path(tmp) / "proc"
         t0 = time.perf_counter()
