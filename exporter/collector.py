@@ -12,7 +12,8 @@ Failure handling, all here: a backend whose open() fails, whose handle goes bad
 that is carried across opens and reset only after several good cycles; its devices
 stay with ``gpu_up 0``. A watchdog notices a backend that stopped answering (stuck
 inside a driver call, even in its very first sample) and publishes it as stale, so
-its device series are withdrawn while everything else keeps being served. Ages
+its device series are withdrawn (``gpu_up 0`` stays, also for the devices its open()
+returned when no sample ever completed) while everything else keeps being served. Ages
 are measured on the monotonic clock: an NTP step changes nothing.
 """
 
@@ -256,6 +257,8 @@ class Hub:
                 alive_at=time.monotonic(), logged="" if not state.failing else state.logged)
             for info in infos:
                 self._register(info)
+            # The source label its samples will carry (each backend module's SOURCE), so
+            # the gpu_up 0 series is the one its first sample continues.
             source = getattr(sys.modules.get(type(backend).__module__), "SOURCE", backend.name)
             self._opened[backend.name] = tuple(
                 DeviceSample(info=i, source=source, up=False) for i in infos if not i.parent_key)
