@@ -25,9 +25,9 @@ OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "ta
                             "namespace", "values", "version", "help", "window", "warmup",
                             "scrape-every", "real", "gpus", "processes", "cmd", "rounds",
                             "batch", "cycle", "stub", "nvlinks", "procs", "probe",
-                            "nvidia-only", "one-process", "grpc_python_out", "python_out", "pyi_out",
-                            "proto_path", "kubernetes-virtual-gpus", "init", "privileged",
-                            "device", "group-add", "all", "from-file",
+                            "nvidia-only", "one-process", "grpc_python_out", "python_out",
+                            "pyi_out", "proto_path", "kubernetes-virtual-gpus", "init",
+                            "privileged", "device", "group-add", "all", "from-file",
                             "query-gpu", "format", "report", "quiet", "kubelet-arg",
                             # device plugins (docs/kubernetes.md), nvitop-exporter
                             "device-id-strategy", "shared-dev-num", "bind-address", "port"}
