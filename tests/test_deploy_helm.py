@@ -93,8 +93,10 @@ def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return spec
 
 
-def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container(by_kind(docs, "DaemonSet"))["env"]}
+def env_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each variable's value, or its valueFrom (the downward API)."""
+    return {e["name"]: e.get("value", e.get("valueFrom"))
+            for e in container(by_kind(docs, "DaemonSet"))["env"]}
 
 
 # The Prometheus Operator's CRDs, reduced to the fields this chart writes, from
@@ -118,6 +120,7 @@ _RELABEL = {"type": "array", "items": {"type": "object", "additionalProperties":
                                                "uppercase", "keepequal", "dropequal"]}}}}
 _ENDPOINT = {"type": "object", "additionalProperties": False, "properties": {
     "port": {"type": "string"}, "path": {"type": "string"}, "interval": _DURATION,
+    "honorLabels": {"type": "boolean"},
     "scrapeTimeout": _DURATION, "scheme": {"enum": ["http", "https"]},
     "tlsConfig": {"type": "object"},
     "basicAuth": {"type": "object", "additionalProperties": False,
@@ -324,6 +327,39 @@ def test_monitor_selects_the_pods_as_job_gpu_exporter(kind: str, toggle: str) ->
     assert endpoint["port"] in {p["name"] for p in container(ds)["ports"]}
     assert endpoint["scheme"] == "http"
     assert endpoint["relabelings"][0]["targetLabel"] == "node"
+
+
+def test_every_monitor_honors_the_workload_labels() -> None:
+    # The operator adds pod/namespace/container of the exporter's own pod; honorLabels keeps
+    # ours (the workload's), which the recording rules and dashboards group by.
+    seen = set()
+    for toggle, values in TOGGLES.items():
+        for doc in render(values):
+            if doc["kind"] in {"ServiceMonitor", "PodMonitor"}:
+                seen.add(doc["kind"])
+                for endpoint in doc["spec"].get("endpoints", doc["spec"].get(
+                        "podMetricsEndpoints")):
+                    assert endpoint["honorLabels"] is True, (toggle, doc["kind"])
+    assert seen == {"ServiceMonitor", "PodMonitor"}
+
+
+@pytest.mark.parametrize("toggle", sorted(TOGGLES))
+def test_node_name_comes_from_the_downward_api(toggle: str) -> None:
+    # dcgm mode's Hostname label is NODE_NAME, else the host name (the pod's name here).
+    assert env_of(render(TOGGLES[toggle]))["NODE_NAME"] == {
+        "fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_image_is_one_the_user_builds() -> None:
+    # No public registry: a local tag loaded into the nodes, or the user's registry.
+    with Chart.load(CHART) as chart:
+        version = chart.metadata["appVersion"]
+    assert container(by_kind(render({}), "DaemonSet"))["image"] == f"gpu-exporter:{version}"
+    pushed = render({"image": {"repository": "registry.example.com/gpu-exporter"}})
+    assert container(by_kind(pushed, "DaemonSet"))["image"] == (
+        f"registry.example.com/gpu-exporter:{version}")
+    shipped = [CHART / "values.yaml", *KUSTOMIZE.rglob("*.yaml"), ROOT / "docs" / "deploy.md"]
+    assert [p for p in shipped if "ghcr.io" in p.read_text()] == []
 
 
 def test_service_and_pod_monitor_are_alternatives() -> None:
