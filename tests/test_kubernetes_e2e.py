@@ -118,6 +118,11 @@ def test_allocation_info_matches_the_kubelet(scrape: str) -> None:
     want = expected_allocations(scrape)
     assert got == want
     assert len(want) == 6  # 3 pods on the time-sliced GPU, 1 on each exclusive GPU
+    # Pod UIDs (the runtime's io.kubernetes.pod.uid) from kubelet.json; no DRA claim here.
+    uids = {(p["namespace"], p["name"]): p["uid"] for p in scenario()["pods"]}  # type: ignore[attr-defined]
+    for _, labels in series(scrape, "gpu_kubernetes_allocation_info"):
+        assert labels["pod_uid"] == uids[(labels["namespace"], labels["pod"])]
+        assert labels["claim"] == ""
 
 
 def test_every_gpu_process_carries_its_pod(scrape: str) -> None:
