@@ -12,7 +12,7 @@ dcgm-exporter matches it to its own: on a node whose GPUs are of one vendor, bot
 the GPUs' PCI order (NVML's and CUDA's ``PCI_BUS_ID`` order).
 
 The ``slurm`` backend re-lists the directory on the slow tier (``--collector.slow-interval``)
-and re-reads a file only when its mtime or size changed, so files appearing, changing
+and re-reads a file only when its mtime, size or inode changed, so files appearing, changing
 and vanishing are followed without a restart. An absent directory (no job has run
 yet) serves nothing and is logged once; a file that cannot be read or is too large is
 counted (``unreadable``) and serves nothing.
@@ -71,7 +71,7 @@ class SlurmBackend:
     def __init__(self, config: Config) -> None:
         self.directory = config.slurm_job_mapping_dir or ""
         self.interval: float | None = config.slow_interval
-        self._files: dict[str, tuple[tuple[int, int], tuple[str, ...] | None]] = {}
+        self._files: dict[str, tuple[tuple[int, int, int], tuple[str, ...] | None]] = {}
         self._missing: bool | None = None
 
     def open(self) -> Sequence[DeviceInfo]:
@@ -103,13 +103,13 @@ class SlurmBackend:
         self._files = files
         return Cycle(devices=(), errors=dict(errors), joins=SlurmJobs(jobs))
 
-    def _read(self, name: str) -> tuple[tuple[int, int], tuple[str, ...] | None] | None:
+    def _read(self, name: str) -> tuple[tuple[int, int, int], tuple[str, ...] | None] | None:
         path = os.path.join(self.directory, name)
         try:
             st = os.stat(path)
         except OSError:
             return None
-        stamp = (st.st_mtime_ns, st.st_size)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         old = self._files.get(name)
         if old is not None and old[0] == stamp:
             return old

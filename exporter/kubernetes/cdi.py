@@ -16,7 +16,7 @@ reference cache (``pkg/cdi/cache.go``), a later directory wins over an earlier o
 the same device name, and one name defined twice in one directory is a conflict that
 resolves to nothing.
 
-Files are re-read only when their mtime or size changed; a file that cannot be read
+Files are re-read only when their mtime, size or inode changed; a file that cannot be read
 or parsed is counted (``cdi_spec_unreadable``) and its devices are unknown, never
 kept from an older version.
 """
@@ -72,7 +72,7 @@ def parse_spec(text: str) -> dict[str, tuple[str, ...]] | None:
 
 @dataclass(frozen=True)
 class _File:
-    stamp: tuple[float, int]
+    stamp: tuple[int, int, int]  # mtime (ns), size, inode: writers rename a new file in
     devices: Mapping[str, tuple[str, ...]] | None  # None: unreadable or malformed
 
 
@@ -118,8 +118,8 @@ class CdiRegistry:
         try:
             st = os.stat(path)
         except OSError:
-            return _File((0.0, -1), None)
-        stamp = (st.st_mtime, st.st_size)
+            return _File((0, -1, 0), None)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         old = self._files.get(path)
         if old is not None and old.stamp == stamp:
             return old
