@@ -60,7 +60,8 @@ TOGGLES: dict[str, dict[str, Any]] = {
     "webConfig-mtls": {"webConfig": {"enabled": True, "config": MTLS, "tlsSecretName": "t"}},
     "perProcess": {"perProcess": {"enabled": True}},
     "kubernetes-off": {"kubernetes": {"enabled": False}},
-    "criSocket": {"kubernetes": {"criSocket": {"enabled": True}, "deviceLabels": True}},
+    "criSocket": {"kubernetes": {"criSocket": {"enabled": True}, "deviceLabels": True,
+                                 "podLabels": "team|app\\.kubernetes\\.io/name"}},
     "extraVolumes": {
         "extraVolumes": [{"name": "config", "configMap": {"name": "gpu-exporter-config"}}],
         "extraVolumeMounts": [{"name": "config", "mountPath": "/etc/gpu-exporter/config"}],
@@ -427,6 +428,32 @@ def test_default_mounts_the_kubelet_socket_read_only_as_root_without_capabilitie
     assert pod["hostPID"] is False
     assert not any(a.startswith("--kubernetes.cri-socket") for a in c["args"])
     assert env_of(docs)["MALLOC_ARENA_MAX"] == "2"
+
+
+def test_cdi_spec_dirs_are_mounted_read_only_and_passed() -> None:
+    # DRA claims resolve through the CDI specs: the same paths inside, read-only.
+    docs = render({})
+    c, pod = container(by_kind(docs, "DaemonSet")), pod_spec(docs)
+    (arg,) = [a for a in c["args"] if a.startswith("--kubernetes.cdi-spec-dirs=")]
+    dirs = arg.split("=", 1)[1].split(",")
+    assert dirs == ["/etc/cdi", "/var/run/cdi"]  # the runtimes' default cdi_spec_dirs
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for path in dirs:
+        assert mounts[path]["readOnly"] is True
+        assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
+    none = render({"kubernetes": {"cdiSpecDirs": []}})
+    assert not any("cdi" in a for a in container(by_kind(none, "DaemonSet"))["args"])
+    assert not any("cdi" in v["name"] for v in pod_spec(none)["volumes"])
+
+
+def test_pod_labels_need_the_cri_socket_and_reach_the_flag() -> None:
+    regex = r"team|app\.kubernetes\.io/name"
+    with pytest.raises(HelmRenderError, match="needs kubernetes.criSocket.enabled"):
+        render_text({"kubernetes": {"podLabels": regex}})
+    docs = render({"kubernetes": {"podLabels": regex, "criSocket": {"enabled": True}}})
+    assert f"--kubernetes.pod-labels={regex}" in container(by_kind(docs, "DaemonSet"))["args"]
+    assert not any("pod-labels" in a for a in container(by_kind(render({}), "DaemonSet"))["args"])
 
 
 def test_without_pod_attribution_the_pod_is_non_root_and_mounts_no_socket() -> None:

@@ -109,7 +109,11 @@ def test_daemonset_reads_the_host_read_only_and_unprivileged() -> None:
         "sys": "/sys",
         "proc": "/proc",
         "pod-resources": "/var/lib/kubelet/pod-resources",
+        # DRA: the CDI spec directories, passed as --kubernetes.cdi-spec-dirs.
+        "cdi-specs-0": "/etc/cdi",
+        "cdi-specs-1": "/var/run/cdi",
     }
+    assert "--kubernetes.cdi-spec-dirs=/etc/cdi,/var/run/cdi" in c["args"]
     assert mounts["sys"]["mountPath"] == "/host/sys" and mounts["proc"]["mountPath"] == "/host/proc"
     assert all(m["readOnly"] for m in mounts.values())
     # uid 0 for the kubelet socket, but no capability and no privilege escalation.
