@@ -1,7 +1,7 @@
 """``--slurm.job-mapping-dir``: which Slurm jobs hold each GPU, as a join series.
 
 The layout is dcgm-exporter's HPC job mapping (NVIDIA/dcgm-exporter
-``internal/pkg/transformation/hpc.go``, commit b14e7f8892bb, ``--hpc-job-mapping-dir``):
+``internal/pkg/transformation/hpc.go``, commit b14e7f8892bb, its HPC job mapping dir):
 one regular file per GPU, named by the GPU's index (a decimal number; other names are
 skipped), holding the ids of the jobs on it, one per line. A Slurm prolog writes the
 file and the epilog removes it. dcgm-exporter copies every series once per job; we

@@ -19,14 +19,18 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from test_golden import normalize
 
-from tests.daemon import FIXTURES, Daemon, running
+from tests.daemon import FIXTURES, REPO, Daemon, promtool_check, running
 from tests.fakes.kubelet import FakeKubelet, FakeRuntime, Node
 
 DRA = FIXTURES / "k8s-dra"
 NODE_DIR = FIXTURES / "k8s-node"
 MIXED_SYS = FIXTURES / "mixed" / "sys"
 POD_LABELS = r"team|app\.kubernetes\.io/name"
+GOLDEN = REPO / "tests" / "golden" / "k8s-dra.prom"
+ONE_CYCLE = ["--collector.interval", "1h", "--collector.slow-interval", "1h",
+             "--collector.processes.interval", "1h", "--kubernetes.interval", "1h"]
 Labels = dict[str, str]
 
 pytestmark = pytest.mark.slow
@@ -51,6 +55,31 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Pat
                 "--collector.processes.interval", "1h"]
         with running(args, tmp, nvml_json=NODE_DIR / "nvml.json") as daemon:
             yield daemon, tmp
+
+
+def test_golden_and_promtool(tmp_path: Path) -> None:
+    """One cycle of everything (DRA, pod labels, a Slurm job): byte-stable output."""
+    shutil.copytree(DRA / "cdi", tmp_path / "cdi")
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "3").write_text("4242\n")
+    scenario = Node.load(DRA / "kubelet.json")
+    with FakeKubelet(tmp_path / "kubelet.sock", scenario) as kubelet, \
+            FakeRuntime(tmp_path / "containerd.sock", scenario) as runtime:
+        args = ["--path.sysfs", str(MIXED_SYS), "--path.procfs", str(NODE_DIR / "proc"),
+                "--kubernetes.pod-resources-socket", str(kubelet.socket),
+                "--kubernetes.cri-socket", str(runtime.socket),
+                "--kubernetes.cdi-spec-dirs",
+                f"{tmp_path / 'cdi' / 'etc'},{tmp_path / 'cdi' / 'run'}",
+                "--kubernetes.pod-labels", POD_LABELS,
+                "--slurm.job-mapping-dir", str(tmp_path / "slurm"), *ONE_CYCLE]
+        with running(args, tmp_path, nvml_json=NODE_DIR / "nvml.json") as daemon:
+            text = daemon.get().text
+    got = normalize(text)
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(got)
+    assert got == GOLDEN.read_text(), f"/metrics differs from {GOLDEN}"
+    result = promtool_check(text)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def series(daemon: Daemon, name: str) -> list[tuple[Labels, float]]:
