@@ -7,6 +7,10 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
+from exporter.cli import load_config
+from exporter.config import ConfigError
 from exporter.fs import SysFS
 from exporter.kubernetes.cdi import CdiRegistry, parse_spec
 from exporter.kubernetes.dra import NODE, PCI, Claim, NodeResolver, claim_keys
@@ -98,3 +102,15 @@ def test_slurm_job_files_parse() -> None:
     assert parse_jobs("4242\n 4243 \n\n4242\n") == ("4242", "4243")
     assert parse_jobs("x" * 200 + "\n7\n") == ("7",)
     assert parse_jobs("") == ()
+
+
+def test_the_flags_parse_and_a_bad_regex_is_a_config_error() -> None:
+    config = load_config(["--kubernetes.cdi-spec-dirs", "/a,/b/", "--kubernetes.pod-labels",
+                          r"team|app\.kubernetes\.io/.*", "--slurm.job-mapping-dir", "/run/j"],
+                         {})
+    assert config.kubernetes_cdi_spec_dirs == ("/a", "/b/")
+    assert config.kubernetes_pod_labels == r"team|app\.kubernetes\.io/.*"
+    assert config.slurm_job_mapping_dir == "/run/j"
+    assert load_config([], {}).kubernetes_cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")
+    with pytest.raises(ConfigError, match="kubernetes.pod-labels: not a regular expression"):
+        load_config(["--kubernetes.pod-labels", "team("], {})
