@@ -1,25 +1,32 @@
 """CDI spec files and device nodes -> GPU keys (exporter.kubernetes.cdi, .dra), on real
-directory trees: the k8s-dra fixture's specs and the mixed machine's sysfs."""
+directory trees: the k8s-dra fixture's specs, the mixed machine's sysfs, a procfs with
+the NVIDIA driver's mig-minors table, and MIG devices as the NVIDIA backend makes them."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.cli import load_config
-from exporter.config import ConfigError
-from exporter.fs import SysFS
+from exporter.config import Config, ConfigError
+from exporter.fs import ProcFS, SysFS
+from exporter.kubernetes.attribution import Attribution, index_grants
 from exporter.kubernetes.cdi import CdiRegistry, parse_spec
-from exporter.kubernetes.dra import NODE, PCI, Claim, NodeResolver, claim_keys
+from exporter.kubernetes.cgroup import ContainerCache
+from exporter.kubernetes.dra import NODE, PCI, Claim, NodeResolver, claim_keys, index_claims
 from exporter.model import PodRef
 from exporter.slurm import parse_jobs
 from tests.daemon import FIXTURES
+from tests.test_nvidia import _load_shim
 
 CDI = FIXTURES / "k8s-dra" / "cdi"
-RESOLVER = NodeResolver(SysFS(FIXTURES / "mixed" / "sys"))
+RESOLVER = NodeResolver(SysFS(FIXTURES / "mixed" / "sys"), ProcFS(FIXTURES / "k8s-node"
+                                                                   / "proc"))
 POD = PodRef("ml", "p", "c")
 
 
@@ -114,3 +121,41 @@ def test_the_flags_parse_and_a_bad_regex_is_a_config_error() -> None:
     assert load_config([], {}).kubernetes_cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")
     with pytest.raises(ConfigError, match="kubernetes.pod-labels: not a regular expression"):
         load_config(["--kubernetes.pod-labels", "team("], {})
+
+
+def test_a_dra_mig_device_carries_its_pod_not_its_parent(tmp_path: Path) -> None:
+    # The MIG devices as the NVIDIA backend makes them (nvidia-h100-mig through the NVML
+    # fake); the capability minors as the driver lists them in mig-minors.
+    root = FIXTURES / "nvidia-h100-mig"
+    backend = NvidiaBackend(Config(procfs=str(root / "proc")),
+                            nvml=_load_shim().build(json.loads((root / "nvml.json").read_text())))
+    backend.open()
+    parent, *instances = [d.info for d in backend.sample(slow=True).devices]
+    backend.close()
+    target = next(i for i in instances if i.slice_labels["gpu_instance_id"] == "9")
+    minor, ci = parent.device_node.removeprefix("nvidia"), target.slice_labels[
+        "compute_instance_id"]
+    caps = tmp_path / "proc" / "driver" / "nvidia-caps"
+    caps.mkdir(parents=True)
+    (caps / "mig-minors").write_text(
+        "config 1\nmonitor 2\n" + "".join(
+            f"gpu{minor}/gi{g}/access {10 * g}\ngpu{minor}/gi{g}/ci{ci}/access {10 * g + 1}\n"
+            for g in range(15)))
+    claimed = Claim(POD, "ml/mig", "gpu.nvidia.com", ("k8s.gpu.nvidia.com/device=mig",))
+    spec = {"k8s.gpu.nvidia.com/device=mig": (f"/dev/nvidia{minor}", "/dev/nvidiactl",
+                                              "/dev/nvidia-caps/nvidia-cap90",
+                                              "/dev/nvidia-caps/nvidia-cap91")}
+    resolver = NodeResolver(SysFS(FIXTURES / "mixed" / "sys"), ProcFS(tmp_path / "proc"))
+    keyed, errors = index_claims([claimed], spec, resolver)
+    assert not errors
+    index, _ = index_grants((), keyed)
+    attribution = Attribution(index, {}, ContainerCache(ProcFS(tmp_path / "proc")))
+    assert [(a.pod, a.claim) for a in attribution.allocations(target)] == [(POD, "ml/mig")]
+    assert attribution.allocations(parent) == ()
+    assert all(attribution.allocations(i) == () for i in instances if i is not target)
+    # Without mig-minors (or without the compute instance's capability): counted.
+    bare = NodeResolver(SysFS(FIXTURES / "mixed" / "sys"), ProcFS(tmp_path / "nothing"))
+    assert index_claims([claimed], spec, bare) == ([], {"dra_device_node_unknown": 2})
+    gi_only = {"k8s.gpu.nvidia.com/device=mig": (f"/dev/nvidia{minor}",
+                                                  "/dev/nvidia-caps/nvidia-cap90")}
+    assert index_claims([claimed], gi_only, resolver) == ([], {"dra_device_node_unknown": 1})

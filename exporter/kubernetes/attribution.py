@@ -41,7 +41,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from exporter.kubernetes.cgroup import ContainerCache
-from exporter.kubernetes.dra import NODE, PCI, Claim
+from exporter.kubernetes.dra import MIG, NODE, PCI, Claim
 from exporter.kubernetes.podlabels import DOC as POD_LABELS_DOC
 from exporter.kubernetes.podlabels import FAMILY as POD_LABELS_FAMILY
 from exporter.kubernetes.podlabels import PodLabels
@@ -91,13 +91,17 @@ def device_key(resource: str, device_id: str) -> tuple[str, str] | None:
 
 def keys_of(info: DeviceInfo) -> list[tuple[str, str]]:
     """The (index, key) pairs under which a device plugin or a DRA claim
-    (exporter.kubernetes.dra: ``/dev/nvidia<minor>``, a DRM node's PCI bus id) may name
-    ``info``. A slice (MIG, AMD partition) is named by its own id only."""
+    (exporter.kubernetes.dra: ``/dev/nvidia<minor>``, a DRM node's PCI bus id, a MIG
+    capability) may name ``info``. A slice (MIG, AMD partition) is named by its own
+    ids only."""
     keys = []
     if info.vendor == "nvidia":
         keys = [(UUID, k.lower()) for k in (info.uuid, info.device_key) if k]
         if info.device_node and not info.parent_key:
             keys.append((NODE, info.device_node))
+        gi, ci = (info.slice_labels.get(k) for k in ("gpu_instance_id", "compute_instance_id"))
+        if info.device_node and info.parent_key and gi and ci:  # a MIG device: its parent's node
+            keys.append((MIG, f"{info.device_node}/gi{gi}/ci{ci}"))
     elif info.vendor == "intel" and info.device_node:
         keys = [(CARD, info.device_node)]
     if info.pci_bus_id and not info.parent_key and info.vendor in ("amd", "intel", "nvidia"):

@@ -68,7 +68,7 @@ class KubernetesBackend:
                        if config.kubernetes_pod_labels is not None else None)
         self.cdi = CdiRegistry(config.kubernetes_cdi_spec_dirs)
         self._bad_specs: tuple[str, ...] = ()
-        self.resolver = NodeResolver(SysFS(config.sysfs))
+        self.resolver = NodeResolver(SysFS(config.sysfs), ProcFS(config.procfs))
         self._pending: Counter[str] = Counter()
 
     def open(self) -> Sequence[DeviceInfo]:

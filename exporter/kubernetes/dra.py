@@ -11,7 +11,10 @@ each name's device nodes, and a device node names one GPU:
   with ``<claim uid>-<device>`` whose edits carry no node (``cmd/gpu-kubelet-plugin/cdi.go``,
   commit 51370e3e6ea6); the device specs come from the container toolkit's nvcdi, whose
   GPU device lists ``/dev/nvidia<minor>``. A MIG device lists its parent's node plus
-  ``/dev/nvidia-caps/nvidia-cap<n>``: not mapped to the MIG instance, counted.
+  ``/dev/nvidia-caps/nvidia-cap<n>`` for its GPU and compute instance; the driver's
+  ``<procfs>/driver/nvidia-caps/mig-minors`` (lines ``gpu<g>/gi<i>/ci<c>/access <minor>``,
+  as nvidia-container-toolkit ``internal/nvcaps`` and Slurm's ``gpu_nvml.c`` read it)
+  names the instance: the MIG device with that parent, GPU instance and compute instance.
 - ``/dev/dri/card<n>`` and ``/dev/dri/renderD<n>``: through ``<sysfs>/class/drm/<node>/
   device`` to a PCI bus id. ROCm/k8s-gpu-dra-driver (driver ``gpu.amd.com``) writes kind
   ``k8s.gpu.amd.com/gpu`` with a ``common`` device (environment only) and
@@ -26,7 +29,8 @@ each name's device nodes, and a device node names one GPU:
 Counted, never guessed (``gpu_exporter_collection_errors_total{backend="kubernetes"}``):
 ``cdi_device_unknown`` (a claim's CDI name in no spec: not written yet, or removed),
 ``dra_device_node_unknown`` (a GPU-looking node we cannot map: no such DRM node in sysfs,
-a MIG capability), ``dra_device_shared`` (one claimed device whose nodes name several
+a capability minor mig-minors does not list, a MIG device without its compute
+instance's capability), ``dra_device_shared`` (one claimed device whose nodes name several
 GPUs). A claimed device with no GPU node at all (a NIC's, an FPGA's) is skipped.
 """
 
@@ -38,14 +42,18 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from exporter.fs import SysFS
+from exporter.fs import ProcFS, SysFS, read_bytes
 from exporter.model import PodRef, normalize_pci_bus_id
 
-NODE, PCI = "node", "pci"  # the attribution index names (exporter.kubernetes.attribution)
+# The attribution index names (exporter.kubernetes.attribution); a MIG key is
+# "nvidia<parent minor>/gi<gpu instance>/ci<compute instance>".
+NODE, PCI, MIG = "node", "pci", "mig"
+MAX_MIG_MINORS_BYTES = 1 << 20
 
 _NVIDIA = re.compile(r"/dev/(nvidia\d+)")
 _DRM = re.compile(r"/dev/dri/((?:card|renderD)\d+)")
-_MIG_CAP = re.compile(r"/dev/nvidia-caps/nvidia-cap\d+")
+_MIG_MINOR = re.compile(r"gpu(\d+)/gi(\d+)(/ci\d+)?/access (\d+)")
+_CAP_MINOR = re.compile(r"/dev/nvidia-caps/nvidia-cap(\d+)")
 _PCI = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
@@ -62,13 +70,17 @@ class Claim:
 class NodeResolver:
     """A ``/dev`` path -> (index, key) of our GPU; DRM nodes through sysfs, cached."""
 
-    def __init__(self, sysfs: SysFS) -> None:
+    def __init__(self, sysfs: SysFS, procfs: ProcFS) -> None:
         self.sysfs = sysfs
+        self.procfs = procfs
         self._drm: dict[str, str | None] = {}
+        self._mig: dict[int, str] | None = None
 
     def forget(self) -> None:
-        """DRM minors can move after a driver reload: re-read them (each cycle, cheap)."""
+        """DRM and MIG minors can move (driver reload, MIG reconfiguration): re-read them
+        once per cycle, and only when a claim asks."""
         self._drm.clear()
+        self._mig = None
 
     def key(self, path: str) -> tuple[str, str] | None:
         """Our GPU's key; None for a node no GPU owns alone; raises LookupError for a
@@ -81,9 +93,22 @@ class NodeResolver:
             if pci is None:
                 raise LookupError(path)
             return PCI, pci
-        if _MIG_CAP.fullmatch(path):
-            raise LookupError(path)
+        if m := _CAP_MINOR.fullmatch(path):
+            instance = self._mig_minors().get(int(m.group(1)))
+            if instance is None:
+                raise LookupError(path)
+            return MIG, instance
         return None  # nodes shared by all GPUs (nvidiactl, kfd), other devices' nodes
+
+    def _mig_minors(self) -> dict[int, str]:
+        if self._mig is None:
+            raw = read_bytes(self.procfs.path("driver", "nvidia-caps", "mig-minors"),
+                             MAX_MIG_MINORS_BYTES)
+            text = raw.decode("ascii", "replace") if raw else ""
+            found = (_MIG_MINOR.fullmatch(line.strip()) for line in text.splitlines())
+            self._mig = {int(m.group(4)): f"nvidia{m.group(1)}/gi{m.group(2)}{m.group(3) or ''}"
+                         for m in found if m}
+        return self._mig
 
     def _pci_of(self, node: str) -> str | None:
         if node not in self._drm:
@@ -106,7 +131,7 @@ def claim_keys(claim: Claim, devices: Mapping[str, tuple[str, ...]],
             errors["cdi_device_unknown"] += 1
             continue
         for path in nodes:
-            if _MIG_CAP.fullmatch(os.path.normpath(path)):
+            if _CAP_MINOR.fullmatch(os.path.normpath(path)):
                 mig = True
             try:
                 k = key(path)
@@ -116,8 +141,13 @@ def claim_keys(claim: Claim, devices: Mapping[str, tuple[str, ...]],
             if k is not None:
                 keys.add(k)
     if mig:
-        return set(), errors  # the parent's node is there too: never the whole GPU
-    if any(k[0] == NODE for k in keys):
+        # The parent's node is there too: the compute instance's capability decides,
+        # and without it the device is never taken for the whole GPU.
+        keys = {k for k in keys if k[0] == MIG and "/ci" in k[1]}
+        if not keys:  # counted once per device at least
+            errors["dra_device_node_unknown"] = max(errors["dra_device_node_unknown"], 1)
+            return set(), errors
+    elif any(k[0] == NODE for k in keys):
         # nvcdi lists an NVIDIA GPU's DRM nodes next to /dev/nvidia<minor>: one GPU.
         keys = {k for k in keys if k[0] == NODE}
     if len(keys) > 1:
