@@ -32,7 +32,9 @@ from exporter.config import (
     parse_choice,
     parse_listen_address,
     parse_path,
+    parse_paths,
     parse_positive_int,
+    parse_regex,
     parse_telemetry_path,
 )
 
@@ -113,6 +115,15 @@ OPTIONS = (
            "allocated GPU (default off)", switch=True),
     Option("kubernetes.interval", "kubernetes_interval", bounded_duration(0.1, HOUR),
            "refresh of the pod and container maps, 100ms to 1h (default 5s)", "DURATION"),
+    Option("kubernetes.cdi-spec-dirs", "kubernetes_cdi_spec_dirs", parse_paths,
+           "CDI spec directories, comma-separated, for DRA-allocated GPUs "
+           "(default /etc/cdi,/var/run/cdi)", "DIRS"),
+    Option("kubernetes.pod-labels", "kubernetes_pod_labels", parse_regex,
+           "export the pod labels whose names match this regex, from the CRI runtime, as "
+           "gpu_kubernetes_pod_labels_info (default off)", "REGEX"),
+    Option("slurm.job-mapping-dir", "slurm_job_mapping_dir", parse_path,
+           "dcgm-exporter's HPC job mapping directory (a file per GPU index listing its "
+           "job ids), served as gpu_slurm_job_info (default off)", "DIR"),
     Option("macmon.path", "macmon_path", parse_path,
            "Apple Silicon: the macmon executable run as `macmon pipe` (default macmon on PATH)",
            "PATH"),

@@ -31,6 +31,7 @@ import structlog
 
 from exporter.backends.base import Backend, BackendFailed, BackendUnavailable, Cycle, Enricher
 from exporter.config import Config
+from exporter.joins import JoinSource
 from exporter.merge import View, enrich, merge
 from exporter.model import BackendSample, DeviceInfo, DeviceSample
 
@@ -55,6 +56,7 @@ class BackendState:
     alive_at: float | None = None
     priority: int = 0
     enricher: Enricher | None = None  # from its last cycle (the kubernetes backend)
+    joins: JoinSource | None = None  # from its last cycle (exporter.joins)
     child_restarts: int | None = None  # cumulative, from its last cycle (macmon)
     # The down reason last logged, and whether it came after a successful open (a handle
     # that went bad, a sample that raised): a backend that opens and fails again and
@@ -342,7 +344,7 @@ class Hub:
                 state, last=sample, last_success=sample.timestamp, alive_at=time.monotonic(),
                 stale=False, errors_total=errors, duration_buckets=buckets,
                 duration_sum=state.duration_sum + duration, duration_count=state.duration_count + 1,
-                enricher=cycle.enricher,
+                enricher=cycle.enricher, joins=cycle.joins,
                 child_restarts=(cycle.child_restarts if cycle.child_restarts is not None
                                 else state.child_restarts),
                 reason=state.reason if not state.up else "")

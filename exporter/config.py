@@ -65,6 +65,11 @@ class Config:
     kubernetes_cri_socket: str | None = None  # None: the first standard socket that exists
     kubernetes_device_labels: bool = False
     kubernetes_interval: float = 5.0  # refresh of the pod / container maps
+    # DRA, pod labels and Slurm jobs (docs/kubernetes.md): CDI spec directories, later wins;
+    # a regex of pod label names to export (None: off); dcgm-exporter's HPC job mapping.
+    kubernetes_cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+    kubernetes_pod_labels: str | None = None
+    slurm_job_mapping_dir: str | None = None
     macmon_path: str = "macmon"
 
     @property
@@ -189,6 +194,25 @@ def parse_path(key: str, value: object) -> str:
     text = str(value).strip()
     if not text:
         raise ConfigError(key, "must not be empty")
+    return text
+
+
+def parse_paths(key: str, value: object) -> tuple[str, ...]:
+    """A comma-separated list (or a YAML list) of paths, in order."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    paths = tuple(str(v).strip() for v in items if str(v).strip())
+    if not paths:
+        raise ConfigError(key, "needs at least one path")
+    return paths
+
+
+def parse_regex(key: str, value: object) -> str:
+    """A regular expression (Python ``re`` syntax), checked here so a typo exits at start."""
+    text = str(value)
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise ConfigError(key, f"not a regular expression: {e}") from None
     return text
 
 

@@ -6,6 +6,8 @@ the committed file differs from what this prints.
 
 from __future__ import annotations
 
+from exporter.kubernetes.podlabels import DOC as POD_LABELS_DOC
+from exporter.kubernetes.podlabels import FAMILY as POD_LABELS_FAMILY
 from exporter.render import (
     ALLOCATION_DOC,
     GPU_LABELS,
@@ -19,6 +21,8 @@ from exporter.render import (
     SCALARS,
     UP_DOC,
 )
+from exporter.slurm import DOC as SLURM_DOC
+from exporter.slurm import FAMILY as SLURM_FAMILY
 
 EXPORTER = (
     ("gpu_exporter_build_info", "gauge", "version, python_version", "Build information; value 1."),
@@ -80,8 +84,10 @@ def generate() -> str:
         + ", ".join(f"`{x}`" for x in INFO_LABELS[len(GPU_LABELS):])
         + f"; `partition`, `mig_mode` where the source knows them | {INFO_DOC} |",
         f"| `gpu_up` | gauge | | {UP_DOC} |",
-        f"| `gpu_kubernetes_allocation_info` | gauge | {pods}, `resource` | {ALLOCATION_DOC} "
-        "Source `kubelet`. |",
+        f"| `gpu_kubernetes_allocation_info` | gauge | {pods}, `resource`, `pod_uid`, `claim` | "
+        f"{ALLOCATION_DOC} `claim` is the DRA ResourceClaim (`<namespace>/<name>`, empty for "
+        "a device plugin), `resource` then the DRA driver; `pod_uid` is empty without the CRI "
+        "socket. Source `kubelet`. |",
     ]
     for name, _field, doc in SCALARS:
         lines.append(f"| `{name}` | {_kind(name)} | | {doc} |")
@@ -95,6 +101,14 @@ def generate() -> str:
               "", "| name | type | extra labels | help |", "|---|---|---|---|"]
     for name, _field, label, doc in PROCESS_FIELDS:
         lines.append(f"| `{name}` | {_kind(name)} | {_labels(label)} | {doc} |")
+    lines += ["", "## Join series", "",
+              "Value 1, one series per fact, to join on (`* on(...) group_left(...)`); never "
+              "copied onto the per-GPU series.", "",
+              "| name | type | labels | help |", "|---|---|---|---|",
+              f"| `{POD_LABELS_FAMILY}` | gauge | `namespace`, `pod`, `source`, `label_<name>`... "
+              f"| {POD_LABELS_DOC} Source `cri`. |",
+              f"| `{SLURM_FAMILY}` | gauge | `gpu`, `uuid`, `job`, `source` | {SLURM_DOC} "
+              "Source `slurm`. |"]
     lines += ["", "## The exporter itself", "", "| name | type | labels | help |",
               "|---|---|---|---|"]
     for name, kind, labels, doc in EXPORTER:

@@ -103,10 +103,13 @@ class PodRef:
 
 @dataclass(frozen=True)
 class Allocation:
-    """The kubelet gave this device to this container, as ``resource`` (nvidia.com/gpu)."""
+    """The kubelet gave this device to this container, as ``resource`` (nvidia.com/gpu;
+    a DRA driver's name, gpu.nvidia.com, for a device of a ResourceClaim)."""
 
     pod: PodRef
     resource: str
+    pod_uid: str = ""  # from the container runtime; empty where it is not asked
+    claim: str = ""  # "<namespace>/<name>" of the DRA ResourceClaim; empty for device plugins
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from prometheus_client.samples import Sample
 
 from exporter import __version__, dcgm
 from exporter.collector import DURATION_BUCKETS, Snapshot
+from exporter.joins import join_families
 from exporter.model import DeviceSample, PodRef, ProcessSample
 
 TEXT_CONTENT_TYPE = getattr(text_format, "CONTENT_TYPE_PLAIN_0_0_4",
@@ -199,11 +200,12 @@ def _device_families(f: _Families, gpu: str, d: DeviceSample, opts: RenderOption
     f.add("gpu_up", UP_DOC, labels(d.source), 1 if d.up else 0)
     seen_pods = set()
     for a in d.allocations:
-        if (a.pod, a.resource) not in seen_pods:
-            seen_pods.add((a.pod, a.resource))
+        if (a.pod, a.resource, a.claim) not in seen_pods:
+            seen_pods.add((a.pod, a.resource, a.claim))
             f.add("gpu_kubernetes_allocation_info", ALLOCATION_DOC, labels(
                 ALLOCATION_SOURCE, container=a.pod.container, pod=a.pod.pod,
-                namespace=a.pod.namespace, resource=a.resource), 1)
+                namespace=a.pod.namespace, resource=a.resource, pod_uid=a.pod_uid,
+                claim=a.claim), 1)
     if not d.up:
         return
     for name, field, doc in SCALARS:
@@ -274,6 +276,7 @@ def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,
                       threads: Mapping[str, Sequence[threading.Thread]] | None = None
                       ) -> Iterator[Metric]:
     yield from device_families(s, opts or RenderOptions())
+    yield from join_families(s)
     yield from _exporter_families(s, threads or {})
 
 

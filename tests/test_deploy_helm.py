@@ -60,7 +60,8 @@ TOGGLES: dict[str, dict[str, Any]] = {
     "webConfig-mtls": {"webConfig": {"enabled": True, "config": MTLS, "tlsSecretName": "t"}},
     "perProcess": {"perProcess": {"enabled": True}},
     "kubernetes-off": {"kubernetes": {"enabled": False}},
-    "criSocket": {"kubernetes": {"criSocket": {"enabled": True}, "deviceLabels": True}},
+    "criSocket": {"kubernetes": {"criSocket": {"enabled": True}, "deviceLabels": True,
+                                 "podLabels": "team|app\\.kubernetes\\.io/name"}},
     "extraVolumes": {
         "extraVolumes": [{"name": "config", "configMap": {"name": "gpu-exporter-config"}}],
         "extraVolumeMounts": [{"name": "config", "mountPath": "/etc/gpu-exporter/config"}],
@@ -93,8 +94,10 @@ def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return spec
 
 
-def env_of(docs: list[dict[str, Any]]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in container(by_kind(docs, "DaemonSet"))["env"]}
+def env_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each variable's value, or its valueFrom (the downward API)."""
+    return {e["name"]: e.get("value", e.get("valueFrom"))
+            for e in container(by_kind(docs, "DaemonSet"))["env"]}
 
 
 # The Prometheus Operator's CRDs, reduced to the fields this chart writes, from
@@ -118,6 +121,7 @@ _RELABEL = {"type": "array", "items": {"type": "object", "additionalProperties":
                                                "uppercase", "keepequal", "dropequal"]}}}}
 _ENDPOINT = {"type": "object", "additionalProperties": False, "properties": {
     "port": {"type": "string"}, "path": {"type": "string"}, "interval": _DURATION,
+    "honorLabels": {"type": "boolean"},
     "scrapeTimeout": _DURATION, "scheme": {"enum": ["http", "https"]},
     "tlsConfig": {"type": "object"},
     "basicAuth": {"type": "object", "additionalProperties": False,
@@ -326,6 +330,39 @@ def test_monitor_selects_the_pods_as_job_gpu_exporter(kind: str, toggle: str) ->
     assert endpoint["relabelings"][0]["targetLabel"] == "node"
 
 
+def test_every_monitor_honors_the_workload_labels() -> None:
+    # The operator adds pod/namespace/container of the exporter's own pod; honorLabels keeps
+    # ours (the workload's), which the recording rules and dashboards group by.
+    seen = set()
+    for toggle, values in TOGGLES.items():
+        for doc in render(values):
+            if doc["kind"] in {"ServiceMonitor", "PodMonitor"}:
+                seen.add(doc["kind"])
+                for endpoint in doc["spec"].get("endpoints", doc["spec"].get(
+                        "podMetricsEndpoints")):
+                    assert endpoint["honorLabels"] is True, (toggle, doc["kind"])
+    assert seen == {"ServiceMonitor", "PodMonitor"}
+
+
+@pytest.mark.parametrize("toggle", sorted(TOGGLES))
+def test_node_name_comes_from_the_downward_api(toggle: str) -> None:
+    # dcgm mode's Hostname label is NODE_NAME, else the host name (the pod's name here).
+    assert env_of(render(TOGGLES[toggle]))["NODE_NAME"] == {
+        "fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_image_is_one_the_user_builds() -> None:
+    # No public registry: a local tag loaded into the nodes, or the user's registry.
+    with Chart.load(CHART) as chart:
+        version = chart.metadata["appVersion"]
+    assert container(by_kind(render({}), "DaemonSet"))["image"] == f"gpu-exporter:{version}"
+    pushed = render({"image": {"repository": "registry.example.com/gpu-exporter"}})
+    assert container(by_kind(pushed, "DaemonSet"))["image"] == (
+        f"registry.example.com/gpu-exporter:{version}")
+    shipped = [CHART / "values.yaml", *KUSTOMIZE.rglob("*.yaml"), ROOT / "docs" / "deploy.md"]
+    assert [p for p in shipped if "ghcr.io" in p.read_text()] == []
+
+
 def test_service_and_pod_monitor_are_alternatives() -> None:
     with pytest.raises(HelmRenderError, match="enable one"):
         render_text({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
@@ -391,6 +428,32 @@ def test_default_mounts_the_kubelet_socket_read_only_as_root_without_capabilitie
     assert pod["hostPID"] is False
     assert not any(a.startswith("--kubernetes.cri-socket") for a in c["args"])
     assert env_of(docs)["MALLOC_ARENA_MAX"] == "2"
+
+
+def test_cdi_spec_dirs_are_mounted_read_only_and_passed() -> None:
+    # DRA claims resolve through the CDI specs: the same paths inside, read-only.
+    docs = render({})
+    c, pod = container(by_kind(docs, "DaemonSet")), pod_spec(docs)
+    (arg,) = [a for a in c["args"] if a.startswith("--kubernetes.cdi-spec-dirs=")]
+    dirs = arg.split("=", 1)[1].split(",")
+    assert dirs == ["/etc/cdi", "/var/run/cdi"]  # the runtimes' default cdi_spec_dirs
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for path in dirs:
+        assert mounts[path]["readOnly"] is True
+        assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
+    none = render({"kubernetes": {"cdiSpecDirs": []}})
+    assert not any("cdi" in a for a in container(by_kind(none, "DaemonSet"))["args"])
+    assert not any("cdi" in v["name"] for v in pod_spec(none)["volumes"])
+
+
+def test_pod_labels_need_the_cri_socket_and_reach_the_flag() -> None:
+    regex = r"team|app\.kubernetes\.io/name"
+    with pytest.raises(HelmRenderError, match="needs kubernetes.criSocket.enabled"):
+        render_text({"kubernetes": {"podLabels": regex}})
+    docs = render({"kubernetes": {"podLabels": regex, "criSocket": {"enabled": True}}})
+    assert f"--kubernetes.pod-labels={regex}" in container(by_kind(docs, "DaemonSet"))["args"]
+    assert not any("pod-labels" in a for a in container(by_kind(render({}), "DaemonSet"))["args"])
 
 
 def test_without_pod_attribution_the_pod_is_non_root_and_mounts_no_socket() -> None:

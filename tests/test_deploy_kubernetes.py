@@ -109,7 +109,11 @@ def test_daemonset_reads_the_host_read_only_and_unprivileged() -> None:
         "sys": "/sys",
         "proc": "/proc",
         "pod-resources": "/var/lib/kubelet/pod-resources",
+        # DRA: the CDI spec directories, passed as --kubernetes.cdi-spec-dirs.
+        "cdi-specs-0": "/etc/cdi",
+        "cdi-specs-1": "/var/run/cdi",
     }
+    assert "--kubernetes.cdi-spec-dirs=/etc/cdi,/var/run/cdi" in c["args"]
     assert mounts["sys"]["mountPath"] == "/host/sys" and mounts["proc"]["mountPath"] == "/host/proc"
     assert all(m["readOnly"] for m in mounts.values())
     # uid 0 for the kubelet socket, but no capability and no privilege escalation.
@@ -120,11 +124,13 @@ def test_daemonset_reads_the_host_read_only_and_unprivileged() -> None:
     assert "privileged" not in c["securityContext"]
     # Monitoring must never take a GPU away from a workload.
     assert not any("gpu" in k for k in c["resources"].get("limits", {}))
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
     assert env == {
         "NVIDIA_VISIBLE_DEVICES": "all",
         "NVIDIA_DRIVER_CAPABILITIES": "utility",
         "MALLOC_ARENA_MAX": "2",
+        # dcgm mode's Hostname: the node's name, not the pod's.
+        "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},
     }
     assert c["livenessProbe"]["httpGet"]["path"] == "/-/healthy"
     assert c["readinessProbe"]["httpGet"]["path"] == "/-/ready"
@@ -152,6 +158,8 @@ def test_servicemonitor_component_scrapes_the_service_as_job_gpu_exporter(tmp_pa
     assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
     # The alerting rules select job="gpu-exporter".
     assert svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "gpu-exporter"
+    # The workload's pod/namespace/container win over the operator's target labels.
+    assert all(e["honorLabels"] is True for e in sm["spec"]["endpoints"])
 
 
 @needs_kubectl

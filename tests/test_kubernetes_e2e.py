@@ -118,6 +118,11 @@ def test_allocation_info_matches_the_kubelet(scrape: str) -> None:
     want = expected_allocations(scrape)
     assert got == want
     assert len(want) == 6  # 3 pods on the time-sliced GPU, 1 on each exclusive GPU
+    # Pod UIDs (the runtime's io.kubernetes.pod.uid) from kubelet.json; no DRA claim here.
+    uids = {(p["namespace"], p["name"]): p["uid"] for p in scenario()["pods"]}  # type: ignore[attr-defined]
+    for _, labels in series(scrape, "gpu_kubernetes_allocation_info"):
+        assert labels["pod_uid"] == uids[(labels["namespace"], labels["pod"])]
+        assert labels["claim"] == ""
 
 
 def test_every_gpu_process_carries_its_pod(scrape: str) -> None:
@@ -154,10 +159,15 @@ def prometheus(fake_node: tuple[FakeKubelet, FakeRuntime, Path]) -> Iterator[str
             "--collector.processes.interval", "1s", "--kubernetes.interval", "1s"]
     with running(args, tmp, nvml_json=NODE_DIR / "nvml.json") as daemon:
         port = free_port()
+        # The target carries the exporter pod's own labels, as the Prometheus Operator's
+        # ServiceMonitor/PodMonitor relabelling adds them; honor_labels as shipped.
         config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                   "rule_files": [str(RULES)],
-                  "scrape_configs": [{"job_name": "gpu-exporter", "static_configs": [
-                      {"targets": [daemon.base_url.removeprefix("http://")]}]}]}
+                  "scrape_configs": [{"job_name": "gpu-exporter",
+                                      "honor_labels": shipped_honor_labels(),
+                                      "static_configs": [{
+                                          "targets": [daemon.base_url.removeprefix("http://")],
+                                          "labels": OPERATOR_TARGET_LABELS}]}]}
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         with (tmp / "prometheus.log").open("wb") as log:
             prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
@@ -174,6 +184,33 @@ def prometheus(fake_node: tuple[FakeKubelet, FakeRuntime, Path]) -> Iterator[str
             yield api
         finally:
             stop(prom)
+
+
+OPERATOR_TARGET_LABELS = {"namespace": "gpu-exporter", "pod": "gpu-exporter-x7k2p",
+                          "container": "gpu-exporter"}
+
+
+def shipped_honor_labels() -> bool:
+    """What the shipped kustomize ServiceMonitor sets (the chart's monitors: test_deploy_helm)."""
+    monitor = yaml.safe_load((REPO / "deploy" / "kubernetes" / "components"
+                              / "prometheus-operator" / "servicemonitor.yaml").read_text())
+    (endpoint,) = monitor["spec"]["endpoints"]
+    return bool(endpoint.get("honorLabels", False))
+
+
+def test_workload_labels_win_over_the_targets(prometheus: str) -> None:
+    result = query(prometheus, 'gpu_process_memory_used_bytes{job="gpu-exporter"}')
+    assert result
+    for r in result:
+        labels = r["metric"]  # type: ignore[index]
+        assert not any(k.startswith("exported_") for k in labels), labels
+        # A workload process keeps its pod; a host process (pod="" on /metrics) stays
+        # without one: it never takes the exporter's own pod or namespace.
+        want = pod_of_pid(labels["pid"])
+        assert (labels.get("namespace", ""), labels.get("pod", "")) == want[:2], labels
+    pods = {r["metric"]["pod"] for r in query(  # type: ignore[index]
+        prometheus, "gpu_kubernetes_allocation_info")}
+    assert pods == {pod for _, pod, _ in containers().values() if pod != "partition-job"}
 
 
 def by(result: list[dict[str, object]], *labels: str) -> dict[tuple[str, ...], float]:

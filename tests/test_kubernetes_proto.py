@@ -10,28 +10,40 @@ from the protobuf encoding spec and the upstream field numbers, not from our .pr
 
 from __future__ import annotations
 
-from exporter.kubernetes.cri import parse_containers
-from exporter.kubernetes.podresources import Grant, parse_allocatable, parse_list
+import re
+
+from exporter.kubernetes.cri import parse_containers, parse_pod_uids
+from exporter.kubernetes.dra import Claim
+from exporter.kubernetes.podlabels import PodLabels, parse_sandboxes
+from exporter.kubernetes.podresources import Grant, parse_allocatable, parse_claims, parse_list
 from exporter.kubernetes.proto import cri_pb2, podresources_pb2
 from exporter.model import PodRef
 from tests.fakes import protowire as pw
 from tests.fakes.kubelet import (
     RUNNING,
+    SANDBOX_READY,
+    ClaimDevice,
     Container,
+    DraClaim,
     Node,
     Pod,
     encode_allocatable,
     encode_containers,
     encode_list,
+    encode_sandboxes,
     state_filter_of,
 )
 
 GPU = "GPU-6a1f8f0e-2b4c-4d7e-9a3b-5c2d1e0f4a87"
+CLAIM = DraClaim("shared-gpu", "ml", [
+    ClaimDevice("gpu.nvidia.com", "node-1", "gpu-1",
+                ["k8s.gpu.nvidia.com/device=gpu-1", "k8s.gpu.nvidia.com/claim=uid-1-gpu-1"]),
+    ClaimDevice("example.com/no-cdi", "node-1", "nic-0", [])])
 NODE = Node(
     pods=[Pod("ml", "train-a", "0b8e7d1c-0000-4000-8000-000000000001", [
         Container("trainer", "a" * 64, {"nvidia.com/gpu": [f"{GPU}::0", f"{GPU}::2"],
-                                        "amd.com/gpu": ["0000:03:00.0"]}),
-        Container("sidecar", "b" * 64)])],
+                                        "amd.com/gpu": ["0000:03:00.0"]}, [CLAIM]),
+        Container("sidecar", "b" * 64)], {"team": "vision", "app.kubernetes.io/name": "t"})],
     allocatable={"nvidia.com/gpu": [f"{GPU}::{n}" for n in range(4)]},
     foreign=["c" * 64], exited=["b" * 64])
 
@@ -44,7 +56,62 @@ def test_pod_resources_list_from_upstream_bytes() -> None:
         Grant(trainer, "amd.com/gpu", ("0000:03:00.0",)),
     )  # the sidecar holds no device: no grant
     container = response.pod_resources[0].containers[0]
-    assert [f.name for f, _ in container.ListFields()] == ["name", "devices"]
+    assert [f.name for f, _ in container.ListFields()] == ["name", "devices",
+                                                           "dynamic_resources"]
+
+
+def test_dra_claims_from_upstream_bytes() -> None:
+    # Upstream bytes carry class_name (1, dropped in 1.31): skipped, the rest decoded.
+    response = podresources_pb2.ListPodResourcesResponse.FromString(encode_list(NODE))
+    (dynamic,) = response.pod_resources[0].containers[0].dynamic_resources
+    assert (dynamic.claim_name, dynamic.claim_namespace) == ("shared-gpu", "ml")
+    gpu = dynamic.claim_resources[0]
+    assert (gpu.driver_name, gpu.pool_name, gpu.device_name) == ("gpu.nvidia.com", "node-1",
+                                                                 "gpu-1")
+    # The device without CDI names (no device nodes to resolve) yields no Claim.
+    assert parse_claims(response) == (Claim(
+        PodRef("ml", "train-a", "trainer"), "ml/shared-gpu", "gpu.nvidia.com",
+        ("k8s.gpu.nvidia.com/device=gpu-1", "k8s.gpu.nvidia.com/claim=uid-1-gpu-1")),)
+
+
+def test_our_dra_messages_use_upstream_numbers() -> None:
+    msg = podresources_pb2.ContainerResources(name="c", dynamic_resources=[
+        podresources_pb2.DynamicResource(claim_name="n", claim_namespace="ns", claim_resources=[
+            podresources_pb2.ClaimResource(cdi_devices=[podresources_pb2.CDIDevice(name="v/c=d")],
+                                           driver_name="drv", pool_name="p", device_name="d")])])
+    (dynamic,) = pw.fields(msg.SerializeToString())[5]
+    f = pw.fields(dynamic)  # type: ignore[arg-type]
+    assert (f[2], f[3]) == ([b"n"], [b"ns"])
+    resource = pw.fields(f[4][0])  # type: ignore[arg-type]
+    assert (resource[2], resource[3], resource[4]) == ([b"drv"], [b"p"], [b"d"])
+    assert pw.fields(resource[1][0]) == {1: [b"v/c=d"]}  # type: ignore[arg-type]
+
+
+def test_cri_sandboxes_from_upstream_bytes() -> None:
+    response = cri_pb2.ListPodSandboxResponse.FromString(encode_sandboxes(NODE, None))
+    (sandbox,) = response.items
+    meta = sandbox.metadata
+    assert (meta.name, meta.namespace, meta.uid) == ("train-a", "ml",
+                                                    "0b8e7d1c-0000-4000-8000-000000000001")
+    assert sandbox.state == cri_pb2.SANDBOX_READY
+    pods, errors = parse_sandboxes(response, re.compile(r"team|app\.kubernetes\.io/.*|io\..*"))
+    # The kubelet's io.kubernetes.pod.* labels are never exported, whatever the regex.
+    assert pods == (PodLabels("ml", "train-a", (("label_app_kubernetes_io_name", "t"),
+                                                ("label_team", "vision"))),)
+    assert not errors
+
+
+def test_our_sandbox_request_asks_for_ready_sandboxes() -> None:
+    request = cri_pb2.ListPodSandboxRequest(filter=cri_pb2.PodSandboxFilter(
+        state=cri_pb2.PodSandboxStateValue(state=cri_pb2.SANDBOX_READY)))
+    assert state_filter_of(request.SerializeToString()) == SANDBOX_READY
+    msg = cri_pb2.PodSandbox(id="i", metadata=cri_pb2.PodSandboxMetadata(
+        name="n", uid="u", namespace="ns", attempt=2), state=cri_pb2.SANDBOX_NOTREADY,
+        created_at=9, labels={"k": "v"})
+    f = pw.fields(msg.SerializeToString())
+    assert (f[1], f[3], f[4]) == ([b"i"], [1], [9])
+    assert pw.fields(f[2][0]) == {1: [b"n"], 2: [b"u"], 3: [b"ns"], 4: [2]}  # type: ignore[arg-type]
+    assert pw.fields(f[5][0]) == {1: [b"k"], 2: [b"v"]}  # type: ignore[arg-type]
 
 
 def test_allocatable_from_upstream_bytes() -> None:
@@ -77,6 +144,8 @@ def test_cri_list_containers_from_upstream_bytes() -> None:
     assert first.labels["io.kubernetes.pod.uid"] == "0b8e7d1c-0000-4000-8000-000000000001"
     assert first.created_at == 1_700_000_000_000_000_000
     assert response.containers[2].labels == {"nerdctl/name": "builder"}  # foreign: left out
+    assert dict(parse_pod_uids(response)) == {
+        ("ml", "train-a"): "0b8e7d1c-0000-4000-8000-000000000001"}
 
 
 def test_our_cri_request_asks_for_running_containers() -> None:
@@ -106,5 +175,5 @@ def test_service_paths_are_upstream() -> None:
     assert {m.name for m in lister.methods} == {"List", "GetAllocatableResources"}
     runtime = cri_pb2.DESCRIPTOR.services_by_name["RuntimeService"]
     assert runtime.full_name == "runtime.v1.RuntimeService"
-    assert [m.name for m in runtime.methods] == ["ListContainers"]
+    assert {m.name for m in runtime.methods} == {"ListContainers", "ListPodSandbox"}
     assert cri_pb2.ContainerState.Name(cri_pb2.CONTAINER_RUNNING) == "CONTAINER_RUNNING"

@@ -88,4 +88,8 @@ def build_backends(config: Config) -> list[Backend]:
         from exporter.kubernetes.backend import KubernetesBackend
 
         backends.append(KubernetesBackend(config))
+    if config.slurm_job_mapping_dir:
+        from exporter.slurm import SlurmBackend
+
+        backends.append(SlurmBackend(config))
     return backends

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from exporter.joins import JoinSource
 from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef
 
 # Source priority for the collector's merge (one device, one series): when several
@@ -47,6 +48,8 @@ class Cycle:
     enricher: Enricher | None = None
     # Child processes restarted since the backend was created (macmon); cumulative.
     child_restarts: int | None = None
+    # Join series (pod labels, Slurm jobs; exporter.joins), served while it is serving.
+    joins: JoinSource | None = None
 
 
 class Enricher(Protocol):

@@ -1,7 +1,11 @@
 """Kubernetes pod attribution: which pod holds each GPU, and which pod each GPU process is in.
 
-- ``podresources``: the kubelet pod-resources API v1 client (device -> container);
-- ``cri``: the CRI runtime client (container id -> pod, namespace, container name);
+- ``podresources``: the kubelet pod-resources API v1 client (device -> container,
+  DRA claims -> container);
+- ``cdi``: CDI spec files (a claim's CDI device name -> device nodes);
+- ``dra``: a claimed device's nodes -> our GPU (NVML minor, DRM node -> PCI bus id);
+- ``cri``: the CRI runtime client (container id -> pod, namespace, container name, UID);
+- ``podlabels``: ``--kubernetes.pod-labels``, pod sandbox labels -> a join series;
 - ``cgroup``: ``/proc/<pid>/cgroup`` -> container id and pod UID;
 - ``attribution``: device-plugin id formats, and the immutable Enricher;
 - ``backend``: the ``kubernetes`` backend that refreshes it all on its own tier.

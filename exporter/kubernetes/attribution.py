@@ -38,13 +38,21 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from exporter.kubernetes.cgroup import ContainerCache
+from exporter.kubernetes.dra import MIG, NODE, PCI, Claim
+from exporter.kubernetes.podlabels import DOC as POD_LABELS_DOC
+from exporter.kubernetes.podlabels import FAMILY as POD_LABELS_FAMILY
+from exporter.kubernetes.podlabels import PodLabels
 from exporter.kubernetes.podresources import Grant
-from exporter.model import Allocation, DeviceInfo, PodRef, normalize_pci_bus_id
+from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef, normalize_pci_bus_id
 
-# Index names: which DeviceInfo field a key is matched against.
-UUID, NODE, PCI, CARD = "uuid", "node", "pci", "card"
+if TYPE_CHECKING:
+    from exporter.joins import Row
+
+# Index names: which DeviceInfo field a key is matched against (dra.py uses NODE and PCI).
+UUID, NODE, PCI, CARD = "uuid", NODE, PCI, "card"
 
 _NVIDIA_UUID = re.compile(r"((?:GPU|MIG)-[0-9A-Za-z/-]+)(?:::\d+)?")
 _NVIDIA_NODE = re.compile(r"(nvidia\d+)(?:/vgpu\d+)?")
@@ -82,24 +90,41 @@ def device_key(resource: str, device_id: str) -> tuple[str, str] | None:
 
 
 def keys_of(info: DeviceInfo) -> list[tuple[str, str]]:
-    """The (index, key) pairs under which a device plugin may name ``info``."""
+    """The (index, key) pairs under which a device plugin or a DRA claim
+    (exporter.kubernetes.dra: ``/dev/nvidia<minor>``, a DRM node's PCI bus id, a MIG
+    capability) may name ``info``. A slice (MIG, AMD partition) is named by its own
+    ids only."""
+    keys = []
     if info.vendor == "nvidia":
         keys = [(UUID, k.lower()) for k in (info.uuid, info.device_key) if k]
         if info.device_node and not info.parent_key:
             keys.append((NODE, info.device_node))
-        return keys
-    if info.vendor == "amd" and info.pci_bus_id and not info.parent_key:
-        return [(PCI, normalize_pci_bus_id(info.pci_bus_id))]
-    if info.vendor == "intel" and info.device_node:
-        return [(CARD, info.device_node)]
-    return []
+        gi, ci = (info.slice_labels.get(k) for k in ("gpu_instance_id", "compute_instance_id"))
+        if info.device_node and info.parent_key and gi and ci:  # a MIG device: its parent's node
+            keys.append((MIG, f"{info.device_node}/gi{gi}/ci{ci}"))
+    elif info.vendor == "intel" and info.device_node:
+        keys = [(CARD, info.device_node)]
+    if info.pci_bus_id and not info.parent_key and info.vendor in ("amd", "intel", "nvidia"):
+        keys.append((PCI, normalize_pci_bus_id(info.pci_bus_id)))
+    return keys
 
 
-def index_grants(grants: Iterable[Grant]) -> tuple[dict[tuple[str, str], tuple[Allocation, ...]],
-                                                   Counter[str]]:
-    """Every GPU grant indexed by device key; one Allocation per (container, resource)."""
+PodUids = Mapping[tuple[str, str], str]  # (namespace, pod) -> pod UID
+
+
+def index_grants(grants: Iterable[Grant], claimed: Iterable[tuple[tuple[str, str], Claim]] = (),
+                 pod_uids: PodUids | None = None
+                 ) -> tuple[dict[tuple[str, str], tuple[Allocation, ...]], Counter[str]]:
+    """Every GPU grant and DRA-claimed GPU indexed by device key; one Allocation per
+    (container, resource, claim). ``claimed`` comes from exporter.kubernetes.dra."""
+    uids = pod_uids or {}
     index: dict[tuple[str, str], set[Allocation]] = {}
     errors: Counter[str] = Counter()
+
+    def add(key: tuple[str, str], pod: PodRef, resource: str, claim: str = "") -> None:
+        uid = uids.get((pod.namespace, pod.pod), "")
+        index.setdefault(key, set()).add(Allocation(pod, resource, uid, claim))
+
     for grant in grants:
         for device_id in grant.device_ids:
             try:
@@ -108,12 +133,14 @@ def index_grants(grants: Iterable[Grant]) -> tuple[dict[tuple[str, str], tuple[A
                 errors["unknown_device_id"] += 1
                 continue
             if key is not None:
-                index.setdefault(key, set()).add(Allocation(grant.pod, grant.resource))
+                add(key, grant.pod, grant.resource)
+    for key, c in claimed:
+        add(key, c.pod, c.driver, c.claim)
     return {k: tuple(sorted(v, key=_order)) for k, v in index.items()}, errors
 
 
-def _order(a: Allocation) -> tuple[str, str, str, str]:
-    return a.pod.namespace, a.pod.pod, a.pod.container, a.resource
+def _order(a: Allocation) -> tuple[str, ...]:
+    return a.pod.namespace, a.pod.pod, a.pod.container, a.resource, a.claim
 
 
 def check_offered(offered: Mapping[str, Sequence[str]]) -> Counter[str]:
@@ -136,10 +163,18 @@ class Attribution:
     """
 
     def __init__(self, allocations: Mapping[tuple[str, str], tuple[Allocation, ...]],
-                 containers: Mapping[str, PodRef], cache: ContainerCache) -> None:
+                 containers: Mapping[str, PodRef], cache: ContainerCache,
+                 pod_labels: Sequence[PodLabels] = ()) -> None:
         self._allocations = MappingProxyType(dict(allocations))
         self._containers = containers
         self._cache = cache
+        self._pod_labels = tuple(pod_labels)
+
+    def join_rows(self, devices: Sequence[tuple[str, DeviceSample]]) -> Iterable[Row]:
+        """``gpu_kubernetes_pod_labels_info`` (exporter.kubernetes.podlabels)."""
+        return [(POD_LABELS_FAMILY, POD_LABELS_DOC, {
+            "namespace": p.namespace, "pod": p.pod, "source": "cri", **dict(p.labels)})
+            for p in self._pod_labels]
 
     def allocations(self, info: DeviceInfo) -> Sequence[Allocation]:
         found: list[Allocation] = []

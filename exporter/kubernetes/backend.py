@@ -1,10 +1,13 @@
 """The ``kubernetes`` backend: refreshes pod attribution on its own slow tier.
 
 Every ``--kubernetes.interval`` (5 s) it asks the kubelet which container holds
-which device (pod-resources ``List``) and the container runtime which pod each
-running container belongs to (CRI ``ListContainers``), each with a 1 s timeout, and
-hands the collector an immutable ``Attribution`` (``Cycle.enricher``) that labels the
-merged devices and processes. It reports no devices of its own.
+which device (pod-resources ``List``: device-plugin ids and DRA claims, the latter
+resolved through the CDI spec files, exporter.kubernetes.dra) and the container
+runtime which pod each running container belongs to (CRI ``ListContainers``; with
+``--kubernetes.pod-labels`` also ``ListPodSandbox``), each with a 1 s timeout, and
+hands the collector an immutable ``Attribution`` (``Cycle.enricher``, and
+``Cycle.joins`` for the pod labels) that labels the merged devices and processes.
+It reports no devices of its own.
 
 States (``gpu_exporter_backend_up{backend="kubernetes"}``):
 - pod-resources socket absent, refusing or timing out: down with the reason; the
@@ -18,6 +21,7 @@ States (``gpu_exporter_backend_up{backend="kubernetes"}``):
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -26,10 +30,13 @@ import structlog
 
 from exporter.backends.base import DERIVED, BackendFailed, BackendUnavailable, Cycle
 from exporter.config import Config
-from exporter.fs import ProcFS
+from exporter.fs import ProcFS, SysFS
 from exporter.kubernetes.attribution import Attribution, check_offered, index_grants
+from exporter.kubernetes.cdi import CdiRegistry
 from exporter.kubernetes.cgroup import ContainerCache
 from exporter.kubernetes.cri import CriClient, find_socket
+from exporter.kubernetes.dra import Claim, NodeResolver, index_claims
+from exporter.kubernetes.podlabels import PodLabels, parse_sandboxes
 from exporter.kubernetes.podresources import PodResourcesClient
 from exporter.kubernetes.rpc import RpcFailed, is_socket
 from exporter.model import DeviceInfo, PodRef
@@ -55,6 +62,13 @@ class KubernetesBackend:
         self._cri_path: str | None = None
         self._cri_state = ""  # last CRI problem logged ("" = answering)
         self._containers = _NO_CONTAINERS
+        self._pod_uids: Mapping[tuple[str, str], str] = MappingProxyType({})
+        self._pod_labels: tuple[PodLabels, ...] = ()
+        self._allow = (re.compile(config.kubernetes_pod_labels)
+                       if config.kubernetes_pod_labels is not None else None)
+        self.cdi = CdiRegistry(config.kubernetes_cdi_spec_dirs)
+        self._bad_specs: tuple[str, ...] = ()
+        self.resolver = NodeResolver(SysFS(config.sysfs), ProcFS(config.procfs))
         self._pending: Counter[str] = Counter()
 
     def open(self) -> Sequence[DeviceInfo]:
@@ -83,17 +97,35 @@ class KubernetesBackend:
         if self._kubelet is None:
             raise BackendFailed("sampled before open()")
         try:
-            grants = self._kubelet.list()
+            grants, claims = self._kubelet.list()
         except RpcFailed as e:
             raise BackendFailed(str(e)) from None
-        allocations, errors = index_grants(grants)
+        errors = self._refresh_containers()  # first: the pod UIDs label the allocations
+        claimed: list[tuple[tuple[str, str], Claim]] = []
+        if claims:  # the spec directories are read only on a node that uses DRA
+            errors.update(self._refresh_cdi())
+            claimed, dra_errors = index_claims(claims, self.cdi.devices, self.resolver)
+            errors.update(dra_errors)
+        allocations, grant_errors = index_grants(grants, claimed, self._pod_uids)
+        errors.update(grant_errors)
         errors.update(self._pending)
         self._pending.clear()
-        errors.update(self._refresh_containers())
         self.cache.sweep()
         errors.update(self.cache.take_errors())
-        return Cycle(devices=(), errors=dict(errors),
-                     enricher=Attribution(allocations, self._containers, self.cache))
+        attribution = Attribution(allocations, self._containers, self.cache, self._pod_labels)
+        return Cycle(devices=(), errors=dict(errors), enricher=attribution,
+                     joins=attribution if self._allow is not None else None)
+
+    def _refresh_cdi(self) -> Counter[str]:
+        errors = self.cdi.refresh()
+        if self.cdi.bad != self._bad_specs:
+            if self.cdi.bad:
+                log.warning("CDI spec files unreadable; their devices are not attributed",
+                            files=list(self.cdi.bad))
+            else:
+                log.info("CDI spec files readable again")
+            self._bad_specs = self.cdi.bad
+        return errors
 
     def _refresh_containers(self) -> Counter[str]:
         """Ask the runtime for its containers; a failure keeps the last map."""
@@ -108,12 +140,15 @@ class KubernetesBackend:
         try:
             if self._cri is None:
                 self._cri = CriClient(path)
-            self._containers = self._cri.containers()
+            self._containers, self._pod_uids = self._cri.containers()
+            errors: Counter[str] = Counter()
+            if self._allow is not None:
+                self._pod_labels, errors = parse_sandboxes(self._cri.sandboxes(), self._allow)
         except RpcFailed as e:
             self._cri_changed(str(e))
             return Counter(cri_unavailable=1)
         self._cri_changed("")
-        return Counter()
+        return errors
 
     def _cri_changed(self, problem: str) -> None:
         if problem == self._cri_state:

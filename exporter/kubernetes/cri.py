@@ -3,7 +3,10 @@
 One ``runtime.v1.RuntimeService/ListContainers`` call (running containers only)
 answers, for every container on the node, the labels the kubelet put on it at
 creation: ``io.kubernetes.pod.name``, ``io.kubernetes.pod.namespace``,
-``io.kubernetes.container.name``. The container id is the one the cgroup path names
+``io.kubernetes.container.name`` and ``io.kubernetes.pod.uid`` (the pod UID on
+``gpu_kubernetes_allocation_info``). ``ListPodSandbox`` (ready sandboxes) carries the
+pod's own labels, read only for ``--kubernetes.pod-labels`` (kubernetes.podlabels).
+The container id is the one the cgroup path names
 (exporter.kubernetes.cgroup), so a process maps to its pod even when several pods
 share one GPU. The messages come from ``proto/cri.proto``.
 
@@ -33,6 +36,7 @@ DEFAULT_SOCKETS = (
 POD_NAME = "io.kubernetes.pod.name"
 POD_NAMESPACE = "io.kubernetes.pod.namespace"
 CONTAINER_NAME = "io.kubernetes.container.name"
+POD_UID = "io.kubernetes.pod.uid"
 
 
 def find_socket(configured: str | None,
@@ -57,6 +61,17 @@ def parse_containers(response: Any) -> Mapping[str, PodRef]:
     return MappingProxyType(out)
 
 
+def parse_pod_uids(response: Any) -> Mapping[tuple[str, str], str]:
+    """A ListContainersResponse -> (namespace, pod) -> pod UID (``io.kubernetes.pod.uid``)."""
+    out = {}
+    for container in response.containers:
+        labels = container.labels
+        pod, namespace, uid = labels.get(POD_NAME), labels.get(POD_NAMESPACE), labels.get(POD_UID)
+        if pod and namespace and uid:
+            out[(namespace, pod)] = uid
+    return MappingProxyType(out)
+
+
 class CriClient:
     """One channel to the container runtime's CRI socket. Calls raise RpcFailed."""
 
@@ -68,9 +83,17 @@ class CriClient:
         self._stub = cri_pb2_grpc.RuntimeServiceStub(self._rpc.channel)  # type: ignore[no-untyped-call]
         self._request = cri_pb2.ListContainersRequest(filter=cri_pb2.ContainerFilter(
             state=cri_pb2.ContainerStateValue(state=cri_pb2.CONTAINER_RUNNING)))
+        self._sandbox_request = cri_pb2.ListPodSandboxRequest(filter=cri_pb2.PodSandboxFilter(
+            state=cri_pb2.PodSandboxStateValue(state=cri_pb2.SANDBOX_READY)))
 
-    def containers(self) -> Mapping[str, PodRef]:
-        return parse_containers(self._rpc.call(self._stub.ListContainers, self._request))
+    def containers(self) -> tuple[Mapping[str, PodRef], Mapping[tuple[str, str], str]]:
+        """Container id -> its pod, and (namespace, pod) -> pod UID, from one call."""
+        response = self._rpc.call(self._stub.ListContainers, self._request)
+        return parse_containers(response), parse_pod_uids(response)
+
+    def sandboxes(self) -> Any:
+        """The ready pod sandboxes (``ListPodSandbox``): their metadata and pod labels."""
+        return self._rpc.call(self._stub.ListPodSandbox, self._sandbox_request)
 
     def close(self) -> None:
         self._rpc.close()

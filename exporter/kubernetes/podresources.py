@@ -2,7 +2,8 @@
 
 ``PodResourcesLister.List`` answers, for every pod on the node, each container's
 devices as (resource name, device ids) exactly as the device plugins advertised
-them; ``GetAllocatableResources`` answers what the node offers. Both over the
+them, and its DRA ResourceClaims' devices as CDI device names (``parse_claims``);
+``GetAllocatableResources`` answers what the node offers. Both over the
 kubelet's unix socket (``--kubernetes.pod-resources-socket``, by default
 ``/var/lib/kubelet/pod-resources/kubelet.sock``), read-only, no credentials: access
 is whoever can open the socket. The messages come from ``proto/podresources.proto``.
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.kubernetes.dra import Claim
 from exporter.kubernetes.rpc import UnixChannel
 from exporter.model import PodRef
 
@@ -38,6 +40,25 @@ def parse_list(response: Any) -> tuple[Grant, ...]:
     return tuple(grants)
 
 
+def parse_claims(response: Any) -> tuple[Claim, ...]:
+    """A ListPodResourcesResponse -> one Claim per (container, claim, allocated device).
+
+    ``dynamic_resources`` (kubelet 1.27+, on by default since 1.34) lists the container's
+    ResourceClaims; each ``claim_resources`` entry is one allocated device of one driver.
+    """
+    claims = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
+            for dynamic in container.dynamic_resources:
+                name = f"{dynamic.claim_namespace or pod.namespace}/{dynamic.claim_name}"
+                for resource in dynamic.claim_resources:
+                    cdi = tuple(d.name for d in resource.cdi_devices if d.name)
+                    if resource.driver_name and cdi:
+                        claims.append(Claim(ref, name, resource.driver_name, cdi))
+    return tuple(claims)
+
+
 def parse_allocatable(response: Any) -> dict[str, tuple[str, ...]]:
     """An AllocatableResourcesResponse -> resource name -> device ids the node offers."""
     offered: dict[str, list[str]] = {}
@@ -56,8 +77,10 @@ class PodResourcesClient:
         self._rpc = UnixChannel(path)
         self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._rpc.channel)  # type: ignore[no-untyped-call]
 
-    def list(self) -> tuple[Grant, ...]:
-        return parse_list(self._rpc.call(self._stub.List, self._pb.ListPodResourcesRequest()))
+    def list(self) -> tuple[tuple[Grant, ...], tuple[Claim, ...]]:
+        """Device-plugin grants and DRA claims, from one ``List`` call."""
+        response = self._rpc.call(self._stub.List, self._pb.ListPodResourcesRequest())
+        return parse_list(response), parse_claims(response)
 
     def allocatable(self) -> dict[str, tuple[str, ...]]:
         request = self._pb.AllocatableResourcesRequest()

@@ -1,7 +1,8 @@
 """A fake kubelet and a fake container runtime: real gRPC servers on unix sockets.
 
-``FakeKubelet`` serves ``/v1.PodResourcesLister/List`` and ``GetAllocatableResources``,
-``FakeRuntime`` serves ``/runtime.v1.RuntimeService/ListContainers``, both with grpcio
+``FakeKubelet`` serves ``/v1.PodResourcesLister/List`` (device-plugin devices and DRA
+claims) and ``GetAllocatableResources``, ``FakeRuntime`` serves
+``/runtime.v1.RuntimeService/ListContainers`` and ``ListPodSandbox``, both with grpcio
 and from scenario data (``Node``, loadable from a fixture's ``kubelet.json``). Replies
 are encoded with tests/fakes/protowire.py from the upstream field numbers, including
 fields the exporter's trimmed protos leave out (CPU ids, memory, NUMA topology, DRA
@@ -30,6 +31,24 @@ import grpc
 from tests.fakes import protowire as pw
 
 RUNNING, EXITED = 1, 2  # runtime.v1.ContainerState
+SANDBOX_READY = 0  # runtime.v1.PodSandboxState
+
+
+@dataclass
+class ClaimDevice:
+    """One allocated device of a ResourceClaim (pod-resources ClaimResource)."""
+
+    driver: str
+    pool: str
+    device: str
+    cdi: list[str]  # fully qualified CDI device names
+
+
+@dataclass
+class DraClaim:
+    name: str
+    namespace: str
+    devices: list[ClaimDevice]
 
 
 @dataclass
@@ -37,6 +56,7 @@ class Container:
     name: str
     id: str  # 64 hex: what the cgroup path names
     devices: dict[str, list[str]] = field(default_factory=dict)  # resource -> device ids
+    claims: list[DraClaim] = field(default_factory=list)
 
 
 @dataclass
@@ -45,6 +65,7 @@ class Pod:
     name: str
     uid: str
     containers: list[Container]
+    labels: dict[str, str] = field(default_factory=dict)  # the pod's own labels (CRI sandbox)
 
 
 @dataclass
@@ -59,8 +80,11 @@ class Node:
     def load(cls, path: Path) -> Node:
         data = json.loads(path.read_text())
         pods = [Pod(p["namespace"], p["name"], p["uid"],
-                    [Container(c["name"], c["id"], c.get("devices", {}))
-                     for c in p["containers"]]) for p in data["pods"]]
+                    [Container(c["name"], c["id"], c.get("devices", {}),
+                               [DraClaim(k["name"], k["namespace"], [
+                                   ClaimDevice(d["driver"], d["pool"], d["device"], d["cdi"])
+                                   for d in k["devices"]]) for k in c.get("claims", [])])
+                     for c in p["containers"]], p.get("labels", {})) for p in data["pods"]]
         return cls(pods, data.get("allocatable", {}), data.get("foreign", []),
                    data.get("exited", []))
 
@@ -82,11 +106,20 @@ def encode_list(node: Node) -> bytes:
             cbody += pw.packed(3, [2, 3])  # cpu_ids
             cbody += pw.blob(4, pw.string(1, "memory") + pw.uint(2, 1 << 30)
                              + pw.blob(3, _topology(0)))
-            claim = pw.blob(1, pw.string(1, "example.com/gpu=gpu-0"))
-            cbody += pw.blob(5, pw.string(2, "claim") + pw.string(3, pod.namespace)
-                             + pw.blob(4, claim + pw.string(2, "gpu.example.com")))
+            for claim in c.claims:
+                cbody += pw.blob(5, encode_claim(claim))
             body += pw.blob(3, cbody)
         out += pw.blob(1, body)
+    return out
+
+
+def encode_claim(claim: DraClaim) -> bytes:
+    """DynamicResource, with class_name (1), which kubelets before 1.31 still send."""
+    out = pw.string(1, "gpu.example.com") + pw.string(2, claim.name) + pw.string(3, claim.namespace)
+    for d in claim.devices:
+        cdi = b"".join(pw.blob(1, pw.string(1, name)) for name in d.cdi)
+        out += pw.blob(4, cdi + pw.string(2, d.driver) + pw.string(3, d.pool)
+                       + pw.string(4, d.device))
     return out
 
 
@@ -120,6 +153,25 @@ def encode_containers(node: Node, state_filter: int | None) -> bytes:
             out += _container(c.id, labels, c.name, state)
     for cid in node.foreign:
         out += _container(cid, {"nerdctl/name": "builder"}, "builder", RUNNING)
+    return out
+
+
+def encode_sandboxes(node: Node, state_filter: int | None) -> bytes:
+    """ListPodSandboxResponse: every pod's sandbox READY (0), labels as the kubelet sets
+    them (the pod's own plus io.kubernetes.pod.*), with annotations and runtime handler."""
+    out = b""
+    for n, pod in enumerate(node.pods):
+        if state_filter not in (None, SANDBOX_READY):
+            continue
+        labels = {**pod.labels, "io.kubernetes.pod.name": pod.name,
+                  "io.kubernetes.pod.namespace": pod.namespace, "io.kubernetes.pod.uid": pod.uid}
+        meta = (pw.string(1, pod.name) + pw.string(2, pod.uid) + pw.string(3, pod.namespace)
+                + pw.uint(4, 0))
+        out += pw.blob(1, pw.string(1, f"sandbox-{n:04d}") + pw.blob(2, meta)
+                       + pw.uint(3, SANDBOX_READY) + pw.uint(4, 1_700_000_000_000_000_000 + n)
+                       + pw.string_map(5, labels)
+                       + pw.string_map(6, {"kubernetes.io/config.source": "api"})
+                       + pw.string(7, "runc"))
     return out
 
 
@@ -198,4 +250,6 @@ class FakeRuntime(_Server):
 
     def handlers(self) -> dict[str, Callable[[bytes], bytes]]:
         return {"ListContainers":
-                lambda req: encode_containers(self.node, state_filter_of(req))}
+                lambda req: encode_containers(self.node, state_filter_of(req)),
+                "ListPodSandbox":
+                lambda req: encode_sandboxes(self.node, state_filter_of(req))}

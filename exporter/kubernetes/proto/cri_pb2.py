@@ -24,39 +24,61 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#exporter/kubernetes/proto/cri.proto\x12\nruntime.v1\"@\n\x13\x43ontainerStateValue\x12)\n\x05state\x18\x01 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\"\xe3\x01\n\x0f\x43ontainerFilter\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\x05state\x18\x02 \x01(\x0b\x32\x1f.runtime.v1.ContainerStateValue\x12\x16\n\x0epod_sandbox_id\x18\x03 \x01(\t\x12\x46\n\x0elabel_selector\x18\x04 \x03(\x0b\x32..runtime.v1.ContainerFilter.LabelSelectorEntry\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x15ListContainersRequest\x12+\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1b.runtime.v1.ContainerFilter\"2\n\x11\x43ontainerMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\xf2\x02\n\tContainer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0epod_sandbox_id\x18\x02 \x01(\t\x12/\n\x08metadata\x18\x03 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12)\n\x05state\x18\x06 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\x12\x12\n\ncreated_at\x18\x07 \x01(\x03\x12\x31\n\x06labels\x18\x08 \x03(\x0b\x32!.runtime.v1.Container.LabelsEntry\x12;\n\x0b\x61nnotations\x18\t \x03(\x0b\x32&.runtime.v1.Container.AnnotationsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x16ListContainersResponse\x12)\n\ncontainers\x18\x01 \x03(\x0b\x32\x15.runtime.v1.Container*k\n\x0e\x43ontainerState\x12\x15\n\x11\x43ONTAINER_CREATED\x10\x00\x12\x15\n\x11\x43ONTAINER_RUNNING\x10\x01\x12\x14\n\x10\x43ONTAINER_EXITED\x10\x02\x12\x15\n\x11\x43ONTAINER_UNKNOWN\x10\x03\x32k\n\x0eRuntimeService\x12Y\n\x0eListContainers\x12!.runtime.v1.ListContainersRequest\x1a\".runtime.v1.ListContainersResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#exporter/kubernetes/proto/cri.proto\x12\nruntime.v1\"B\n\x14PodSandboxStateValue\x12*\n\x05state\x18\x01 \x01(\x0e\x32\x1b.runtime.v1.PodSandboxState\"\xce\x01\n\x10PodSandboxFilter\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0b\x32 .runtime.v1.PodSandboxStateValue\x12G\n\x0elabel_selector\x18\x03 \x03(\x0b\x32/.runtime.v1.PodSandboxFilter.LabelSelectorEntry\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x15ListPodSandboxRequest\x12,\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1c.runtime.v1.PodSandboxFilter\"S\n\x12PodSandboxMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03uid\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\"\xed\x01\n\nPodSandbox\x12\n\n\x02id\x18\x01 \x01(\t\x12\x30\n\x08metadata\x18\x02 \x01(\x0b\x32\x1e.runtime.v1.PodSandboxMetadata\x12*\n\x05state\x18\x03 \x01(\x0e\x32\x1b.runtime.v1.PodSandboxState\x12\x12\n\ncreated_at\x18\x04 \x01(\x03\x12\x32\n\x06labels\x18\x05 \x03(\x0b\x32\".runtime.v1.PodSandbox.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x16ListPodSandboxResponse\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.runtime.v1.PodSandbox\"@\n\x13\x43ontainerStateValue\x12)\n\x05state\x18\x01 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\"\xe3\x01\n\x0f\x43ontainerFilter\x12\n\n\x02id\x18\x01 \x01(\t\x12.\n\x05state\x18\x02 \x01(\x0b\x32\x1f.runtime.v1.ContainerStateValue\x12\x16\n\x0epod_sandbox_id\x18\x03 \x01(\t\x12\x46\n\x0elabel_selector\x18\x04 \x03(\x0b\x32..runtime.v1.ContainerFilter.LabelSelectorEntry\x1a\x34\n\x12LabelSelectorEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"D\n\x15ListContainersRequest\x12+\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1b.runtime.v1.ContainerFilter\"2\n\x11\x43ontainerMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\xf2\x02\n\tContainer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0epod_sandbox_id\x18\x02 \x01(\t\x12/\n\x08metadata\x18\x03 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12)\n\x05state\x18\x06 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\x12\x12\n\ncreated_at\x18\x07 \x01(\x03\x12\x31\n\x06labels\x18\x08 \x03(\x0b\x32!.runtime.v1.Container.LabelsEntry\x12;\n\x0b\x61nnotations\x18\t \x03(\x0b\x32&.runtime.v1.Container.AnnotationsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x16ListContainersResponse\x12)\n\ncontainers\x18\x01 \x03(\x0b\x32\x15.runtime.v1.Container*:\n\x0fPodSandboxState\x12\x11\n\rSANDBOX_READY\x10\x00\x12\x14\n\x10SANDBOX_NOTREADY\x10\x01*k\n\x0e\x43ontainerState\x12\x15\n\x11\x43ONTAINER_CREATED\x10\x00\x12\x15\n\x11\x43ONTAINER_RUNNING\x10\x01\x12\x14\n\x10\x43ONTAINER_EXITED\x10\x02\x12\x15\n\x11\x43ONTAINER_UNKNOWN\x10\x03\x32\xc6\x01\n\x0eRuntimeService\x12Y\n\x0eListPodSandbox\x12!.runtime.v1.ListPodSandboxRequest\x1a\".runtime.v1.ListPodSandboxResponse\"\x00\x12Y\n\x0eListContainers\x12!.runtime.v1.ListContainersRequest\x1a\".runtime.v1.ListContainersResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'exporter.kubernetes.proto.cri_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_PODSANDBOXFILTER_LABELSELECTORENTRY']._loaded_options = None
+  _globals['_PODSANDBOXFILTER_LABELSELECTORENTRY']._serialized_options = b'8\001'
+  _globals['_PODSANDBOX_LABELSENTRY']._loaded_options = None
+  _globals['_PODSANDBOX_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_CONTAINERFILTER_LABELSELECTORENTRY']._loaded_options = None
   _globals['_CONTAINERFILTER_LABELSELECTORENTRY']._serialized_options = b'8\001'
   _globals['_CONTAINER_LABELSENTRY']._loaded_options = None
   _globals['_CONTAINER_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_CONTAINER_ANNOTATIONSENTRY']._loaded_options = None
   _globals['_CONTAINER_ANNOTATIONSENTRY']._serialized_options = b'8\001'
-  _globals['_CONTAINERSTATE']._serialized_start=911
-  _globals['_CONTAINERSTATE']._serialized_end=1018
-  _globals['_CONTAINERSTATEVALUE']._serialized_start=51
-  _globals['_CONTAINERSTATEVALUE']._serialized_end=115
-  _globals['_CONTAINERFILTER']._serialized_start=118
-  _globals['_CONTAINERFILTER']._serialized_end=345
-  _globals['_CONTAINERFILTER_LABELSELECTORENTRY']._serialized_start=293
-  _globals['_CONTAINERFILTER_LABELSELECTORENTRY']._serialized_end=345
-  _globals['_LISTCONTAINERSREQUEST']._serialized_start=347
-  _globals['_LISTCONTAINERSREQUEST']._serialized_end=415
-  _globals['_CONTAINERMETADATA']._serialized_start=417
-  _globals['_CONTAINERMETADATA']._serialized_end=467
-  _globals['_CONTAINER']._serialized_start=470
-  _globals['_CONTAINER']._serialized_end=840
-  _globals['_CONTAINER_LABELSENTRY']._serialized_start=743
-  _globals['_CONTAINER_LABELSENTRY']._serialized_end=788
-  _globals['_CONTAINER_ANNOTATIONSENTRY']._serialized_start=790
-  _globals['_CONTAINER_ANNOTATIONSENTRY']._serialized_end=840
-  _globals['_LISTCONTAINERSRESPONSE']._serialized_start=842
-  _globals['_LISTCONTAINERSRESPONSE']._serialized_end=909
-  _globals['_RUNTIMESERVICE']._serialized_start=1020
-  _globals['_RUNTIMESERVICE']._serialized_end=1127
+  _globals['_PODSANDBOXSTATE']._serialized_start=1649
+  _globals['_PODSANDBOXSTATE']._serialized_end=1707
+  _globals['_CONTAINERSTATE']._serialized_start=1709
+  _globals['_CONTAINERSTATE']._serialized_end=1816
+  _globals['_PODSANDBOXSTATEVALUE']._serialized_start=51
+  _globals['_PODSANDBOXSTATEVALUE']._serialized_end=117
+  _globals['_PODSANDBOXFILTER']._serialized_start=120
+  _globals['_PODSANDBOXFILTER']._serialized_end=326
+  _globals['_PODSANDBOXFILTER_LABELSELECTORENTRY']._serialized_start=274
+  _globals['_PODSANDBOXFILTER_LABELSELECTORENTRY']._serialized_end=326
+  _globals['_LISTPODSANDBOXREQUEST']._serialized_start=328
+  _globals['_LISTPODSANDBOXREQUEST']._serialized_end=397
+  _globals['_PODSANDBOXMETADATA']._serialized_start=399
+  _globals['_PODSANDBOXMETADATA']._serialized_end=482
+  _globals['_PODSANDBOX']._serialized_start=485
+  _globals['_PODSANDBOX']._serialized_end=722
+  _globals['_PODSANDBOX_LABELSENTRY']._serialized_start=677
+  _globals['_PODSANDBOX_LABELSENTRY']._serialized_end=722
+  _globals['_LISTPODSANDBOXRESPONSE']._serialized_start=724
+  _globals['_LISTPODSANDBOXRESPONSE']._serialized_end=787
+  _globals['_CONTAINERSTATEVALUE']._serialized_start=789
+  _globals['_CONTAINERSTATEVALUE']._serialized_end=853
+  _globals['_CONTAINERFILTER']._serialized_start=856
+  _globals['_CONTAINERFILTER']._serialized_end=1083
+  _globals['_CONTAINERFILTER_LABELSELECTORENTRY']._serialized_start=274
+  _globals['_CONTAINERFILTER_LABELSELECTORENTRY']._serialized_end=326
+  _globals['_LISTCONTAINERSREQUEST']._serialized_start=1085
+  _globals['_LISTCONTAINERSREQUEST']._serialized_end=1153
+  _globals['_CONTAINERMETADATA']._serialized_start=1155
+  _globals['_CONTAINERMETADATA']._serialized_end=1205
+  _globals['_CONTAINER']._serialized_start=1208
+  _globals['_CONTAINER']._serialized_end=1578
+  _globals['_CONTAINER_LABELSENTRY']._serialized_start=677
+  _globals['_CONTAINER_LABELSENTRY']._serialized_end=722
+  _globals['_CONTAINER_ANNOTATIONSENTRY']._serialized_start=1528
+  _globals['_CONTAINER_ANNOTATIONSENTRY']._serialized_end=1578
+  _globals['_LISTCONTAINERSRESPONSE']._serialized_start=1580
+  _globals['_LISTCONTAINERSRESPONSE']._serialized_end=1647
+  _globals['_RUNTIMESERVICE']._serialized_start=1819
+  _globals['_RUNTIMESERVICE']._serialized_end=2017
 # @@protoc_insertion_point(module_scope)

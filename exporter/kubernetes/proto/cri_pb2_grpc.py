@@ -34,6 +34,11 @@ class RuntimeServiceStub(object):
         Args:
             channel: A grpc.Channel.
         """
+        self.ListPodSandbox = channel.unary_unary(
+                '/runtime.v1.RuntimeService/ListPodSandbox',
+                request_serializer=exporter_dot_kubernetes_dot_proto_dot_cri__pb2.ListPodSandboxRequest.SerializeToString,
+                response_deserializer=exporter_dot_kubernetes_dot_proto_dot_cri__pb2.ListPodSandboxResponse.FromString,
+                _registered_method=True)
         self.ListContainers = channel.unary_unary(
                 '/runtime.v1.RuntimeService/ListContainers',
                 request_serializer=exporter_dot_kubernetes_dot_proto_dot_cri__pb2.ListContainersRequest.SerializeToString,
@@ -44,6 +49,12 @@ class RuntimeServiceStub(object):
 class RuntimeServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
+    def ListPodSandbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListContainers(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -53,6 +64,11 @@ class RuntimeServiceServicer(object):
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'ListPodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPodSandbox,
+                    request_deserializer=exporter_dot_kubernetes_dot_proto_dot_cri__pb2.ListPodSandboxRequest.FromString,
+                    response_serializer=exporter_dot_kubernetes_dot_proto_dot_cri__pb2.ListPodSandboxResponse.SerializeToString,
+            ),
             'ListContainers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListContainers,
                     request_deserializer=exporter_dot_kubernetes_dot_proto_dot_cri__pb2.ListContainersRequest.FromString,
@@ -68,6 +84,33 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class RuntimeService(object):
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ListPodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/ListPodSandbox',
+            exporter_dot_kubernetes_dot_proto_dot_cri__pb2.ListPodSandboxRequest.SerializeToString,
+            exporter_dot_kubernetes_dot_proto_dot_cri__pb2.ListPodSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def ListContainers(request,

@@ -1,0 +1,143 @@
+"""CDI spec files on the node: a fully qualified CDI device name -> its device nodes.
+
+A DRA driver hands the kubelet, per allocated device, CDI device names
+(``vendor.com/class=name``); the runtime resolves them through the spec files in the
+CDI spec directories. We read the same files to learn which ``/dev`` nodes a claim's
+device puts into the container, and from those which GPU it is (exporter.kubernetes.dra).
+
+The format is the CNCF container-device-interface ``SPEC.md`` (cncf-tags/
+container-device-interface): a JSON or YAML document with ``cdiVersion``, ``kind``
+(``vendor.com/class``), ``devices[].name`` and ``devices[].containerEdits.deviceNodes[]``
+(``path`` in the container, optional ``hostPath``), plus spec-wide ``containerEdits``
+that apply to every device of the spec (never a GPU of its own: left out). The
+directories are ``--kubernetes.cdi-spec-dirs``, by default ``/etc/cdi`` and
+``/var/run/cdi`` (the default ``cdi_spec_dirs`` of containerd and CRI-O); as in the
+reference cache (``pkg/cdi/cache.go``), a later directory wins over an earlier one for
+the same device name, and one name defined twice in one directory is a conflict that
+resolves to nothing.
+
+Files are re-read only when their mtime, size or inode changed; a file that cannot be read
+or parsed is counted (``cdi_spec_unreadable``) and its devices are unknown, never
+kept from an older version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+DEFAULT_DIRS = ("/etc/cdi", "/var/run/cdi")
+MAX_SPEC_BYTES = 4 * 1024 * 1024  # NVIDIA's full-node spec is ~100 KB: larger is no spec
+SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def parse_spec(text: str) -> dict[str, tuple[str, ...]] | None:
+    """A spec document -> qualified device name -> device node paths; None when malformed."""
+    try:
+        doc: Any = yaml.safe_load(text)  # YAML 1.1 is a superset of the JSON specs use
+    except yaml.YAMLError:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
+        return None
+    kind, devices = doc["kind"], doc.get("devices")
+    if "/" not in kind or not isinstance(devices, list):
+        return None
+    out: dict[str, tuple[str, ...]] = {}
+    for device in devices:
+        if not isinstance(device, dict) or not isinstance(device.get("name"), str):
+            return None
+        edits = device.get("containerEdits") or {}
+        nodes = (edits.get("deviceNodes") or []) if isinstance(edits, dict) else None
+        if not isinstance(nodes, list):
+            return None
+        paths = []
+        for node in nodes:
+            path = node.get("path") if isinstance(node, dict) else None
+            if not isinstance(path, str):
+                return None
+            paths.append(path)
+        out[f"{kind}={device['name']}"] = tuple(paths)
+    return out
+
+
+@dataclass(frozen=True)
+class _File:
+    stamp: tuple[int, int, int]  # mtime (ns), size, inode: writers rename a new file in
+    devices: Mapping[str, tuple[str, ...]] | None  # None: unreadable or malformed
+
+
+class CdiRegistry:
+    """The spec directories' devices, refreshed cheaply (``stat`` per file) each cycle."""
+
+    def __init__(self, dirs: Sequence[str]) -> None:
+        self.dirs = tuple(dirs)
+        self._files: dict[str, _File] = {}
+        self.devices: Mapping[str, tuple[str, ...]] = MappingProxyType({})
+        self.bad: tuple[str, ...] = ()  # unreadable spec files, for the log
+
+    def refresh(self) -> Counter[str]:
+        """Re-scan the directories; returns errors of this scan."""
+        errors: Counter[str] = Counter()
+        seen: dict[str, _File] = {}
+        merged: dict[str, tuple[str, ...]] = {}
+        bad = []
+        for directory in self.dirs:
+            here: dict[str, tuple[str, ...] | None] = {}
+            for path in _spec_files(directory):
+                entry = self._load(path)
+                seen[path] = entry
+                if entry.devices is None:
+                    errors["cdi_spec_unreadable"] += 1
+                    bad.append(path)
+                    continue
+                for name, nodes in entry.devices.items():
+                    # Defined twice in one directory: a conflict, resolved to nothing.
+                    here[name] = None if name in here else nodes
+            for name, found in here.items():
+                if found is None:
+                    merged.pop(name, None)
+                    errors["cdi_device_conflict"] += 1
+                else:
+                    merged[name] = found  # a later directory wins
+        self._files = seen
+        self.devices = MappingProxyType(merged)
+        self.bad = tuple(bad)
+        return errors
+
+    def _load(self, path: str) -> _File:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return _File((0, -1, 0), None)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        old = self._files.get(path)
+        if old is not None and old.stamp == stamp:
+            return old
+        if st.st_size > MAX_SPEC_BYTES:
+            return _File(stamp, None)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read(MAX_SPEC_BYTES + 1)
+        except OSError:
+            return _File(stamp, None)
+        devices = parse_spec(text)
+        return _File(stamp, None if devices is None else MappingProxyType(devices))
+
+
+def _spec_files(directory: str) -> Iterable[str]:
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return ()  # an absent directory holds no specs (the node may have one of the two)
+    return [os.path.join(directory, n) for n in names if n.endswith(SUFFIXES)
+            and os.path.isfile(os.path.join(directory, n))]

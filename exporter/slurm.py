@@ -1,0 +1,127 @@
+"""``--slurm.job-mapping-dir``: which Slurm jobs hold each GPU, as a join series.
+
+The layout is dcgm-exporter's HPC job mapping (NVIDIA/dcgm-exporter
+``internal/pkg/transformation/hpc.go``, commit b14e7f8892bb, its HPC job mapping dir):
+one regular file per GPU, named by the GPU's index (a decimal number; other names are
+skipped), holding the ids of the jobs on it, one per line. A Slurm prolog writes the
+file and the epilog removes it. dcgm-exporter copies every series once per job; we
+serve ``gpu_slurm_job_info{gpu, uuid, job} 1`` instead, one series per GPU and job, for
+joins (``* on(gpu, instance) group_left(job) gpu_slurm_job_info``), so a job never
+multiplies the GPU's series. The file name is matched to our ``gpu`` label, as
+dcgm-exporter matches it to its own: on a node whose GPUs are of one vendor, both are
+the GPUs' PCI order (NVML's and CUDA's ``PCI_BUS_ID`` order).
+
+The ``slurm`` backend re-lists the directory on the slow tier (``--collector.slow-interval``)
+and re-reads a file only when its mtime, size or inode changed, so files appearing, changing
+and vanishing are followed without a restart. An absent directory (no job has run
+yet) serves nothing and is logged once; a file that cannot be read or is too large is
+counted (``unreadable``) and serves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+
+import structlog
+
+from exporter.backends.base import DERIVED, Cycle
+from exporter.config import Config
+from exporter.joins import Row
+from exporter.model import DeviceInfo, DeviceSample
+
+log = structlog.get_logger(__name__)
+
+FAMILY = "gpu_slurm_job_info"
+DOC = "A Slurm job on this GPU (--slurm.job-mapping-dir, dcgm-exporter's layout); value 1."
+MAX_FILE_BYTES = 64 * 1024
+MAX_JOB_CHARS = 128
+_INDEX = re.compile(r"\d+")
+
+
+def parse_jobs(text: str) -> tuple[str, ...]:
+    """The job ids of one file: non-empty lines, stripped, each once, in file order."""
+    jobs: dict[str, None] = {}
+    for line in text.splitlines():
+        job = line.strip()
+        if job and len(job) <= MAX_JOB_CHARS:
+            jobs[job] = None
+    return tuple(jobs)
+
+
+class SlurmJobs:
+    """The join rows of one scan: ``gpu`` label -> job ids."""
+
+    def __init__(self, jobs: Mapping[str, tuple[str, ...]]) -> None:
+        self.jobs = MappingProxyType(dict(jobs))
+
+    def join_rows(self, devices: Sequence[tuple[str, DeviceSample]]) -> Iterable[Row]:
+        return [(FAMILY, DOC, {"gpu": gpu, "uuid": d.info.uuid, "job": job, "source": "slurm"})
+                for gpu, d in devices if not d.info.parent_key
+                for job in self.jobs.get(gpu, ())]
+
+
+class SlurmBackend:
+    name = "slurm"
+    priority = DERIVED
+
+    def __init__(self, config: Config) -> None:
+        self.directory = config.slurm_job_mapping_dir or ""
+        self.interval: float | None = config.slow_interval
+        self._files: dict[str, tuple[tuple[int, int, int], tuple[str, ...] | None]] = {}
+        self._missing: bool | None = None
+
+    def open(self) -> Sequence[DeviceInfo]:
+        return ()
+
+    def sample(self, slow: bool) -> Cycle:
+        errors: Counter[str] = Counter()
+        try:
+            names = [n for n in os.listdir(self.directory) if _INDEX.fullmatch(n)]
+            missing = False
+        except OSError:
+            names, missing = [], True
+        if missing != self._missing:
+            if missing:
+                log.info("Slurm job mapping directory not found; no jobs served",
+                         directory=self.directory)
+            self._missing = missing
+        files = {}
+        jobs = {}
+        for name in names:
+            entry = self._read(name)
+            if entry is None:
+                continue  # vanished between listdir and stat
+            files[name] = entry
+            if entry[1] is None:
+                errors["unreadable"] += 1
+            elif entry[1]:
+                jobs[str(int(name))] = entry[1]
+        self._files = files
+        return Cycle(devices=(), errors=dict(errors), joins=SlurmJobs(jobs))
+
+    def _read(self, name: str) -> tuple[tuple[int, int, int], tuple[str, ...] | None] | None:
+        path = os.path.join(self.directory, name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        old = self._files.get(name)
+        if old is not None and old[0] == stamp:
+            return old
+        if not os.path.isfile(path):
+            return None  # a directory named like a GPU: skipped, as dcgm-exporter does
+        if st.st_size > MAX_FILE_BYTES:
+            return stamp, None
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return stamp, parse_jobs(f.read(MAX_FILE_BYTES))
+        except OSError:
+            return stamp, None
+
+    def close(self) -> None:
+        self._files = {}

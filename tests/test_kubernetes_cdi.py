@@ -1,0 +1,161 @@
+"""CDI spec files and device nodes -> GPU keys (exporter.kubernetes.cdi, .dra), on real
+directory trees: the k8s-dra fixture's specs, the mixed machine's sysfs, a procfs with
+the NVIDIA driver's mig-minors table, and MIG devices as the NVIDIA backend makes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from exporter.backends.nvidia.backend import NvidiaBackend
+from exporter.cli import load_config
+from exporter.config import Config, ConfigError
+from exporter.fs import ProcFS, SysFS
+from exporter.kubernetes.attribution import Attribution, index_grants
+from exporter.kubernetes.cdi import CdiRegistry, parse_spec
+from exporter.kubernetes.cgroup import ContainerCache
+from exporter.kubernetes.dra import NODE, PCI, Claim, NodeResolver, claim_keys, index_claims
+from exporter.model import PodRef
+from exporter.slurm import parse_jobs
+from tests.daemon import FIXTURES
+from tests.test_nvidia import _load_shim
+
+CDI = FIXTURES / "k8s-dra" / "cdi"
+RESOLVER = NodeResolver(SysFS(FIXTURES / "mixed" / "sys"), ProcFS(FIXTURES / "k8s-node"
+                                                                   / "proc"))
+POD = PodRef("ml", "p", "c")
+
+
+def registry(tmp_path: Path) -> tuple[CdiRegistry, Path, Path]:
+    shutil.copytree(CDI, tmp_path / "cdi")
+    etc, run = tmp_path / "cdi" / "etc", tmp_path / "cdi" / "run"
+    return CdiRegistry([str(etc), str(run)]), etc, run
+
+
+def test_json_and_yaml_specs_name_their_device_nodes(tmp_path: Path) -> None:
+    reg, _, _ = registry(tmp_path)
+    assert not reg.refresh()
+    assert reg.devices["intel.com/gpu=0000-09-00-0-0x56a0"] == ("/dev/dri/card2",
+                                                                "/dev/dri/renderD130")
+    assert reg.devices["k8s.gpu.nvidia.com/device=gpu-1"] == ("/dev/nvidia1",)
+    assert reg.devices["k8s.gpu.amd.com/gpu=common"] == ()  # environment only
+    # Spec-wide edits (nvidiactl, nvidia-uvm) belong to no device.
+    assert all("/dev/nvidiactl" not in nodes for nodes in reg.devices.values())
+
+
+def test_bad_specs_conflicts_and_precedence(tmp_path: Path) -> None:
+    reg, etc, run = registry(tmp_path)
+    (etc / "broken.json").write_text('{"kind": "x.com/gpu", "devices": [{"name": 1}]')
+    (etc / "not-a-spec.yaml").write_text("- a list\n")
+    (etc / "README.txt").write_text("ignored: not .json/.yaml")
+    # The same device in both directories: /var/run/cdi (later) wins.
+    (etc / "override.yaml").write_text(
+        "kind: intel.com/gpu\ndevices:\n- name: dup\n  containerEdits:\n"
+        "    deviceNodes: [{path: /dev/dri/card1}]\n")
+    (run / "override.json").write_text(
+        '{"kind": "intel.com/gpu", "devices": [{"name": "dup", "containerEdits":'
+        ' {"deviceNodes": [{"path": "/dev/dri/card2"}]}}]}')
+    # Twice in one directory: a conflict, resolved to nothing.
+    (run / "twice.json").write_text('{"kind": "v.com/c", "devices": [{"name": "t"}]}')
+    (run / "twice2.json").write_text('{"kind": "v.com/c", "devices": [{"name": "t"}]}')
+    errors = reg.refresh()
+    assert errors == {"cdi_spec_unreadable": 2, "cdi_device_conflict": 1}
+    assert sorted(os.path.basename(p) for p in reg.bad) == ["broken.json", "not-a-spec.yaml"]
+    assert reg.devices["intel.com/gpu=dup"] == ("/dev/dri/card2",)
+    assert "v.com/c=t" not in reg.devices
+    # A file is re-read when it changes; a removed one takes its devices with it.
+    (run / "override.json").unlink()
+    (etc / "broken.json").write_text('{"kind": "x.com/gpu", "devices": [{"name": "ok"}]}')
+    assert reg.refresh() == {"cdi_spec_unreadable": 1, "cdi_device_conflict": 1}
+    assert reg.devices["intel.com/gpu=dup"] == ("/dev/dri/card1",)
+    assert reg.devices["x.com/gpu=ok"] == ()
+
+
+def test_parse_spec_never_raises() -> None:
+    for text in ("", "{", "kind: 3", "kind: a/b\ndevices: 7", "\x00\xff", "[1, 2]",
+                 "kind: a/b\ndevices: [{name: x, containerEdits: {deviceNodes: [{}]}}]"):
+        assert parse_spec(text) is None
+
+
+def keys(*nodes: str) -> tuple[set[tuple[str, str]], dict[str, int]]:
+    got, errors = claim_keys(Claim(POD, "ml/c", "d", ("v.com/c=x",)), {"v.com/c=x": nodes},
+                             RESOLVER.key)
+    return got, dict(errors)
+
+
+def test_device_nodes_name_one_gpu_or_are_counted() -> None:
+    assert keys("/dev/nvidia1", "/dev/nvidiactl") == ({(NODE, "nvidia1")}, {})
+    # nvcdi lists an NVIDIA GPU's DRM nodes too: /dev/nvidia<minor> decides.
+    assert keys("/dev/nvidia0", "/dev/dri/card0", "/dev/dri/renderD129") == (
+        {(NODE, "nvidia0")}, {})
+    assert keys("/dev/kfd", "/dev/dri/renderD128") == ({(PCI, "0000:03:00.0")}, {})
+    assert keys("/dev/dri/card2", "/dev/dri/renderD130") == ({(PCI, "0000:09:00.0")}, {})
+    # Nodes of two GPUs in one device: shared, never guessed.
+    assert keys("/dev/dri/renderD128", "/dev/dri/renderD130") == (
+        set(), {"dra_device_shared": 1})
+    # A DRM node sysfs does not know, a MIG capability: counted.
+    assert keys("/dev/dri/renderD200") == (set(), {"dra_device_node_unknown": 1})
+    assert keys("/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap30") == (
+        set(), {"dra_device_node_unknown": 1})
+    # Another kind of device (a NIC): not a GPU, nothing counted.
+    assert keys("/dev/infiniband/uverbs0") == (set(), {})
+
+
+def test_slurm_job_files_parse() -> None:
+    assert parse_jobs("4242\n 4243 \n\n4242\n") == ("4242", "4243")
+    assert parse_jobs("x" * 200 + "\n7\n") == ("7",)
+    assert parse_jobs("") == ()
+
+
+def test_the_flags_parse_and_a_bad_regex_is_a_config_error() -> None:
+    config = load_config(["--kubernetes.cdi-spec-dirs", "/a,/b/", "--kubernetes.pod-labels",
+                          r"team|app\.kubernetes\.io/.*", "--slurm.job-mapping-dir", "/run/j"],
+                         {})
+    assert config.kubernetes_cdi_spec_dirs == ("/a", "/b/")
+    assert config.kubernetes_pod_labels == r"team|app\.kubernetes\.io/.*"
+    assert config.slurm_job_mapping_dir == "/run/j"
+    assert load_config([], {}).kubernetes_cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")
+    with pytest.raises(ConfigError, match="kubernetes.pod-labels: not a regular expression"):
+        load_config(["--kubernetes.pod-labels", "team("], {})
+
+
+def test_a_dra_mig_device_carries_its_pod_not_its_parent(tmp_path: Path) -> None:
+    # The MIG devices as the NVIDIA backend makes them (nvidia-h100-mig through the NVML
+    # fake); the capability minors as the driver lists them in mig-minors.
+    root = FIXTURES / "nvidia-h100-mig"
+    backend = NvidiaBackend(Config(procfs=str(root / "proc")),
+                            nvml=_load_shim().build(json.loads((root / "nvml.json").read_text())))
+    backend.open()
+    parent, *instances = [d.info for d in backend.sample(slow=True).devices]
+    backend.close()
+    target = next(i for i in instances if i.slice_labels["gpu_instance_id"] == "9")
+    minor, ci = parent.device_node.removeprefix("nvidia"), target.slice_labels[
+        "compute_instance_id"]
+    caps = tmp_path / "proc" / "driver" / "nvidia-caps"
+    caps.mkdir(parents=True)
+    (caps / "mig-minors").write_text(
+        "config 1\nmonitor 2\n" + "".join(
+            f"gpu{minor}/gi{g}/access {10 * g}\ngpu{minor}/gi{g}/ci{ci}/access {10 * g + 1}\n"
+            for g in range(15)))
+    claimed = Claim(POD, "ml/mig", "gpu.nvidia.com", ("k8s.gpu.nvidia.com/device=mig",))
+    spec = {"k8s.gpu.nvidia.com/device=mig": (f"/dev/nvidia{minor}", "/dev/nvidiactl",
+                                              "/dev/nvidia-caps/nvidia-cap90",
+                                              "/dev/nvidia-caps/nvidia-cap91")}
+    resolver = NodeResolver(SysFS(FIXTURES / "mixed" / "sys"), ProcFS(tmp_path / "proc"))
+    keyed, errors = index_claims([claimed], spec, resolver)
+    assert not errors
+    index, _ = index_grants((), keyed)
+    attribution = Attribution(index, {}, ContainerCache(ProcFS(tmp_path / "proc")))
+    assert [(a.pod, a.claim) for a in attribution.allocations(target)] == [(POD, "ml/mig")]
+    assert attribution.allocations(parent) == ()
+    assert all(attribution.allocations(i) == () for i in instances if i is not target)
+    # Without mig-minors (or without the compute instance's capability): counted.
+    bare = NodeResolver(SysFS(FIXTURES / "mixed" / "sys"), ProcFS(tmp_path / "nothing"))
+    assert index_claims([claimed], spec, bare) == ([], {"dra_device_node_unknown": 2})
+    gi_only = {"k8s.gpu.nvidia.com/device=mig": (f"/dev/nvidia{minor}",
+                                                  "/dev/nvidia-caps/nvidia-cap90")}
+    assert index_claims([claimed], gi_only, resolver) == ([], {"dra_device_node_unknown": 1})
