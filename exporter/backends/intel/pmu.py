@@ -146,7 +146,9 @@ class PmuBackend:
             log.info("pmu_open_failed", card=card.card, pmu=pmu.name, error=code)
             return f"{pmu.name}: perf_event_open {code}"
         # ENOENT/EINVAL for an xe engine the GPU lacks is the probe's answer, not an error.
-        errors["read"] += sum(1 for e in failed.values() if e not in _ABSENT)
+        refused = sum(1 for e in failed.values() if e not in _ABSENT)
+        if refused:
+            errors["read"] += refused
         kept = [members[i] for i in group.opened]
         info = DeviceInfo(vendor="intel", pci_bus_id=card.pci_bus_id,
                           uuid=pci_uuid(card.pci_bus_id), driver=card.driver,
@@ -198,7 +200,8 @@ class PmuBackend:
         window = now.time_enabled_ns - before.time_enabled_ns if before else 0
         if before is None or window < 0:
             card.previous = now  # first read, or a clock that went back: a new baseline
-            errors["counter_reset"] += before is not None
+            if before is not None:
+                errors["counter_reset"] += 1
         elif window >= MIN_WINDOW_NS:  # else: keep the older baseline, wait for a longer one
             card.previous = now
             card.ratios = self._account(card, before, now, window, errors)
