@@ -18,9 +18,9 @@ rights over other processes, only the right to open the GPU's perf events
   the mean over its instances, its busy seconds the running sum of ratio x enabled
   time (the ticks' frequency is not exported, the enabled time is the kernel's).
 - The read right after opening is the baseline, so the first cycle has a window
-  (one shorter than 1 ms waits for the next). Busy-seconds counters are kept per card and engine across reopens, so they
-  never go back; a counter that does go back gives no value that cycle and is
-  counted (``counter_reset``).
+  (one shorter than 1 ms waits for the next). Busy-seconds counters are kept per
+  card and engine across reopens, so they never go back; a counter that does go
+  back gives no value that cycle and is counted (``counter_reset``).
 - EACCES/EPERM on open: ``open()`` raises BackendUnavailable naming the missing
   right (logged once by the collector); fdinfo sums keep serving. ENODEV on read:
   the card went away (``gpu_lost``), its group is closed and reopened when it is back.
