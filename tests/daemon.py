@@ -60,6 +60,9 @@ def daemon_env(nvml_json: Path | None, extra: Mapping[str, str] | None = None) -
     env["PYTHONUNBUFFERED"] = "1"
     if nvml_json is not None:
         env["FAKE_NVML_JSON"] = str(nvml_json)
+        perf = nvml_json.parent / "perf.json"  # a machine's fake PMU counters, as in running()
+        if perf.exists():
+            env["FAKE_PERF_JSON"] = str(perf)
     else:  # a fake NVML that finds no driver, like a machine without NVIDIA GPUs
         env["FAKE_NVML_JSON"] = str(FIXTURES / "no-nvidia.json")
     env.update(extra or {})
