@@ -57,3 +57,32 @@ def test_kustomize_perfmon_component_validates_and_grants_perfmon(tmp_path: Path
     c = ds["spec"]["template"]["spec"]["containers"][0]
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["PERFMON"]}
     assert ds["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 0
+
+
+INTEL_MACHINES = ("intel-i915-cometlake", "intel-i915-arc-a380", "intel-xe-b580")
+UTILISATION = ("gpu_utilization_ratio", "gpu_engine_utilization_ratio")
+
+
+def test_dashboard_utilisation_panels_have_intel_rows() -> None:
+    """Every panel that plots device or engine utilisation selects by vendor=~"$vendor"
+    (whose values come from gpu_info): the Intel goldens now have those series."""
+    import json
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    used = set()
+    for board in (ROOT / "deploy" / "grafana").glob("*.json"):
+        for expr in re.findall(r'"expr": "([^"\\]*(?:\\.[^"\\]*)*)"', board.read_text()):
+            expr = json.loads(f'"{expr}"')
+            for name in UTILISATION:
+                if re.search(rf"\b{name}\{{", expr):
+                    assert 'vendor=~"$vendor"' in expr, expr
+                    used.add(name)
+    assert used == set(UTILISATION)
+    for machine in INTEL_MACHINES:
+        text = (ROOT / "tests" / "golden" / f"{machine}.prom").read_text()
+        found = {(s.name, s.labels["vendor"], s.labels["source"])
+                 for f in text_string_to_metric_families(text) for s in f.samples
+                 if s.name in UTILISATION}
+        assert {(n, "intel", "pmu") for n in UTILISATION} <= found, machine
