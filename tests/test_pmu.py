@@ -206,3 +206,18 @@ def test_daemon_with_the_pmu_serves_it_over_fdinfo(tmp_path: Path) -> None:
     assert values_of(text, "gpu_utilization_ratio", vendor="intel", source="pmu")
     assert not values_of(text, "gpu_engine_busy_seconds_total", engine="render",
                          source="fdinfo")  # one engine, one series: the PMU's wins
+
+
+def test_an_xe_pmu_without_engine_events_says_so(tmp_path: Path) -> None:
+    """xe registers its PMU without engine-*-ticks where GuC has no engine activity."""
+    import shutil
+
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / B580 / "sys", root, symlinks=True)
+    events = root / "devices" / "xe_0000_09_00.0" / "events"
+    for name in ("engine-active-ticks", "engine-total-ticks"):
+        (events / name).unlink()
+    backend, kernel = make(B580, root=root)
+    with pytest.raises(BackendUnavailable, match="xe_0000_09_00.0 lists no engine busy events"):
+        backend.open()
+    assert kernel.attempts == 0

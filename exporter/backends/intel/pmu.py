@@ -135,6 +135,9 @@ class PmuBackend:
                 members += [_Member(engine_label(name), engine, "active"),
                             _Member(engine_label(name), engine, "total")]
                 configs += pair
+        if not configs:  # xe without GuC engine activity lists no engine-*-ticks events
+            self._failed.add(card)
+            return f"{pmu.name} lists no engine busy events"
         try:
             group, failed = perf.open_group(self._syscalls, pmu.type, configs, pmu.cpu)
         except OSError as exc:
