@@ -140,9 +140,10 @@ def test_a_card_whose_pmu_went_away_is_lost_then_reopened() -> None:
     assert device.engine_busy_seconds["compute"] == 1.5  # kept across the new group
 
 
-def test_a_failing_read_is_counted_and_the_card_stays() -> None:
+@pytest.mark.parametrize("code", ["EIO", "EINVAL", "EAGAIN"])
+def test_a_failing_read_is_counted_and_the_card_stays(code: str) -> None:
     config = perf_json(COMETLAKE)
-    config["pmus"]["12"].update(read_errno="EIO", read_errno_after=1)
+    config["pmus"]["12"].update(read_errno=code, read_errno_after=1)
     backend, kernel = make(COMETLAKE, FakePerf(config))
     backend.open()
     for _ in range(3):
