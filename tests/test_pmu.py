@@ -222,3 +222,42 @@ def test_an_xe_pmu_without_engine_events_says_so(tmp_path: Path) -> None:
     with pytest.raises(BackendUnavailable, match="xe_0000_09_00.0 lists no engine busy events"):
         backend.open()
     assert kernel.attempts == 0
+
+
+def test_hotplug_closes_a_removed_cards_group_and_opens_it_when_back(tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / ARC / "sys", root, symlinks=True)
+    link = root / "class" / "drm" / "card0"
+    target = link.readlink()
+    backend, kernel = make(ARC, root=root)
+    backend.open()
+    assert one(backend)[1] == {}
+    link.unlink()  # the card is unbound: its class link goes first
+    cycle = backend.sample(slow=False)
+    assert cycle.devices == [] and kernel.open_fds == set()
+    link.symlink_to(target)
+    device, errors = one(backend)
+    assert errors == {} and len(kernel.open_fds) == 7
+    assert device.engine_busy_seconds["compute"] == 1.5  # 0.75 x 2 cycles, never reset
+
+
+def test_a_discrete_card_never_takes_the_integrated_gpus_pmu(tmp_path: Path) -> None:
+    """The Arc's own PMU gone, the bare `i915` of an iGPU present: the Arc has no PMU."""
+    import shutil
+
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / ARC / "sys", root, symlinks=True)
+    devices = root / "bus" / "event_source" / "devices"
+    (devices / "i915_0000_08_00.0").rename(devices / "i915")
+    backend, _ = make(ARC, root=root)
+    with pytest.raises(BackendUnavailable, match=r"no PMU for card0 \(0000:08:00.0\)"):
+        backend.open()
+
+
+def test_open_twice_keeps_one_group_per_card() -> None:
+    backend, kernel = make(COMETLAKE)
+    backend.open()
+    backend.open()
+    assert len(kernel.open_fds) == 4

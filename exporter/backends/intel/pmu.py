@@ -105,7 +105,8 @@ class PmuBackend:
             raise BackendUnavailable(
                 f"no i915/xe PMU under {self._config.sysfs}/bus/event_source/devices")
         errors: Counter[str] = Counter()
-        reasons = [self._open_card(card, pmus, errors) for card in cards]
+        reasons = [self._open_card(card, pmus, errors) for card in cards
+                   if card not in self._cards]  # never a second group for one card
         if not self._cards:
             raise BackendUnavailable(next((r for r in reasons if r), "no PMU events opened"))
         return ()  # augmenting: the intel backend reports the GPUs, joined by pci_bus_id
@@ -258,11 +259,16 @@ _ABSENT = frozenset({errno.ENOENT, errno.EINVAL})
 
 
 def _pmu_of(card: DrmCard, pmus: list[Pmu]) -> Pmu | None:
-    """The card's own PMU by PCI address, else (an integrated i915) the bare ``i915``."""
+    """The card's own PMU by PCI address, else (an integrated i915) the bare ``i915``.
+
+    i915 names its PMU plain ``i915`` for a GPU that is not discrete (i915_pmu.c), and
+    Intel's integrated GPUs are always device 2 of bus 0: a discrete card whose own PMU
+    is missing must not take the iGPU's.
+    """
     for pmu in pmus:
         if pmu.pci_bus_id == card.pci_bus_id and pmu.driver == card.driver:
             return pmu
-    if card.driver == "i915":
+    if card.driver == "i915" and card.pci_bus_id.endswith(":00:02.0"):
         return next((p for p in pmus if p.driver == "i915" and p.pci_bus_id is None), None)
     return None
 
