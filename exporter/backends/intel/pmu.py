@@ -21,6 +21,9 @@ rights over other processes, only the right to open the GPU's perf events
   (one shorter than 1 ms waits for the next). Busy-seconds counters are kept per
   card and engine across reopens, so they never go back; a counter that does go
   back gives no value that cycle and is counted (``counter_reset``).
+- Cost (bench/pmu_read.py, a 2-core x86 VM, task-clock counters standing in for the
+  GPU's): one group read of 20 counters 3.7 us median against 37 us for 20 separate
+  reads; ``sample()`` for a B580 (20 counters, fake kernel) about 40 us of Python.
 - EACCES/EPERM on open: ``open()`` raises BackendUnavailable naming the missing
   right (logged once by the collector); fdinfo sums keep serving. ENODEV on read:
   the card went away (``gpu_lost``), its group is closed and reopened when it is back.
