@@ -261,3 +261,23 @@ def test_open_twice_keeps_one_group_per_card() -> None:
     backend.open()
     backend.open()
     assert len(kernel.open_fds) == 4
+
+
+def test_a_card_refused_on_hotplug_is_counted_once_and_waits(tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / ARC / "sys", root, symlinks=True)
+    link = root / "class" / "drm" / "card0"
+    target = link.readlink()
+    backend, kernel = make(ARC, root=root)
+    backend.open()
+    link.unlink()
+    backend.sample(slow=False)
+    kernel.pmus["23"]["open_errno"] = "EACCES"  # e.g. the capability was dropped meanwhile
+    link.symlink_to(target)
+    first = backend.sample(slow=False)
+    attempts = kernel.attempts
+    second = backend.sample(slow=False)
+    assert first.errors == {"permission": 1} and first.devices == []
+    assert second.errors == {} and kernel.attempts == attempts  # no retry every cycle

@@ -108,10 +108,20 @@ class PmuBackend:
             raise BackendUnavailable(
                 f"no i915/xe PMU under {self._config.sysfs}/bus/event_source/devices")
         errors: Counter[str] = Counter()
-        reasons = [self._open_card(card, pmus, errors) for card in cards
-                   if card not in self._cards]  # never a second group for one card
-        if not self._cards:
-            raise BackendUnavailable(next((r for r in reasons if r), "no PMU events opened"))
+        reasons = {}
+        try:
+            for card in cards:
+                if card not in self._cards:  # never a second group for one card
+                    reasons[card] = self._open_card(card, pmus, errors)
+        except _Denied as exc:
+            self.close()  # every other card would be refused alike
+            raise BackendUnavailable(DENIED_HINT.format(code=exc.code)) from exc
+        if not self._cards:  # the collector logs this reason once
+            raise BackendUnavailable(next((r for r in reasons.values() if r),
+                                          "no PMU events opened"))
+        for card, reason in reasons.items():  # some cards opened: say why not the others
+            if reason:
+                log.warning("pmu card skipped", card=card.card, reason=reason)
         return ()  # augmenting: the intel backend reports the GPUs, joined by pci_bus_id
 
     def close(self) -> None:
@@ -122,7 +132,7 @@ class PmuBackend:
 
     def _open_card(self, card: DrmCard, pmus: list[Pmu], errors: Counter[str]) -> str:
         """Open one card's group; returns why not ("" when it opened). A permission error
-        is raised as BackendUnavailable: every other card would be refused alike."""
+        is raised as _Denied. A card that did not open waits for hotplug (or a reopen)."""
         pmu = _pmu_of(card, pmus)
         if pmu is None:
             self._failed.add(card)
@@ -148,9 +158,7 @@ class PmuBackend:
             self._failed.add(card)
             code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
             if exc.errno in perf.DENIED:
-                self.close()
-                raise BackendUnavailable(DENIED_HINT.format(code=code)) from exc
-            log.info("pmu_open_failed", card=card.card, pmu=pmu.name, error=code)
+                raise _Denied(code) from exc
             return f"{pmu.name}: perf_event_open {code}"
         # ENOENT/EINVAL for an xe engine the GPU lacks is the probe's answer, not an error.
         refused = sum(1 for e in failed.values() if e not in _ABSENT)
@@ -177,12 +185,14 @@ class PmuBackend:
         new = [c for c in cards if c not in self._cards and c not in self._failed]
         if new:  # hotplug: a card that appeared (or came back) gets its group
             pmus = read_pmus(Path(self._config.sysfs))
-            for card in new:
+            for card in new:  # each logged once: a failed card waits for the next hotplug
                 try:
-                    self._open_card(card, pmus, errors)
-                except BackendUnavailable:
+                    reason = self._open_card(card, pmus, errors)
+                except _Denied as exc:
                     errors["permission"] += 1
-                    break
+                    reason = DENIED_HINT.format(code=exc.code)
+                if reason:
+                    log.warning("pmu card skipped", card=card.card, reason=reason)
         devices = []
         for drm_card, state in list(self._cards.items()):
             sample = self._read(drm_card, state, errors)
@@ -259,6 +269,14 @@ class PmuBackend:
 
 
 _ABSENT = frozenset({errno.ENOENT, errno.EINVAL})
+
+
+class _Denied(Exception):
+    """perf_event_open refused for lack of a right (EACCES/EPERM)."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 def _pmu_of(card: DrmCard, pmus: list[Pmu]) -> Pmu | None:
