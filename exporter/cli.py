@@ -136,6 +136,7 @@ COLLECTOR_HELP = {
     "gpm": "NVIDIA GPM profiling metrics (Hopper and later)",
     "apple": "Apple Silicon GPUs through macmon (auto: on macOS when macmon is found)",
     "level-zero": "Intel GPUs through Level Zero Sysman",
+    "pmu": "Intel engine utilisation from the i915/xe PMU (needs CAP_PERFMON)",
     "amdsmi": "AMD GPUs through the amdsmi library",
     "kubernetes": "pod attribution from the kubelet and the CRI runtime",
 }

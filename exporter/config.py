@@ -24,6 +24,7 @@ COLLECTORS: Mapping[str, bool | None] = MappingProxyType(
         "gpm": None,
         "apple": None,  # auto on macOS when macmon is found; elsewhere only when forced on
         "level-zero": False,  # opt-in: see docs/vendors-intel.md
+        "pmu": None,  # Intel engine busy from the i915/xe PMU; needs CAP_PERFMON
         "amdsmi": None,  # auto when the amdsmi package imports and initialises
         "kubernetes": None,  # auto when the kubelet pod-resources socket exists
     }

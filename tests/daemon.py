@@ -27,6 +27,8 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 SHIM = REPO / "tests" / "fakes" / "pynvml_shim"
+# sitecustomize: perf_event_open answered by tests/fakes/fake_perf.py when FAKE_PERF_JSON is set
+PERF_SHIM = REPO / "tests" / "fakes" / "perf_shim"
 EMPTY_PROC = FIXTURES / "empty-proc"
 
 
@@ -42,12 +44,25 @@ def machine_args(machine: Path) -> list[str]:
     return ["--path.sysfs", str(machine / "sys"), "--path.procfs", str(proc)]
 
 
+def _fake_perf(args: Sequence[str]) -> dict[str, str]:
+    """FAKE_PERF_JSON for a fixture machine with a ``perf.json`` beside its ``sys/``: its
+    PMU tree must never reach the real kernel's perf_event_open (another PMU's type)."""
+    args = list(args)
+    if "--path.sysfs" not in args[:-1]:
+        return {}
+    perf = Path(args[args.index("--path.sysfs") + 1]).parent / "perf.json"
+    return {"FAKE_PERF_JSON": str(perf)} if perf.exists() else {}
+
+
 def daemon_env(nvml_json: Path | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(SHIM), str(REPO)])
+    env["PYTHONPATH"] = os.pathsep.join([str(SHIM), str(PERF_SHIM), str(REPO)])
     env["PYTHONUNBUFFERED"] = "1"
     if nvml_json is not None:
         env["FAKE_NVML_JSON"] = str(nvml_json)
+        perf = nvml_json.parent / "perf.json"  # a machine's fake PMU counters, as in running()
+        if perf.exists():
+            env["FAKE_PERF_JSON"] = str(perf)
     else:  # a fake NVML that finds no driver, like a machine without NVIDIA GPUs
         env["FAKE_NVML_JSON"] = str(FIXTURES / "no-nvidia.json")
     env.update(extra or {})
@@ -90,6 +105,7 @@ def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
     """
     port = free_port()
     log_path = tmp_path / f"daemon-{port}.log"
+    env = {**_fake_perf(args), **(env or {})}
     cmd = [sys.executable, "-m", module, "--web.listen-address", f"127.0.0.1:{port}",
            "--log.format", "json", *args]
     with open(log_path, "wb") as log:

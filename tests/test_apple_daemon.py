@@ -212,7 +212,7 @@ def test_apple_is_off_on_linux_unless_forced_and_off_on_a_mac_when_switched_off(
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     names = [b["backend"] for b in json.loads(done.stdout)["backends"]]
-    assert names == ["nvidia", "intel", "processes"]
+    assert names == ["nvidia", "intel", "processes", "pmu"]
 
 
 MACOS = {"sys_platform": "darwin", "platform_system": "Darwin", "os_name": "posix",

@@ -59,6 +59,7 @@ TOGGLES: dict[str, dict[str, Any]] = {
     "webConfig-basicAuth": {"webConfig": {"enabled": True, "config": BASIC_AUTH}},
     "webConfig-mtls": {"webConfig": {"enabled": True, "config": MTLS, "tlsSecretName": "t"}},
     "perProcess": {"perProcess": {"enabled": True}},
+    "pmu-perfmon": {"pmu": {"perfmon": True}},
     "kubernetes-off": {"kubernetes": {"enabled": False}},
     "criSocket": {"kubernetes": {"criSocket": {"enabled": True}, "deviceLabels": True,
                                  "podLabels": "team|app\\.kubernetes\\.io/name"}},

@@ -204,7 +204,7 @@ def test_rules_load_and_evaluate(prometheus: str) -> None:
     unhealthy = [r["name"] for g in groups for r in g["rules"] if r.get("health") == "err"]
     assert unhealthy == []
     result = query(prometheus, "vendor:gpu_utilization_ratio:avg")
-    assert sorted(r["metric"]["vendor"] for r in result) == ["amd", "nvidia"]
+    assert sorted(r["metric"]["vendor"] for r in result) == ["amd", "intel", "nvidia"]
     # A healthy fixture machine: the exporter, its target and its GPU alerts are quiet.
     firing = query(prometheus, 'ALERTS{alertstate="firing"}')
     assert [r["metric"]["alertname"] for r in firing] == []

@@ -263,3 +263,45 @@ def test_turing_t4_retires_pages_and_has_no_gpm(scrapes: dict[str, str]) -> None
                      severity="corrected") == corrected
         assert value(text, "gpu_ras_errors_total", uuid=uuid, block=block,
                      severity="uncorrected") == uncorrected
+
+
+# i915 busy events in the fixture tree: "<class><instance>-busy" -> the engine label.
+I915_LABELS = {"rcs": "render", "bcs": "copy", "vcs": "video", "vecs": "video_enhance",
+               "ccs": "compute"}
+
+
+@pytest.mark.parametrize("machine", ["intel-i915-cometlake", "intel-i915-arc-a380"])
+def test_i915_pmu_utilisation_matches_the_fake_counters(machine: str,
+                                                        scrapes: dict[str, str]) -> None:
+    """One cycle after the baseline: each class's busy-ns step over the enabled-time step,
+    averaged over its instances, from the event files and perf.json read here."""
+    (pmu_dir,) = (FIXTURES / machine / "sys" / "bus" / "event_source" / "devices").iterdir()
+    (pmu,) = json.loads((FIXTURES / machine / "perf.json").read_text())["pmus"].values()
+    shares: dict[str, list[float]] = {}
+    for event in sorted((pmu_dir / "events").glob("*-busy")):
+        name = event.name.removesuffix("-busy").rstrip("0123456789")
+        config = event.read_text().strip().removeprefix("config=")
+        shares.setdefault(I915_LABELS[name], []).append(
+            pmu["counters"][config][1] / pmu["time_step_ns"])
+    text = scrapes[machine]
+    for label, values in shares.items():
+        assert value(text, "gpu_engine_utilization_ratio", engine=label,
+                     source="pmu") == pytest.approx(sum(values) / len(values))
+    assert value(text, "gpu_utilization_ratio", vendor="intel", source="pmu") == \
+        pytest.approx(max(sum(v) / len(v) for v in shares.values()))
+
+
+def test_xe_pmu_utilisation_matches_the_fake_ticks(scrapes: dict[str, str]) -> None:
+    """B580: active / total ticks per engine (config bits 20-27 = class, per xe_pmu.c)."""
+    (pmu,) = json.loads((FIXTURES / "intel-xe-b580" / "perf.json").read_text())["pmus"].values()
+    classes = {0: "render", 1: "copy", 2: "video", 3: "video_enhance", 4: "compute"}
+    shares: dict[str, list[float]] = {}
+    for config, (_, step) in pmu["counters"].items():
+        number = int(config, 16)
+        if number & 0xFFF == 2:  # engine-active-ticks; its total is the same config + 1
+            total = pmu["counters"][f"0x{number + 1:x}"][1]
+            shares.setdefault(classes[number >> 20 & 0xFF], []).append(step / total)
+    text = scrapes["intel-xe-b580"]
+    for label, values in shares.items():
+        assert value(text, "gpu_engine_utilization_ratio", engine=label,
+                     source="pmu") == pytest.approx(sum(values) / len(values))

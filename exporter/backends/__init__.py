@@ -21,7 +21,7 @@ from exporter.config import Config
 __all__ = ["Backend", "BackendFailed", "BackendUnavailable", "Cycle", "build_backends"]
 
 # sysfs, pyudev and /proc: these only exist on Linux.
-LINUX_ONLY = ("amd", "intel", "processes")
+LINUX_ONLY = ("amd", "intel", "processes", "pmu")
 
 
 def build_backends(config: Config) -> list[Backend]:
@@ -40,8 +40,9 @@ def build_backends(config: Config) -> list[Backend]:
     wants_amd = on_linux and config.collector_enabled("amd") is not False
     wants_intel = on_linux and config.collector_enabled("intel") is not False
     wants_processes = on_linux and config.collector_enabled("processes") is not False
+    wants_pmu = on_linux and config.collector_enabled("pmu") is not False
     # One DRM discovery for every backend that asks which cards are bound.
-    if wants_amd or wants_intel or wants_processes:
+    if wants_amd or wants_intel or wants_processes or wants_pmu:
         from exporter.discovery import DrmDiscovery
         from exporter.fs import SysFS
 
@@ -58,6 +59,12 @@ def build_backends(config: Config) -> list[Backend]:
             from exporter.backends.fdinfo.backend import FdinfoBackend
 
             backends.append(FdinfoBackend(config, discovery))
+        # The i915/xe PMU (engine busy time, as intel_gpu_top reads it): its own backend,
+        # so that EACCES without CAP_PERFMON turns off this source only, never sysfs.
+        if wants_pmu:
+            from exporter.backends.intel.pmu import PmuBackend
+
+            backends.append(PmuBackend(config, discovery))
 
     if config.collector_enabled("level-zero"):  # opt-in: docs/vendors-intel.md says why
         from exporter.backends.intel.level_zero import LevelZeroBackend

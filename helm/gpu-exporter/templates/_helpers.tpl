@@ -72,7 +72,7 @@ present: only then are the probes TCP checks. */}}
 {{/* "true" when the pod must run as uid 0: the kubelet socket accepts only root, and
 added capabilities reach the effective set of a root process only. */}}
 {{- define "gpu-exporter.needsRoot" -}}
-{{- if or .Values.kubernetes.enabled .Values.perProcess.enabled }}true{{ end }}
+{{- if or .Values.kubernetes.enabled .Values.perProcess.enabled .Values.pmu.perfmon }}true{{ end }}
 {{- end }}
 
 {{/* The pod's securityContext: values first, then the uid the features need. */}}
@@ -82,12 +82,18 @@ added capabilities reach the effective set of a root process only. */}}
 {{- toYaml (merge (deepCopy .Values.podSecurityContext) $identity) }}
 {{- end }}
 
-{{/* The container's securityContext: values, plus SYS_PTRACE for the per-process preset. */}}
+{{/* The container's securityContext: values, plus SYS_PTRACE for the per-process preset
+and PERFMON for the i915/xe PMU. */}}
 {{- define "gpu-exporter.securityContext" -}}
 {{- $ctx := deepCopy .Values.securityContext }}
 {{- if .Values.perProcess.enabled }}
 {{- $caps := $ctx.capabilities | default dict }}
 {{- $_ := set $caps "add" (append ($caps.add | default list) "SYS_PTRACE" | uniq) }}
+{{- $_ := set $ctx "capabilities" $caps }}
+{{- end }}
+{{- if .Values.pmu.perfmon }}
+{{- $caps := $ctx.capabilities | default dict }}
+{{- $_ := set $caps "add" (append ($caps.add | default list) "PERFMON" | uniq) }}
 {{- $_ := set $ctx "capabilities" $caps }}
 {{- end }}
 {{- if not ($ctx.capabilities | default dict).add }}
