@@ -3,8 +3,9 @@
 Every ``--kubernetes.interval`` (5 s) it asks the kubelet which container holds
 which device (pod-resources ``List``) and the container runtime which pod each
 running container belongs to (CRI ``ListContainers``), each with a 1 s timeout, and
-hands the collector an immutable ``Attribution`` (``Cycle.enricher``) that labels the
-merged devices and processes. It reports no devices of its own.
+keeps an immutable ``Attribution`` that labels the merged devices and processes: the
+collector asks for it after each sample (the ``Attributes`` hook, backends.base). It
+reports no devices of its own.
 
 States (``gpu_exporter_backend_up{backend="kubernetes"}``):
 - pod-resources socket absent, refusing or timing out: down with the reason; the
@@ -56,6 +57,7 @@ class KubernetesBackend:
         self._cri_state = ""  # last CRI problem logged ("" = answering)
         self._containers = _NO_CONTAINERS
         self._pending: Counter[str] = Counter()
+        self._attribution: Attribution | None = None
 
     def open(self) -> Sequence[DeviceInfo]:
         path = self.config.kubernetes_pod_resources_socket
@@ -92,8 +94,12 @@ class KubernetesBackend:
         errors.update(self._refresh_containers())
         self.cache.sweep()
         errors.update(self.cache.take_errors())
-        return Cycle(devices=(), errors=dict(errors),
-                     enricher=Attribution(allocations, self._containers, self.cache))
+        self._attribution = Attribution(allocations, self._containers, self.cache)
+        return Cycle(devices=(), errors=dict(errors))
+
+    def attribution(self) -> Attribution | None:
+        """The attribution of the last sample() (the collector's Attributes hook)."""
+        return self._attribution
 
     def _refresh_containers(self) -> Counter[str]:
         """Ask the runtime for its containers; a failure keeps the last map."""
