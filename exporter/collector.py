@@ -205,7 +205,10 @@ class Hub:
         self._threads.append(w)
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stop the threads; a thread stuck inside a driver call is a daemon and is left."""
+        """Stop the threads, then close every backend; a thread stuck inside a driver call
+        is a daemon and is left. Only the first call does anything."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         deadline = time.monotonic() + timeout
         for t in self._threads:

@@ -244,3 +244,20 @@ def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
         d.proc.send_signal(signal.SIGTERM)
         assert d.proc.wait(10) == 0
         assert httpx is not None and "Traceback" not in d.log()
+
+
+def test_the_daemon_stops_everything_it_started_discovery_included(tmp_path: Path) -> None:
+    """17: nothing stopped DrmDiscovery's udev listener. The Daemon builds the backends,
+    the Hub and the shared discovery, and stops them all."""
+    from exporter.cli import Daemon, load_config
+
+    config = load_config(["--no-collector.nvidia", "--path.procfs", str(tmp_path)], {})
+    daemon = Daemon(config)  # the real /sys: the discovery listens for udev events
+    assert [b.name for b in daemon.backends][:3] == ["amd", "intel", "fdinfo"]
+    daemon.hub.collect_once()  # each opens: the shared discovery starts listening
+    discovery = daemon.shared.discovery
+    if not discovery.watching:
+        pytest.skip("no udev events in this namespace: nothing listens, nothing to stop")
+    daemon.stop(timeout=1)
+    assert not discovery.watching
+    daemon.stop(timeout=0)  # twice is harmless (the server's shutdown and the Daemon's)
