@@ -147,6 +147,10 @@ class CutCounter:
             return self.total
 
 
+def _restarts_of(backend: SupervisesChild) -> Callable[[], int]:
+    return lambda: backend.child_restarts
+
+
 def _close_quietly(backend: Backend) -> None:
     """Close a backend; a library that fails to close must not stop a re-open or shutdown."""
     try:
@@ -171,6 +175,11 @@ class Hub:
         # three of its own intervals, whatever --stale-after says for the fast tier.
         self._stale_after = {b.name: max(config.stale_after_seconds, 3 * (b.interval or 0))
                              for b in self.backends}
+        # The optional hooks each backend declares (backends.base), looked up once.
+        self._attribution = {b.name: b.attribution for b in self.backends
+                             if isinstance(b, Attributes)}
+        self._child_restarts = {b.name: _restarts_of(b) for b in self.backends
+                                if isinstance(b, SupervisesChild)}
         self._gpu_index: dict[str, int] = {}
         self._seen: dict[str, DeviceSample] = {}
         self._seen_view: Mapping[str, DeviceSample] = MappingProxyType({})
@@ -314,9 +323,10 @@ class Hub:
             return None
         duration = time.perf_counter() - t0
         # The hooks are read here, on the backend's own thread, like sample() itself.
-        enricher = backend.attribution() if isinstance(backend, Attributes) else None
-        restarts = backend.child_restarts if isinstance(backend, SupervisesChild) else None
-        self._accept(backend.name, cycle, duration, enricher, restarts)
+        attribution = self._attribution.get(backend.name)
+        restarts = self._child_restarts.get(backend.name)
+        enricher = attribution() if attribution else None
+        self._accept(backend.name, cycle, duration, enricher, restarts() if restarts else None)
         self.publish()
         return not cycle.devices or any(d.up for d in cycle.devices)
 
