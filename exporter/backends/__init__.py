@@ -3,9 +3,9 @@
 Each row names a collector (``--collector.<key>`` / ``--no-collector.<key>``), its
 default (on, off, or auto), its help, the platforms it runs on, and either the
 factory of its backend or, for a sub-feature such as ``gpm``, the backend it belongs
-to and how that backend says whether it can serve it. From this table come the
-switches and their help (exporter.cli), ``build_backends`` and the forced-on check
-(``forced_but_unavailable``); a new backend is one row here.
+to (which says whether it can serve it: the ServesFeatures hook, backends.base).
+From this table come the switches and their help (exporter.cli), ``build_backends``
+and the forced-on check (``forced_but_unavailable``); a new backend is one row here.
 
 ``build_backends`` returns every backend the Config does not switch off. A backend
 whose library or driver is missing is still returned: its ``open()`` raises
@@ -28,9 +28,15 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from exporter.backends.base import Backend, BackendFailed, BackendUnavailable, Cycle
+from exporter.backends.base import (
+    Backend,
+    BackendFailed,
+    BackendUnavailable,
+    Cycle,
+    ServesFeatures,
+)
 
 if TYPE_CHECKING:
     from exporter.config import Config
@@ -74,8 +80,6 @@ class Row:
     present: Callable[[Config], bool] | None = None
     auto: str = ""  # what auto means for it, in --help: ", when ..."
     parent: str | None = None  # a sub-feature: the row of the backend that serves it
-    # A sub-feature: the reason its opened parent backend cannot serve it, or None.
-    unavailable: Callable[[Any], str | None] | None = None
 
 
 def _nvidia(config: Config, shared: Shared) -> Backend:
@@ -126,11 +130,6 @@ def _kubernetes(config: Config, shared: Shared) -> Backend:
     return KubernetesBackend(config)
 
 
-def _gpm_unavailable(backend: Any) -> str | None:
-    reason: str | None = backend.gpm_unavailable()
-    return reason
-
-
 LINUX = ("linux",)  # sysfs, pyudev and /proc
 TABLE: tuple[Row, ...] = (
     Row("nvidia", "NVIDIA GPUs through NVML", None, _nvidia),
@@ -138,8 +137,7 @@ TABLE: tuple[Row, ...] = (
     Row("intel", "Intel GPUs through i915/xe sysfs and hwmon", None, _intel, LINUX),
     Row("fdinfo", "the /proc/<pid>/fdinfo scan: per-process use of AMD and Intel GPUs "
         "(NVML, amdsmi and Level Zero report processes of their own)", None, _fdinfo, LINUX),
-    Row("gpm", "NVIDIA GPM profiling metrics (Hopper and later)", None, parent="nvidia",
-        unavailable=_gpm_unavailable),
+    Row("gpm", "NVIDIA GPM profiling metrics (Hopper and later)", None, parent="nvidia"),
     # Off unless asked for: docs/vendors-intel.md says why.
     Row("level-zero", "Intel GPUs through Level Zero Sysman", False, _level_zero),
     Row("amdsmi", "AMD GPUs through the amdsmi library", None, _amdsmi,
@@ -153,7 +151,6 @@ TABLE: tuple[Row, ...] = (
         present=lambda config: os.path.exists(config.kubernetes_pod_resources_socket),
         auto=", when the kubelet's pod-resources socket exists"),
 )
-ROWS: Mapping[str, Row] = MappingProxyType({row.key: row for row in TABLE})
 # Switch defaults: None = auto (on when its library/driver is present), True, False.
 COLLECTORS: Mapping[str, bool | None] = MappingProxyType({r.key: r.default for r in TABLE})
 # Old switch names that still work: --collector.processes is --collector.fdinfo.
@@ -206,11 +203,15 @@ def forced_but_unavailable(config: Config, backends: Sequence[Backend]) -> str |
         owner = row.parent or row.key
         backend = by_name.get(backend_name(owner))
         if backend is None:
-            return f"--collector.{row.key} is on but --no-collector.{owner} switches off " \
-                   f"the backend that serves it"
+            return (f"--collector.{row.key} is on but --no-collector.{owner} switches off "
+                    "the backend that serves it")
         try:
             backend.open()
-            reason = row.unavailable(backend) if row.unavailable else None
+            reason = None
+            if row.parent is not None:
+                reason = (backend.feature_unavailable(row.key)
+                          if isinstance(backend, ServesFeatures)
+                          else f"the {owner} backend does not say whether it serves it")
         except BackendUnavailable as e:
             reason = str(e)
         except Exception as e:  # noqa: BLE001 - the same: say it in one line

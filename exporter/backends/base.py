@@ -7,8 +7,9 @@ only, so a backend needs no locking of its own.
 
 A backend may also declare hooks (the protocols below), by having their members:
 ``retry_interval`` (a cheap open() retried at that pace instead of the back-off),
-``attribution()`` (pod attribution applied after the merge) and ``child_restarts``
-(a supervised child process). The collector reads a hook on the backend's thread,
+``attribution()`` (pod attribution applied after the merge), ``child_restarts``
+(a supervised child process) and ``feature_unavailable()`` (a sub-feature with a
+switch of its own, such as NVIDIA's ``gpm``). The collector reads a hook on the backend's thread,
 right after ``sample()``; a backend without it is simply not asked.
 """
 
@@ -121,3 +122,13 @@ class SupervisesChild(Protocol):
 
     @property
     def child_restarts(self) -> int: ...
+
+
+@runtime_checkable
+class ServesFeatures(Protocol):
+    """Serves sub-features that have a switch of their own (``gpm`` of ``nvidia``): asked,
+    after open(), by the start-up check of a sub-feature the operator forced on."""
+
+    def feature_unavailable(self, feature: str) -> str | None:
+        """Why this opened backend cannot serve ``feature``, or None when it can."""
+        ...

@@ -163,9 +163,10 @@ class NvidiaBackend:
         for uuid in self._events.registered if self._events else ():
             self._xids.setdefault(uuid, Counter())[XID_MARKER] += 0
 
-    def gpm_unavailable(self) -> str | None:
-        """After open(): why no GPU serves GPM profiling (the forced-on check), or None."""
-        return self._gpm_reason
+    def feature_unavailable(self, feature: str) -> str | None:
+        """After open(): why no GPU serves ``gpm`` profiling, or None (the ServesFeatures
+        hook, asked when --collector.gpm is forced on)."""
+        return self._gpm_reason if feature == "gpm" else f"no feature {feature!r}"
 
     def sample(self, slow: bool) -> Cycle:
         if self._nvml is None:
