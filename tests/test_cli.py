@@ -14,6 +14,7 @@ import bcrypt
 import httpx
 import pytest
 
+from exporter.backends import TABLE
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 from tests.daemon import values_of as get
 from tests.test_server import _self_signed, no_gpu_args, run_cli
@@ -179,6 +180,18 @@ def test_gpm_forced_on_where_it_cannot_run_exits_2_with_the_reason(tmp_path: Pat
     assert result.returncode == 0, result.stderr
     [gpu0, _] = json.loads(result.stdout)["devices"]
     assert gpu0["profiling_ratio"]
+
+
+@pytest.mark.parametrize("key", [row.key for row in TABLE])
+def test_every_collector_forced_on_where_it_cannot_run_exits_2(tmp_path: Path, key: str) -> None:
+    """A machine with nothing: no NVML, no card, no amdsmi, no Level Zero loader, no
+    macmon, no kubelet. Every switch of the backend table, forced on, says why not."""
+    env = daemon_env(None, {"PATH": str(tmp_path), "LD_LIBRARY_PATH": str(tmp_path),
+                            "GPU_EXPORTER_KUBERNETES_POD_RESOURCES_SOCKET":
+                                str(tmp_path / "kubelet.sock")})
+    result = run_cli(f"--collector.{key}", "snapshot", "--log.level", "error",
+                     *no_gpu_args(tmp_path), env=env)
+    one_line_error(result, f"--collector.{key} is on but unavailable: ")
 
 
 def test_help_shows_each_switch_once_in_its_on_off_form() -> None:
