@@ -4,7 +4,11 @@ Precedence is flag > environment > file > default. Every key has one name
 (``collector.interval``); the flag is ``--collector.interval``, the variable
 ``GPU_EXPORTER_COLLECTOR_INTERVAL`` and the file key ``collector.interval`` (or
 nested: ``collector: {interval: 1s}``). Bad input exits 2 with one line naming
-the key and where it came from; never a traceback.
+the key and where it came from; never a traceback. The collector switches
+(``--[no-]collector.<name>``) come from the backend table (exporter.backends).
+
+``Daemon`` is the start-up wiring, in one place: it builds, starts and stops the
+backends, the DRM discovery they share, the Hub, the renderer and the server.
 """
 
 from __future__ import annotations
