@@ -4,7 +4,11 @@ Precedence is flag > environment > file > default. Every key has one name
 (``collector.interval``); the flag is ``--collector.interval``, the variable
 ``GPU_EXPORTER_COLLECTOR_INTERVAL`` and the file key ``collector.interval`` (or
 nested: ``collector: {interval: 1s}``). Bad input exits 2 with one line naming
-the key and where it came from; never a traceback.
+the key and where it came from; never a traceback. The collector switches
+(``--[no-]collector.<name>``) come from the backend table (exporter.backends).
+
+``Daemon`` is the start-up wiring, in one place: it builds, starts and stops the
+backends, the DRM discovery they share, the Hub, the renderer and the server.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter import __version__
+from exporter.backends import ALIASES, TABLE, Shared
 from exporter.config import (
     COLLECTORS,
     LOG_FORMATS,
@@ -128,20 +133,10 @@ OPTIONS = (
            "Apple Silicon: the macmon executable run as `macmon pipe` (default macmon on PATH)",
            "PATH"),
 )
-COLLECTOR_HELP = {
-    "nvidia": "NVIDIA GPUs through NVML",
-    "amd": "AMD GPUs through amdgpu sysfs and hwmon",
-    "intel": "Intel GPUs through i915/xe sysfs and hwmon",
-    "processes": "per-process GPU use from /proc/<pid>/fdinfo",
-    "gpm": "NVIDIA GPM profiling metrics (Hopper and later)",
-    "apple": "Apple Silicon GPUs through macmon (auto: on macOS when macmon is found)",
-    "level-zero": "Intel GPUs through Level Zero Sysman",
-    "pmu": "Intel engine utilisation from the i915/xe PMU (needs CAP_PERFMON)",
-    "amdsmi": "AMD GPUs through the amdsmi library",
-    "kubernetes": "pod attribution from the kubelet and the CRI runtime",
-}
 KEYS = {o.key: o for o in OPTIONS}
-COLLECTOR_KEYS = {f"collector.{name}": name for name in COLLECTORS}
+# Every collector switch key (old names included) -> the collector it switches.
+COLLECTOR_KEYS = {f"collector.{name}": name for name in COLLECTORS} | {
+    f"collector.{old}": name for old, name in ALIASES.items()}
 
 
 def env_name(key: str) -> str:
@@ -152,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpu-exporter", usage="gpu-exporter [snapshot] [flags]",
         description="Prometheus exporter for NVIDIA, AMD, Intel and Apple GPUs, per GPU and per "
-        "process.", epilog=USAGE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "process.", epilog=USAGE_EPILOG, formatter_class=_HelpFormatter,
         argument_default=argparse.SUPPRESS)
     p.add_argument("--version", action="version",
                    version=f"gpu-exporter {__version__} (python {platform.python_version()})")
@@ -169,17 +164,34 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p.add_argument(f"--{o.key}", dest=o.key, metavar=o.metavar, help=o.help,
                            action="append" if o.repeated else "store")
-    for key, name in COLLECTOR_KEYS.items():
-        default = {None: "auto", True: "on", False: "off"}[COLLECTORS[name]]
-        _add_switch(p, key, f"enable {COLLECTOR_HELP[name]} (default: {default})")
+    for row in TABLE:
+        default = {None: "auto", True: "on", False: "off"}[row.default] + row.auto
+        old = [f"collector.{o}" for o, name in ALIASES.items() if name == row.key]
+        _add_switch(p, f"collector.{row.key}", f"{row.help} (default: {default})", *old)
     return p
 
 
-def _add_switch(p: argparse.ArgumentParser, key: str, help: str) -> None:
-    group = p.add_mutually_exclusive_group()
-    group.add_argument(f"--{key}", dest=key, action="store_const", const=True, help=help)
-    group.add_argument(f"--no-{key}", dest=key, action="store_const", const=False,
-                       help=argparse.SUPPRESS)
+class _Switch(argparse.Action):
+    """``--key`` stores True, ``--no-key`` False; the last one given wins."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows a switch as ``--[no-]collector.nvidia``."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, _Switch):
+            return ", ".join(f"--[no-]{o[2:]}" for o in action.option_strings
+                             if not o.startswith("--no-"))
+        return super()._format_action_invocation(action)
+
+
+def _add_switch(p: argparse.ArgumentParser, key: str, help: str, *aliases: str) -> None:
+    names = [f"--{prefix}{k}" for k in (key, *aliases) for prefix in ("", "no-")]
+    p.add_argument(*names, dest=key, action=_Switch, nargs=0, help=help)
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -226,19 +238,27 @@ def _load(args: dict[str, Any], environ: Mapping[str, str]) -> Config:
 
     values: dict[str, Any] = {"config_file": config_file}
     collectors = dict(COLLECTORS)
-    for key in [*KEYS, *COLLECTOR_KEYS]:
-        if key in args:
-            origin, raw = f"--{key}", args[key]
-        elif env_name(key) in environ:
-            origin, raw = env_name(key), environ[env_name(key)]
-        elif key in from_file:
-            origin, raw = f"{config_file}: {key}", from_file[key]
-        else:
-            continue
-        if key in COLLECTOR_KEYS:
-            collectors[COLLECTOR_KEYS[key]] = parse_bool(origin, raw)
-        else:
-            values[KEYS[key].field] = KEYS[key].parse(origin, raw)
+
+    def given(keys: Sequence[str]) -> tuple[str, Any] | None:
+        """(origin, raw value) of the first of ``keys`` set, flag > env > file."""
+        for key in keys:
+            if key in args:
+                return f"--{key}", args[key]
+        for key in keys:
+            if env_name(key) in environ:
+                return env_name(key), environ[env_name(key)]
+        for key in keys:
+            if key in from_file:
+                return f"{config_file}: {key}", from_file[key]
+        return None
+
+    for key, option in KEYS.items():
+        if (found := given([key])) is not None:
+            values[option.field] = option.parse(*found)
+    for name in COLLECTORS:
+        keys = [k for k, n in COLLECTOR_KEYS.items() if n == name]  # its own key first
+        if (found := given(keys)) is not None:
+            collectors[name] = parse_bool(*found)
     values["collectors"] = collectors
     config = Config(**values)
     if config.web_config_file is not None:
@@ -275,48 +295,106 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 0
 
     from exporter import logs
-    from exporter.backends import build_backends
-    from exporter.collector import Hub
 
     logs.configure(config.log_level, config.log_format)
-    backends = build_backends(config)
-    missing = _forced_but_unavailable(config, backends)
+    daemon = Daemon(config)
+    missing = daemon.check()
     if missing:
+        daemon.stop(timeout=0)
         return _fail(missing)
-    hub = Hub(config, backends)
     if command == "snapshot":
         from exporter.snapshot import snapshot_json
 
-        snapshot = hub.collect_once()
-        hub.stop(timeout=0)
+        snapshot = daemon.hub.collect_once()
+        daemon.stop(timeout=0)
         sys.stdout.buffer.write(snapshot_json(snapshot, indent=2) + b"\n")
         return 0
-    return run_daemon(config, hub)
+    return daemon.run()
 
 
-def _forced_but_unavailable(config: Config, backends: Sequence[Any]) -> str | None:
-    """A collector switched on by the operator must work at start, not act as auto.
+class Daemon:
+    """Everything the exporter runs, built, started and stopped in one place.
 
-    Its backend is opened once (and closed) before serving: a missing library, driver
-    or device is then an error, with the backend's own reason.
+    Built: the shared DRM discovery, a backend per row of the backend table that is
+    not switched off, the Hub that samples them. ``run()`` adds the renderer and the
+    HTTP server, starts collection and serves until a signal; ``stop()`` stops the
+    renderer, the Hub (its threads, then every backend's close()) and the discovery's
+    udev listener, in that order, and may be called more than once.
     """
-    from exporter.backends import BackendUnavailable
 
-    for backend in backends:
-        if config.collector_enabled(backend.name.replace("_", "-")) is not True:
-            continue
+    def __init__(self, config: Config) -> None:
+        from exporter.backends import build_backends
+        from exporter.collector import Hub
+
+        self.config = config
+        self.shared = Shared(config)
+        self.backends = build_backends(config, self.shared)
+        self.hub = Hub(config, self.backends)
+        self.renderer: Any = None
+
+    def check(self) -> str | None:
+        """Why a collector switched on cannot run (exit 2), or None."""
+        from exporter.backends import forced_but_unavailable
+
+        return forced_but_unavailable(self.config, self.backends)
+
+    def start(self) -> None:
+        """The renderer, then collection: the Hub's first opens wait up to OPEN_WAIT, on a
+        thread of their own, so the server answers (not ready) meanwhile."""
+        import threading
+
+        from exporter.render import Renderer, RenderOptions
+
+        config = self.config
+        options = RenderOptions(
+            pod_labels=any(b.name == "kubernetes" for b in self.backends),
+            device_pod_labels=config.kubernetes_device_labels, metric_names=config.metric_names)
+        # Render ahead only the snapshot that precedes a scrape: one collection interval.
+        self.renderer = Renderer(lead=config.interval, options=options)
+        self.hub.listener = self.renderer.submit
+        threading.Thread(target=self.hub.start, name="collector-start", daemon=True).start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        if self.renderer is not None:
+            self.renderer.stop()
+        self.hub.stop(timeout=timeout)
+        self.shared.stop()
+
+    def run(self) -> int:
+        import signal
+
+        import structlog
+
+        from exporter.server import bind_sockets, build_app, close_sockets, serve, unix_files
+        from exporter.webconfig import load_web_config
+
+        config = self.config
+        log = structlog.get_logger("exporter.cli")
+        limit_malloc_arenas()
+        web = load_web_config(config.web_config_file) if config.web_config_file else None
+        for warning in web.warnings if web else ():
+            log.warning("web config", note=warning)
+        raise_open_files_limit()
         try:
-            backend.open()
-        except BackendUnavailable as e:
-            return f"--collector.{backend.name.replace('_', '-')} is on but unavailable: {e}"
-        except Exception as e:  # noqa: BLE001 - the same: say it in one line
-            return f"--collector.{backend.name.replace('_', '-')} is on but failed: {e!r}"
+            sockets = bind_sockets(config.listen_addresses)
+        except OSError as e:
+            self.stop(timeout=0)
+            print(f"gpu-exporter: error: cannot listen on {e.strerror or e}", file=sys.stderr)
+            return 1
+        files = unix_files(sockets)
+        if hasattr(signal, "SIGHUP"):
+            # The configuration is read at start; a SIGHUP (a log rotation, a terminal that
+            # closed) must not kill the daemon silently.
+            signal.signal(signal.SIGHUP, lambda *_: log.info(
+                "SIGHUP ignored", hint="configuration is read at start: restart to apply changes"))
+        self.start()
+        try:
+            serve(config, build_app(config, self.hub, self.renderer, web,
+                                    start_collection=False), web, sockets)
         finally:
-            try:
-                backend.close()
-            except Exception:  # noqa: BLE001
-                pass
-    return None
+            self.stop()
+            close_sockets(sockets, files)
+        return 0
 
 
 M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
@@ -354,44 +432,6 @@ def raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         except (OSError, ValueError):
             pass
-
-
-def run_daemon(config: Config, hub: Any) -> int:
-    import signal
-
-    import structlog
-
-    from exporter.render import Renderer, RenderOptions
-    from exporter.server import bind_sockets, build_app, close_sockets, serve, unix_files
-    from exporter.webconfig import load_web_config
-
-    log = structlog.get_logger("exporter.cli")
-    limit_malloc_arenas()
-    web = load_web_config(config.web_config_file) if config.web_config_file else None
-    for warning in web.warnings if web else ():
-        log.warning("web config", note=warning)
-    raise_open_files_limit()
-    try:
-        sockets = bind_sockets(config.listen_addresses)
-    except OSError as e:
-        print(f"gpu-exporter: error: cannot listen on {e.strerror or e}", file=sys.stderr)
-        return 1
-    files = unix_files(sockets)
-    if hasattr(signal, "SIGHUP"):
-        # The configuration is read at start; a SIGHUP (a log rotation, a terminal that
-        # closed) must not kill the daemon silently.
-        signal.signal(signal.SIGHUP, lambda *_: log.info(
-            "SIGHUP ignored", hint="configuration is read at start: restart to apply changes"))
-    options = RenderOptions(
-        pod_labels=any(b.name == "kubernetes" for b in hub.backends),
-        device_pod_labels=config.kubernetes_device_labels, metric_names=config.metric_names)
-    # Render ahead only the snapshot that precedes a scrape: one collection interval.
-    renderer = Renderer(lead=config.interval, options=options)
-    try:
-        serve(config, build_app(config, hub, renderer, web), web, sockets)
-    finally:
-        close_sockets(sockets, files)
-    return 0
 
 
 if __name__ == "__main__":

@@ -29,16 +29,27 @@ from types import MappingProxyType
 
 import structlog
 
-from exporter.backends.base import Backend, BackendFailed, BackendUnavailable, Cycle, Enricher
+from exporter.backends.base import (
+    REOPEN_BACKOFF,
+    Attributes,
+    Backend,
+    BackendFailed,
+    BackendUnavailable,
+    Cycle,
+    Enricher,
+    Joins,
+    RetriesOpen,
+    SupervisesChild,
+)
 from exporter.config import Config
 from exporter.joins import JoinSource
-from exporter.merge import View, enrich, merge
+from exporter.merge import View, cap, enrich, merge
+from exporter.merge import cap_processes as cap_processes  # the rule, for tests and bench
 from exporter.model import BackendSample, DeviceInfo, DeviceSample
 
 log = structlog.get_logger(__name__)
 
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-REOPEN_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # seconds between open attempts
 GOOD_CYCLES_TO_RESET = 3  # good cycles in a row before the back-off starts from the bottom
 OPEN_WAIT = 5.0  # how long start() waits for every backend's first open before numbering GPUs
 
@@ -55,9 +66,9 @@ class BackendState:
     # Monotonic clock of the last completed cycle, else of the last open: what ages are from.
     alive_at: float | None = None
     priority: int = 0
-    enricher: Enricher | None = None  # from its last cycle (the kubernetes backend)
-    joins: JoinSource | None = None  # from its last cycle (exporter.joins)
-    child_restarts: int | None = None  # cumulative, from its last cycle (macmon)
+    enricher: Enricher | None = None  # after its last cycle (the Attributes hook)
+    joins: JoinSource | None = None  # after its last cycle (the Joins hook)
+    child_restarts: int | None = None  # after its last cycle (the SupervisesChild hook)
     # The down reason last logged, and whether it came after a successful open (a handle
     # that went bad, a sample that raised): a backend that opens and fails again and
     # again logs its failure once, and "recovered" after GOOD_CYCLES_TO_RESET good cycles.
@@ -83,37 +94,66 @@ class Snapshot:
     gpu_index: Mapping[str, int]  # device key -> exporter-wide "gpu" label
     # device key -> what to report (up=False) for a device no backend reports any more
     seen: Mapping[str, DeviceSample] = field(default_factory=dict)
-    processes_truncated_total: int = 0
+    max_processes_per_gpu: int = 64
+    # The Hub's count of processes cut by the cap, fed by each snapshot's merge.
+    cuts: CutCounter = field(default_factory=lambda: CutCounter())
     # backend -> its collector thread (gpu_exporter_backend_cpu_seconds_total)
     threads: Mapping[str, threading.Thread] = field(default_factory=dict)
 
-    @cached_property
+    @property
     def devices(self) -> tuple[tuple[str, DeviceSample], ...]:
-        """(``gpu`` label, merged sample) of every device, one per key, ordered by ``gpu``.
+        """(``gpu`` label, merged sample) of every device, one per key, ordered by ``gpu``."""
+        return self._merged[0]
+
+    @property
+    def processes_truncated_total(self) -> int:
+        """Processes the cap has cut so far, this snapshot's merge included."""
+        return self._merged[1]
+
+    @cached_property
+    def _merged(self) -> tuple[tuple[tuple[str, DeviceSample], ...], int]:
+        """The merge, then the process cap, then pod attribution.
 
         Computed once per snapshot, on first use (the renderer, ``/snapshot``), not on
         every publish: a snapshot nobody reads costs no merge.
         """
         views = [View(s.priority, s.serving, s.last.devices)
                  for s in self.backends if s.last is not None]
-        merged = merge(views, self.seen)
+        merged, cut = cap(merge(views, self.seen), self.max_processes_per_gpu)
+        truncated = self.cuts.add(cut)
         enricher = next((s.enricher for s in self.backends if s.serving and s.enricher), None)
-        merged, _failed = enrich(merged, enricher)
+        merged = enrich(merged, enricher)
         out = []
         for d in merged:
             index = self.gpu_index.get(d.info.parent_key or d.info.key)
             if index is not None:
                 out.append((index, bool(d.info.parent_key), d.info.key, d))
         out.sort(key=lambda t: t[:3])
-        return tuple((str(index), d) for index, _, _, d in out)
+        return tuple((str(index), d) for index, _, _, d in out), truncated
 
 
-def cap_processes(device: DeviceSample, limit: int) -> tuple[DeviceSample, int]:
-    """Keep the ``limit`` processes holding the most device memory; return how many were cut."""
-    if len(device.processes) <= limit:
-        return device, 0
-    ranked = sorted(device.processes, key=lambda p: (-(p.memory_used_bytes or 0.0), p.pid))
-    return device.with_processes(tuple(ranked[:limit])), len(device.processes) - limit
+class CutCounter:
+    """``gpu_exporter_processes_truncated_total``: each process the cap cuts counts once.
+
+    A (device, pid) pair counts when a merged view cuts it and the view merged before
+    did not; it counts again only after it was served (or gone) in between. Snapshots
+    are merged on the threads that read them: hence the lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cut: frozenset[tuple[str, int]] = frozenset()
+        self.total = 0
+
+    def add(self, cut: frozenset[tuple[str, int]]) -> int:
+        with self._lock:
+            self.total += len(cut - self._cut)
+            self._cut = cut
+            return self.total
+
+
+def _restarts_of(backend: SupervisesChild) -> Callable[[], int]:
+    return lambda: backend.child_restarts
 
 
 def _close_quietly(backend: Backend) -> None:
@@ -140,6 +180,12 @@ class Hub:
         # three of its own intervals, whatever --stale-after says for the fast tier.
         self._stale_after = {b.name: max(config.stale_after_seconds, 3 * (b.interval or 0))
                              for b in self.backends}
+        # The optional hooks each backend declares (backends.base), looked up once.
+        self._attribution = {b.name: b.attribution for b in self.backends
+                             if isinstance(b, Attributes)}
+        self._joins = {b.name: b.joins for b in self.backends if isinstance(b, Joins)}
+        self._child_restarts = {b.name: _restarts_of(b) for b in self.backends
+                                if isinstance(b, SupervisesChild)}
         self._gpu_index: dict[str, int] = {}
         self._seen: dict[str, DeviceSample] = {}
         self._seen_view: Mapping[str, DeviceSample] = MappingProxyType({})
@@ -148,7 +194,7 @@ class Hub:
         self._opened: dict[str, tuple[DeviceSample, ...]] = {}
         self._threads_by_backend: Mapping[str, threading.Thread] = {}
         self._numbered = False
-        self._truncated = 0
+        self._cuts = CutCounter()
         self._generation = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -177,7 +223,10 @@ class Hub:
         self._threads.append(w)
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stop the threads; a thread stuck inside a driver call is a daemon and is left."""
+        """Stop the threads, then close every backend; a thread stuck inside a driver call
+        is a daemon and is left. Only the first call does anything."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         deadline = time.monotonic() + timeout
         for t in self._threads:
@@ -212,8 +261,9 @@ class Hub:
             else:
                 # A backend whose open() is cheap (a cached DRM listing) retries every
                 # cycle, so a hotplugged card is picked up within one interval.
-                delay = min(REOPEN_BACKOFF[min(attempt, len(REOPEN_BACKOFF) - 1)],
-                            getattr(backend, "retry_interval", None) or float("inf"))
+                delay = REOPEN_BACKOFF[min(attempt, len(REOPEN_BACKOFF) - 1)]
+                if isinstance(backend, RetriesOpen):
+                    delay = min(delay, backend.retry_interval)
             attempt += 1
             self._stop.wait(delay)
 
@@ -285,7 +335,14 @@ class Hub:
             self._set_down(backend.name, f"sample raised {e!r}", level="error", exc_info=True,
                            failing=True)
             return None
-        self._accept(backend.name, cycle, time.perf_counter() - t0)
+        duration = time.perf_counter() - t0
+        # The hooks are read here, on the backend's own thread, like sample() itself.
+        attribution = self._attribution.get(backend.name)
+        restarts = self._child_restarts.get(backend.name)
+        joins = self._joins.get(backend.name)
+        enricher = attribution() if attribution else None
+        self._accept(backend.name, cycle, duration, enricher, restarts() if restarts else None,
+                     joins() if joins else None)
         self.publish()
         return not cycle.devices or any(d.up for d in cycle.devices)
 
@@ -321,13 +378,9 @@ class Hub:
                 total[reason] = total.get(reason, 0) + n
             self._states[name] = replace(state, errors_total=total)
 
-    def _accept(self, name: str, cycle: Cycle, duration: float) -> None:
-        devices = []
-        truncated = 0
-        for device in cycle.devices:
-            device, cut = cap_processes(device, self.config.max_processes_per_gpu)
-            truncated += cut
-            devices.append(device)
+    def _accept(self, name: str, cycle: Cycle, duration: float, enricher: Enricher | None,
+                child_restarts: int | None, joins: JoinSource | None = None) -> None:
+        devices = cycle.devices
         sample = BackendSample(backend=name, timestamp=self.wall_clock(), duration_seconds=duration,
                                devices=tuple(devices), errors=dict(cycle.errors))
         with self._lock:
@@ -344,11 +397,8 @@ class Hub:
                 state, last=sample, last_success=sample.timestamp, alive_at=time.monotonic(),
                 stale=False, errors_total=errors, duration_buckets=buckets,
                 duration_sum=state.duration_sum + duration, duration_count=state.duration_count + 1,
-                enricher=cycle.enricher, joins=cycle.joins,
-                child_restarts=(cycle.child_restarts if cycle.child_restarts is not None
-                                else state.child_restarts),
+                enricher=enricher, joins=joins, child_restarts=child_restarts,
                 reason=state.reason if not state.up else "")
-            self._truncated += truncated
             for device in devices:
                 if not device.primary:
                     continue  # an augmenting backend never makes a device of its own
@@ -447,7 +497,8 @@ class Hub:
         return Snapshot(generation=self._generation, created=self.wall_clock(), ready=ready,
                         backends=tuple(self._states.values()),
                         gpu_index={k: v for k, v in self._gpu_index.items() if v >= 0},
-                        seen=self._seen_view, processes_truncated_total=self._truncated,
+                        seen=self._seen_view, cuts=self._cuts,
+                        max_processes_per_gpu=self.config.max_processes_per_gpu,
                         threads=self._threads_by_backend)
 
     def publish(self) -> Snapshot:

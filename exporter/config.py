@@ -10,25 +10,11 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
-# Collectors an operator can switch with --collector.<name> / --no-collector.<name>.
-# None = auto (on when its library/driver is present), True = on, False = off.
-COLLECTORS: Mapping[str, bool | None] = MappingProxyType(
-    {
-        "nvidia": None,
-        "amd": None,
-        "intel": None,
-        "processes": None,
-        "gpm": None,
-        "apple": None,  # auto on macOS when macmon is found; elsewhere only when forced on
-        "level-zero": False,  # opt-in: see docs/vendors-intel.md
-        "pmu": None,  # Intel engine busy from the i915/xe PMU; needs CAP_PERFMON
-        "amdsmi": None,  # auto when the amdsmi package imports and initialises
-        "kubernetes": None,  # auto when the kubelet pod-resources socket exists
-    }
-)
+# Collector switch defaults and old switch names come from the backend table.
+from exporter.backends import ALIASES as ALIASES
+from exporter.backends import COLLECTORS as COLLECTORS
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
@@ -78,7 +64,9 @@ class Config:
         return self.stale_after if self.stale_after is not None else 3 * self.interval
 
     def collector_enabled(self, name: str) -> bool | None:
-        """True (forced on), False (off) or None (auto)."""
+        """True (forced on), False (off) or None (auto); an old name (``processes``) is
+        its collector's (``fdinfo``)."""
+        name = ALIASES.get(name, name)
         return self.collectors.get(name, COLLECTORS.get(name))
 
 

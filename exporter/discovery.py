@@ -42,9 +42,6 @@ _CARD_RE = re.compile(r"card\d+")
 _PCI_ADDR_RE = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 UDEV_POLL = 5.0  # seconds between open() retries of a card-less backend with udev events
-VENDOR_AMD = 0x1002
-VENDOR_INTEL = 0x8086
-VENDOR_NVIDIA = 0x10DE
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 Some facts are not per-GPU values but series to join on: the labels of a pod
 (``gpu_kubernetes_pod_labels_info``), the Slurm jobs holding a GPU
-(``gpu_slurm_job_info``). A backend returns a ``JoinSource`` in ``Cycle.joins``; the
-collector keeps the last one per backend, like the enricher, and ``join_families``
+(``gpu_slurm_job_info``). A backend hands a ``JoinSource`` through its ``joins()`` hook
+(exporter.backends.base.Joins); the collector keeps the last one per backend, like the
+enricher, and ``join_families``
 turns every serving backend's rows into metric families, after the per-GPU ones, in
 every ``--metric-names`` mode (our names, like the per-process families).
 """

@@ -12,7 +12,9 @@ slice). For each key the samples are ordered by their backend's priority
   first sample that has a key wins that key; the two engine families count as one
   (a source that reports engine X in either owns X in both, so fdinfo sums never sit
   beside a driver's own figure for the same engine);
-- processes are merged pid by pid, each of their fields the same way;
+- processes are merged pid by pid, each of their fields the same way, and only then
+  capped at ``--max-processes-per-gpu`` (the most device memory first): one cap per
+  GPU whatever the number of sources, each cut process cut once;
 - identity (name, UUID, serial, driver version, ...) takes the first non-empty value.
 
 The source of every value is kept (``field_sources``, per field or per (field, key)),
@@ -203,27 +205,44 @@ def merge(views: Sequence[View], seen: Mapping[str, DeviceSample]) -> list[Devic
     return out
 
 
-def enrich(devices: Sequence[DeviceSample], enricher: Enricher | None
-           ) -> tuple[list[DeviceSample], int]:
-    """Apply pod attribution after the merge. Returns the devices and how many lookups failed."""
+def cap_processes(device: DeviceSample, limit: int) -> tuple[DeviceSample, tuple[int, ...]]:
+    """Keep the ``limit`` processes holding the most device memory; return the cut pids."""
+    if len(device.processes) <= limit:
+        return device, ()
+    ranked = sorted(device.processes, key=lambda p: (-(p.memory_used_bytes or 0.0), p.pid))
+    return device.with_processes(tuple(ranked[:limit])), tuple(p.pid for p in ranked[limit:])
+
+
+def cap(devices: Sequence[DeviceSample], limit: int
+        ) -> tuple[list[DeviceSample], frozenset[tuple[str, int]]]:
+    """Every merged device capped; returns them and the (device key, pid) pairs cut."""
+    out: list[DeviceSample] = []
+    cut: set[tuple[str, int]] = set()
+    for device in devices:
+        capped, pids = cap_processes(device, limit)
+        out.append(capped)
+        cut.update((device.info.key, pid) for pid in pids)
+    return out, frozenset(cut)
+
+
+def enrich(devices: Sequence[DeviceSample], enricher: Enricher | None) -> list[DeviceSample]:
+    """Apply pod attribution after the merge. A lookup that raises attributes nothing: the
+    device keeps its series, without pod labels."""
     if enricher is None:
-        return list(devices), 0
-    failed = 0
+        return list(devices)
     out = []
     for d in devices:
         try:
             allocations = tuple(enricher.allocations(d.info))
         except Exception:  # noqa: BLE001 - attribution must never cost the device its series
-            failed += 1
             allocations = ()
         processes = []
         for p in d.processes:
             try:
                 ref = enricher.pod_of(p.pid)
             except Exception:  # noqa: BLE001
-                failed += 1
                 ref = None
             processes.append(p if ref is None else replace(
                 p, pod=ref.pod, namespace=ref.namespace, container=ref.container))
         out.append(replace(d, allocations=allocations, processes=tuple(processes)))
-    return out, failed
+    return out

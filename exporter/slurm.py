@@ -73,6 +73,7 @@ class SlurmBackend:
         self.interval: float | None = config.slow_interval
         self._files: dict[str, tuple[tuple[int, int, int], tuple[str, ...] | None]] = {}
         self._missing: bool | None = None
+        self._jobs = SlurmJobs({})
 
     def open(self) -> Sequence[DeviceInfo]:
         return ()
@@ -101,7 +102,12 @@ class SlurmBackend:
             elif entry[1]:
                 jobs[str(int(name))] = entry[1]
         self._files = files
-        return Cycle(devices=(), errors=dict(errors), joins=SlurmJobs(jobs))
+        self._jobs = SlurmJobs(jobs)
+        return Cycle(devices=(), errors=dict(errors))
+
+    def joins(self) -> SlurmJobs:
+        """The jobs of the last sample() (the collector's Joins hook)."""
+        return self._jobs
 
     def _read(self, name: str) -> tuple[tuple[int, int, int], tuple[str, ...] | None] | None:
         path = os.path.join(self.directory, name)

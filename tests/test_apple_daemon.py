@@ -163,7 +163,7 @@ def test_apple_machine_golden(tmp_path: Path) -> None:
     assert got == path.read_text(), f"/metrics of the Apple machine differs from {path}"
     doc = json.loads((LINES / RECORDED).read_text())
     assert values_of(got, "gpu_power_watts", vendor="apple") == [doc["gpu_power"]]
-    for backend in ("amd", "intel", "processes", "nvidia"):
+    for backend in ("amd", "intel", "fdinfo", "nvidia"):
         assert values_of(got, "gpu_exporter_backend_up", backend=backend) == [0]
 
 
@@ -187,7 +187,7 @@ def test_the_whole_package_imports_and_runs_a_snapshot_as_on_a_mac(tmp_path: Pat
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     backends = {b["backend"]: b for b in json.loads(done.stdout)["backends"]}
-    for name in ("amd", "intel", "processes"):
+    for name in ("amd", "intel", "fdinfo"):
         assert backends[name]["reason"] == "not on Linux (this is darwin)"
         assert not backends[name]["up"]
     (device,) = backends["apple"]["devices"]
@@ -202,7 +202,7 @@ def test_apple_is_off_on_linux_unless_forced_and_off_on_a_mac_when_switched_off(
 
     assert sys.platform.startswith("linux")
     names = [b.name for b in build_backends(Config(collectors={**COLLECTORS, "nvidia": False}))]
-    assert "apple" not in names and {"amd", "intel", "processes"} <= set(names)
+    assert "apple" not in names and {"amd", "intel", "fdinfo"} <= set(names)
     forced = build_backends(Config(collectors={**COLLECTORS, "nvidia": False, "apple": True}))
     assert [b.name for b in forced][-1] == "apple"
 
@@ -212,7 +212,7 @@ def test_apple_is_off_on_linux_unless_forced_and_off_on_a_mac_when_switched_off(
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     names = [b["backend"] for b in json.loads(done.stdout)["backends"]]
-    assert names == ["nvidia", "intel", "processes", "pmu"]
+    assert names == ["nvidia", "intel", "fdinfo", "pmu"]
 
 
 MACOS = {"sys_platform": "darwin", "platform_system": "Darwin", "os_name": "posix",

@@ -14,6 +14,7 @@ import bcrypt
 import httpx
 import pytest
 
+from exporter.backends import TABLE
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 from tests.daemon import values_of as get
 from tests.test_server import _self_signed, no_gpu_args, run_cli
@@ -143,7 +144,7 @@ def test_nested_config_where_a_key_is_a_switch_and_a_prefix(tmp_path: Path) -> N
     assert (cfg.processes_interval, cfg.processes_budget, cfg.interval) == (3.0, 0.1, 2.0)
     config.write_text("collector:\n  processes: false\n")
     assert load_config(["--config.file", str(config)], {}).collector_enabled(
-        "processes") is False
+        "fdinfo") is False
 
 
 def test_an_unknown_environment_variable_is_an_error_as_in_the_file() -> None:
@@ -158,6 +159,64 @@ def test_a_collector_forced_on_without_its_library_fails_at_start(tmp_path: Path
     one_line_error(result, "--collector.nvidia is on but unavailable: NVML could not start")
     result = run_cli("--collector.amd", *no_gpu_args(tmp_path))
     one_line_error(result, "--collector.amd is on but unavailable: no amdgpu card")
+
+
+def test_gpm_forced_on_where_it_cannot_run_exits_2_with_the_reason(tmp_path: Path) -> None:
+    """17: --collector.gpm without NVML exited 0 (the README promises 2, as for nvidia)."""
+    result = run_cli("--collector.gpm", "snapshot", *no_gpu_args(tmp_path))
+    one_line_error(result, "--collector.gpm is on but unavailable: NVML could not start")
+    # NVML answers, but no GPU of this machine (a T4, an A100) supports GPM:
+    machine = FIXTURES / "mixed"
+    result = run_cli("--collector.gpm", "snapshot", "--log.level", "warning",
+                     *machine_args(machine), env=daemon_env(machine / "nvml.json"))
+    one_line_error(result, "--collector.gpm is on but unavailable: GPU 0: GPU does not "
+                           "support GPM")
+    result = run_cli("--collector.gpm", "--no-collector.nvidia", *no_gpu_args(tmp_path))
+    one_line_error(result, "--collector.gpm is on but --no-collector.nvidia switches off")
+    # Where GPM works (H100), forcing it on is fine:
+    machine = FIXTURES / "nvidia-h100x2"
+    result = run_cli("--collector.gpm", "snapshot", *machine_args(machine),
+                     env=daemon_env(machine / "nvml.json"))
+    assert result.returncode == 0, result.stderr
+    [gpu0, _] = json.loads(result.stdout)["devices"]
+    assert gpu0["profiling_ratio"]
+
+
+@pytest.mark.parametrize("key", [row.key for row in TABLE])
+def test_every_collector_forced_on_where_it_cannot_run_exits_2(tmp_path: Path, key: str) -> None:
+    """A machine with nothing: no NVML, no card, no amdsmi, no Level Zero loader, no
+    macmon, no kubelet. Every switch of the backend table, forced on, says why not."""
+    env = daemon_env(None, {"PATH": str(tmp_path), "LD_LIBRARY_PATH": str(tmp_path),
+                            "GPU_EXPORTER_KUBERNETES_POD_RESOURCES_SOCKET":
+                                str(tmp_path / "kubelet.sock")})
+    result = run_cli(f"--collector.{key}", "snapshot", "--log.level", "error",
+                     *no_gpu_args(tmp_path), env=env)
+    one_line_error(result, f"--collector.{key} is on but unavailable: ")
+
+
+def test_help_shows_each_switch_once_in_its_on_off_form() -> None:
+    out = run_cli("--help").stdout
+    assert "--[no-]collector.nvidia" in out and "--[no-]collector.gpm" in out
+    assert "--[no-]collector.fdinfo, --[no-]collector.processes" in out
+    assert "--no-collector.nvidia" not in out  # one line per switch, not two
+
+
+def test_no_collector_fdinfo_stops_the_proc_scan_only(tmp_path: Path) -> None:
+    """--no-collector.fdinfo (old name --no-collector.processes) stops the /proc fdinfo
+    scan: AMD and Intel GPUs lose their per-process series, NVIDIA's (from NVML) stay."""
+    machine = FIXTURES / "mixed"
+
+    def processes(*flags: str) -> dict[str, int]:
+        result = run_cli("snapshot", *machine_args(machine), *flags,
+                         env=daemon_env(machine / "nvml.json"))
+        assert result.returncode == 0, result.stderr
+        snap = json.loads(result.stdout)
+        return {d["info"]["vendor"]: len(d.get("processes") or ()) for d in snap["devices"]}
+
+    on = processes()  # this machine's Intel GPU runs no process
+    assert on["nvidia"] > 0 and on["amd"] > 0
+    for flag in ("--no-collector.fdinfo", "--no-collector.processes"):
+        assert processes(flag) == {"nvidia": on["nvidia"], "amd": 0, "intel": 0}
 
 
 def test_python_dash_m_exporter() -> None:
@@ -185,7 +244,7 @@ def test_the_exporter_s_own_cpu_time_is_visible(tmp_path: Path) -> None:
         first = d.get().text
         time.sleep(1.0)
         second = d.get().text
-    for backend in ("nvidia", "amd", "intel", "processes", "renderer", "server"):
+    for backend in ("nvidia", "amd", "intel", "fdinfo", "renderer", "server"):
         [a] = get(first, "gpu_exporter_backend_cpu_seconds_total", backend=backend)
         [b] = get(second, "gpu_exporter_backend_cpu_seconds_total", backend=backend)
         assert 0 <= a <= b, backend
@@ -198,3 +257,20 @@ def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
         d.proc.send_signal(signal.SIGTERM)
         assert d.proc.wait(10) == 0
         assert httpx is not None and "Traceback" not in d.log()
+
+
+def test_the_daemon_stops_everything_it_started_discovery_included(tmp_path: Path) -> None:
+    """17: nothing stopped DrmDiscovery's udev listener. The Daemon builds the backends,
+    the Hub and the shared discovery, and stops them all."""
+    from exporter.cli import Daemon, load_config
+
+    config = load_config(["--no-collector.nvidia", "--path.procfs", str(tmp_path)], {})
+    daemon = Daemon(config)  # the real /sys: the discovery listens for udev events
+    assert [b.name for b in daemon.backends][:3] == ["amd", "intel", "fdinfo"]
+    daemon.hub.collect_once()  # each opens: the shared discovery starts listening
+    discovery = daemon.shared.discovery
+    if not discovery.watching:
+        pytest.skip("no udev events in this namespace: nothing listens, nothing to stop")
+    daemon.stop(timeout=1)
+    assert not discovery.watching
+    daemon.stop(timeout=0)  # twice is harmless (the server's shutdown and the Daemon's)

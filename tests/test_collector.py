@@ -34,6 +34,7 @@ class Scripted:
         self.priority = KERNEL
         self.up = True
         self.engines: dict[str, float] = {}
+        self.processes: tuple[ProcessSample, ...] = ()
 
     def open(self) -> Sequence[DeviceInfo]:
         self.opens += 1
@@ -47,7 +48,8 @@ class Scripted:
             self.fail_next = False
             raise BackendFailed("driver reloaded")
         return Cycle([DeviceSample(info=info(b), source=self.name, primary=self.primary, up=self.up,
-                                   power_watts=10.0, engine_utilization_ratio=self.engines)
+                                   power_watts=10.0, engine_utilization_ratio=self.engines,
+                                   processes=self.processes)
                       for b in self.buses], {"parse": 1})
 
     def close(self) -> None:
@@ -75,8 +77,37 @@ def test_process_cap_keeps_the_largest_and_counts_the_rest() -> None:
                   for p, m in [(1, 10), (2, None), (3, 30), (4, 20)])
     device = DeviceSample(info=info("0000:01:00.0"), source="s", processes=procs)
     kept, cut = cap_processes(device, 2)
-    assert [p.pid for p in kept.processes] == [3, 4] and cut == 2
-    assert cap_processes(device, 4) == (device, 0)
+    assert [p.pid for p in kept.processes] == [3, 4] and cut == (1, 2)
+    assert cap_processes(device, 4) == (device, ())
+
+
+def test_one_process_cap_per_gpu_after_the_merge_and_one_count_per_cut_process() -> None:
+    """A library backend and fdinfo see disjoint pids of one GPU: with a cap of 3, the GPU
+    serves 3 processes (not 3 per source), the largest of both, and each of the 3 cut
+    processes counts once (not once per source, not once per cycle)."""
+    def procs(pids: range) -> tuple[ProcessSample, ...]:
+        return tuple(ProcessSample(pid=p, process="x", memory_used_bytes=float(p))
+                     for p in pids)
+
+    library = Scripted("amdsmi", ["0000:03:00.0"])
+    library.priority, library.processes = 0, procs(range(1, 4))  # pids 1-3
+    fdinfo = Scripted("fdinfo", ["0000:03:00.0"])
+    fdinfo.primary, fdinfo.processes = False, procs(range(11, 14))  # pids 11-13
+    hub = Hub(Config(max_processes_per_gpu=3), [library, fdinfo])
+    snapshot = hub.collect_once()
+    [(_, device)] = snapshot.devices
+    assert [p.pid for p in device.processes] == [13, 12, 11]
+    assert snapshot.processes_truncated_total == 3
+    values = scrape(hub)
+    assert values[("gpu_exporter_processes_truncated_total", frozenset())] == 3
+    assert len([k for k in values if k[0] == "gpu_process_memory_used_bytes"]) == 3
+    # The same processes cut again in the next cycles are not counted again...
+    for _ in range(2):
+        hub.collect_once()
+    assert hub.publish().processes_truncated_total == 3
+    # ...a new one is.
+    library.processes = procs(range(1, 5))
+    assert hub.collect_once().processes_truncated_total == 4
 
 
 def test_failed_handle_is_reopened_and_errors_accumulate() -> None:

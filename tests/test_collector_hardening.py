@@ -33,8 +33,8 @@ def test_fdinfo_devices_do_not_log_gpu_gone_every_cycle() -> None:
     primary new ones: a ``gpu gone`` WARNING per cycle per card with DRM clients."""
     root = FIXTURES / "amd-rdna3-rx7800xt"
     config = Config(sysfs=str(root / "sys"), procfs=str(root / "proc"))
-    backends = [b for b in build_backends(config) if b.name in ("amd", "processes")]
-    assert sorted(b.name for b in backends) == ["amd", "processes"]
+    backends = [b for b in build_backends(config) if b.name in ("amd", "fdinfo")]
+    assert sorted(b.name for b in backends) == ["amd", "fdinfo"]
     hub = Hub(config, backends)
     with capture_logs() as logs:
         first = hub.collect_once()

@@ -54,6 +54,21 @@ def test_collector_switches() -> None:
     assert c.collector_enabled("processes") is False
 
 
+def test_processes_is_the_old_name_of_the_fdinfo_switch(tmp_path: Path) -> None:
+    """One name for the fdinfo collector; every old spelling still switches it."""
+    env = {"GPU_EXPORTER_COLLECTOR_PROCESSES": "false"}
+    assert load_config([], env).collectors["fdinfo"] is False
+    assert load_config(["--no-collector.processes"], {}).collectors["fdinfo"] is False
+    f = tmp_path / "c.yml"
+    f.write_text("collector:\n  processes: false\n")
+    assert load_config(["--config.file", str(f)], {}).collectors["fdinfo"] is False
+    # The new name wins over the old one from the same place, and a flag over both.
+    assert load_config([], {**env, "GPU_EXPORTER_COLLECTOR_FDINFO": "true"}
+                       ).collectors["fdinfo"] is True
+    assert load_config(["--collector.processes"], {"GPU_EXPORTER_COLLECTOR_FDINFO": "false"}
+                       ).collectors["fdinfo"] is True
+
+
 def test_env_names() -> None:
     assert env_name("web.listen-address") == "GPU_EXPORTER_WEB_LISTEN_ADDRESS"
     assert env_name("collector.processes.interval") == "GPU_EXPORTER_COLLECTOR_PROCESSES_INTERVAL"

@@ -153,7 +153,10 @@ def cli_flags() -> set[str]:
         cwd=ROOT,
     )
     assert out.returncode == 0, out.stderr
-    return set(re.findall(r"--([a-z][a-z0-9.-]*[a-z0-9])", out.stdout))
+    # A switch shows as --[no-]name: name is a flag, and so is no-name.
+    switches = set(re.findall(r"--\[no-\]([a-z][a-z0-9.-]*[a-z0-9])", out.stdout))
+    plain = set(re.findall(r"--([a-z][a-z0-9.-]*[a-z0-9])", out.stdout))
+    return plain | switches | {f"no-{name}" for name in switches}
 
 
 def test_env_file_names_real_flags() -> None:

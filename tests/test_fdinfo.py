@@ -1,4 +1,4 @@
-"""The /proc scanner and the ``processes`` backend, over real directory trees.
+"""The /proc scanner and the ``fdinfo`` backend, over real directory trees.
 
 Committed machines (tests/fixtures/<machine>/proc, built by build_proc.py) check
 what one collection yields; tmp_path trees check what needs mutation between
@@ -406,7 +406,7 @@ def test_unreadable_procfs(tmp_path: Path) -> None:
 def test_tier_and_name(tmp_path: Path) -> None:
     config = Config(procfs=str(tmp_path), processes_interval=7.0)
     b = FdinfoBackend(config)
-    assert (b.name, b.interval) == ("processes", 7.0)
+    assert (b.name, b.interval) == ("fdinfo", 7.0)
 
 
 # --- regressions from the hardening campaign (issue 8) and the cost issue (13) ----------

@@ -93,8 +93,9 @@ def open_sample(config: Config) -> tuple[KubernetesBackend, Attribution, dict[st
     backend = KubernetesBackend(config)
     assert backend.open() == ()
     cycle = backend.sample(slow=True)
-    assert cycle.devices == () and isinstance(cycle.enricher, Attribution)
-    return backend, cycle.enricher, dict(cycle.errors)
+    attribution = backend.attribution()
+    assert cycle.devices == () and isinstance(attribution, Attribution)
+    return backend, attribution, dict(cycle.errors)
 
 
 def test_every_gpu_and_process_gets_its_pod(node: FakeNode) -> None:
@@ -168,8 +169,9 @@ def test_runtime_failing_keeps_the_last_container_map(node: FakeNode) -> None:
     node.runtime.stop()
     cycle = backend.sample(slow=False)
     assert cycle.errors.get("cri_unavailable") == 1
-    assert isinstance(cycle.enricher, Attribution)
-    assert cycle.enricher.pod_of(7202) == TRAIN_B  # a container id names one container for ever
+    attribution = backend.attribution()
+    assert isinstance(attribution, Attribution)
+    assert attribution.pod_of(7202) == TRAIN_B  # a container id names one container for ever
 
 
 def test_kubelet_restart_recovers(node: FakeNode) -> None:
@@ -182,8 +184,9 @@ def test_kubelet_restart_recovers(node: FakeNode) -> None:
         backend.open()
     node.kubelet.start()
     backend.open()
-    cycle = backend.sample(slow=False)
-    assert isinstance(cycle.enricher, Attribution) and cycle.enricher.pod_of(7404) == LLM
+    backend.sample(slow=False)
+    attribution = backend.attribution()
+    assert isinstance(attribution, Attribution) and attribution.pod_of(7404) == LLM
 
 
 def test_kubelet_restart_through_the_collector(node: FakeNode) -> None:

@@ -214,7 +214,7 @@ def test_version_help_and_snapshot(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     snap = json.loads(result.stdout)
     states = {b["backend"]: b for b in snap["backends"]}
-    assert all(states[b]["up"] for b in ("nvidia", "amd", "intel", "processes"))
+    assert all(states[b]["up"] for b in ("nvidia", "amd", "intel", "fdinfo"))
     gpus = sorted(d["gpu"] for s in states.values() for d in s.get("devices", [])
                   if d.get("primary", True))
     assert gpus == [0, 1, 2]

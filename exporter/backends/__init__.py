@@ -1,12 +1,23 @@
-"""The backends, listed explicitly: no discovery by import side effects.
+"""The backend table: every collector an operator can switch, in one place.
+
+Each row names a collector (``--collector.<key>`` / ``--no-collector.<key>``), its
+default (on, off, or auto), its help, the platforms it runs on, and either the
+factory of its backend or, for a sub-feature such as ``gpm``, the backend it belongs
+to (which says whether it can serve it: the ServesFeatures hook, backends.base).
+From this table come the switches and their help (exporter.cli), ``build_backends``
+and the forced-on check (``forced_but_unavailable``); a new backend is one row here.
 
 ``build_backends`` returns every backend the Config does not switch off. A backend
 whose library or driver is missing is still returned: its ``open()`` raises
 BackendUnavailable and it reports ``gpu_exporter_backend_up 0`` with the reason.
 The exceptions are optional sources that a machine either has or not (amdsmi, the
-kubelet socket, macmon off macOS): without them there is no backend at all, so a
-machine without them keeps its series shapes, unless the switch forces them on.
-Off Linux, the Linux-only backends are replaced by one stand-in that says so.
+kubelet socket, macmon off macOS): their row has a ``present`` test, and without
+it there is no backend at all, so a machine without them keeps its series shapes,
+unless the switch forces them on. Off their platforms, backends are replaced by one
+stand-in that says so.
+
+This module imports no backend: a row's factory imports its package when called, so
+the running configuration loads only what it uses.
 """
 
 from __future__ import annotations
@@ -14,89 +25,217 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from exporter.backends.base import Backend, BackendFailed, BackendUnavailable, Cycle
-from exporter.config import Config
+from exporter.backends.base import (
+    Backend,
+    BackendFailed,
+    BackendUnavailable,
+    Cycle,
+    ServesFeatures,
+)
 
-__all__ = ["Backend", "BackendFailed", "BackendUnavailable", "Cycle", "build_backends"]
+if TYPE_CHECKING:
+    from exporter.config import Config
+    from exporter.discovery import DrmDiscovery
 
-# sysfs, pyudev and /proc: these only exist on Linux.
-LINUX_ONLY = ("amd", "intel", "processes", "pmu")
+__all__ = ["Backend", "BackendFailed", "BackendUnavailable", "Cycle", "COLLECTORS", "TABLE",
+           "ALIASES", "build_backends", "forced_but_unavailable"]
 
 
-def build_backends(config: Config) -> list[Backend]:
+class Shared:
+    """What several backends share: one DRM discovery for every backend that asks which
+    cards are bound, made on first use (the Daemon stops it)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._discovery: DrmDiscovery | None = None
+
+    @property
+    def discovery(self) -> DrmDiscovery:
+        if self._discovery is None:
+            from exporter.discovery import DrmDiscovery
+            from exporter.fs import SysFS
+
+            self._discovery = DrmDiscovery(SysFS(self.config.sysfs),
+                                           hotplug=self.config.sysfs == "/sys")
+        return self._discovery
+
+    def stop(self) -> None:
+        if self._discovery is not None:
+            self._discovery.stop()
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str  # the switch name; also the backend's name with "-" for "_"
+    help: str
+    default: bool | None  # None: auto
+    factory: Callable[[Config, Shared], Backend] | None = None  # None: a sub-feature
+    platforms: tuple[str, ...] = ()  # sys.platform prefixes it runs on; () = any
+    # Auto only where this holds at start (an optional package, a socket); None: always.
+    present: Callable[[Config], bool] | None = None
+    auto: str = ""  # what auto means for it, in --help: ", when ..."
+    parent: str | None = None  # a sub-feature: the row of the backend that serves it
+
+
+def _nvidia(config: Config, shared: Shared) -> Backend:
+    from exporter.backends.nvidia.backend import NvidiaBackend
+
+    return NvidiaBackend(config)
+
+
+def _amd(config: Config, shared: Shared) -> Backend:
+    from exporter.backends.amd.backend import AmdBackend
+
+    return AmdBackend(config, shared.discovery)
+
+
+def _intel(config: Config, shared: Shared) -> Backend:
+    from exporter.backends.intel.backend import IntelBackend
+
+    return IntelBackend(config, shared.discovery)
+
+
+def _fdinfo(config: Config, shared: Shared) -> Backend:
+    from exporter.backends.fdinfo.backend import FdinfoBackend
+
+    return FdinfoBackend(config, shared.discovery)
+
+
+def _pmu(config: Config, shared: Shared) -> Backend:
+    from exporter.backends.intel.pmu import PmuBackend
+
+    return PmuBackend(config, shared.discovery)
+
+
+def _level_zero(config: Config, shared: Shared) -> Backend:
+    from exporter.backends.intel.level_zero import LevelZeroBackend
+
+    return LevelZeroBackend(config)
+
+
+def _amdsmi(config: Config, shared: Shared) -> Backend:
+    from exporter.backends.amd.amdsmi import AmdSmiBackend
+
+    return AmdSmiBackend(config)
+
+
+def _apple(config: Config, shared: Shared) -> Backend:
+    from exporter.backends.apple.backend import AppleBackend
+
+    return AppleBackend(config)
+
+
+def _kubernetes(config: Config, shared: Shared) -> Backend:
+    from exporter.kubernetes.backend import KubernetesBackend
+
+    return KubernetesBackend(config)
+
+
+LINUX = ("linux",)  # sysfs, pyudev and /proc
+TABLE: tuple[Row, ...] = (
+    Row("nvidia", "NVIDIA GPUs through NVML", None, _nvidia),
+    Row("amd", "AMD GPUs through amdgpu sysfs and hwmon", None, _amd, LINUX),
+    Row("intel", "Intel GPUs through i915/xe sysfs and hwmon", None, _intel, LINUX),
+    Row("fdinfo", "the /proc/<pid>/fdinfo scan: per-process use of AMD and Intel GPUs "
+        "(NVML, amdsmi and Level Zero report processes of their own)", None, _fdinfo, LINUX),
+    # The i915/xe PMU (engine busy time, as intel_gpu_top reads it): its own backend, so
+    # that EACCES without CAP_PERFMON turns off this source only, never sysfs.
+    Row("pmu", "Intel engine utilisation from the i915/xe PMU (needs CAP_PERFMON)", None, _pmu,
+        LINUX),
+    Row("gpm", "NVIDIA GPM profiling metrics (Hopper and later)", None, parent="nvidia"),
+    # Off unless asked for: docs/vendors-intel.md says why.
+    Row("level-zero", "Intel GPUs through Level Zero Sysman", False, _level_zero),
+    Row("amdsmi", "AMD GPUs through the amdsmi library", None, _amdsmi,
+        present=lambda config: importlib.util.find_spec("amdsmi") is not None,
+        auto=", when the amdsmi package imports"),
+    Row("apple", "Apple Silicon GPUs through macmon", None, _apple,
+        present=lambda config: sys.platform == "darwin", auto=", on macOS when macmon is found"),
+    # A workstation's series never grow empty pod labels: auto only on a GPU node, where
+    # the kubelet's pod-resources socket exists at start.
+    Row("kubernetes", "pod attribution from the kubelet and the CRI runtime", None, _kubernetes,
+        present=lambda config: os.path.exists(config.kubernetes_pod_resources_socket),
+        auto=", when the kubelet's pod-resources socket exists"),
+)
+# Switch defaults: None = auto (on when its library/driver is present), True, False.
+COLLECTORS: Mapping[str, bool | None] = MappingProxyType({r.key: r.default for r in TABLE})
+# Old switch names that still work: --collector.processes is --collector.fdinfo.
+ALIASES: Mapping[str, str] = MappingProxyType({"processes": "fdinfo"})
+
+
+def _runs_here(row: Row) -> bool:
+    return not row.platforms or sys.platform.startswith(row.platforms)
+
+
+def _wanted(row: Row, config: Config) -> bool:
+    switch = config.collector_enabled(row.key)
+    if switch is None and row.present is not None:
+        return row.present(config)
+    return switch is not False
+
+
+def build_backends(config: Config, shared: Shared | None = None) -> list[Backend]:
+    """A backend per row that is not switched off, in table order."""
+    shared = shared or Shared(config)
     backends: list[Backend] = []
-    if config.collector_enabled("nvidia") is not False:
-        from exporter.backends.nvidia.backend import NvidiaBackend
+    for row in TABLE:
+        if row.factory is None or not _wanted(row, config):
+            continue
+        if _runs_here(row):
+            backends.append(row.factory(config, shared))
+        else:
+            from exporter.backends.unsupported import NotOnThisPlatform
 
-        backends.append(NvidiaBackend(config))
-
-    on_linux = sys.platform.startswith("linux")
-    if not on_linux:
-        from exporter.backends.unsupported import NotOnThisPlatform
-
-        backends.extend(NotOnThisPlatform(name) for name in LINUX_ONLY
-                        if config.collector_enabled(name) is not False)
-    wants_amd = on_linux and config.collector_enabled("amd") is not False
-    wants_intel = on_linux and config.collector_enabled("intel") is not False
-    wants_processes = on_linux and config.collector_enabled("processes") is not False
-    wants_pmu = on_linux and config.collector_enabled("pmu") is not False
-    # One DRM discovery for every backend that asks which cards are bound.
-    if wants_amd or wants_intel or wants_processes or wants_pmu:
-        from exporter.discovery import DrmDiscovery
-        from exporter.fs import SysFS
-
-        discovery = DrmDiscovery(SysFS(config.sysfs), hotplug=config.sysfs == "/sys")
-        if wants_amd:
-            from exporter.backends.amd.backend import AmdBackend
-
-            backends.append(AmdBackend(config, discovery))
-        if wants_intel:
-            from exporter.backends.intel.backend import IntelBackend
-
-            backends.append(IntelBackend(config, discovery))
-        if wants_processes:
-            from exporter.backends.fdinfo.backend import FdinfoBackend
-
-            backends.append(FdinfoBackend(config, discovery))
-        # The i915/xe PMU (engine busy time, as intel_gpu_top reads it): its own backend,
-        # so that EACCES without CAP_PERFMON turns off this source only, never sysfs.
-        if wants_pmu:
-            from exporter.backends.intel.pmu import PmuBackend
-
-            backends.append(PmuBackend(config, discovery))
-
-    if config.collector_enabled("level-zero"):  # opt-in: docs/vendors-intel.md says why
-        from exporter.backends.intel.level_zero import LevelZeroBackend
-
-        backends.append(LevelZeroBackend(config))
-
-    # amdsmi is an optional extra: without the package there is no amdsmi backend at all
-    # (no backend_up series), unless --collector.amdsmi asks for it and is told why not.
-    amdsmi_switch = config.collector_enabled("amdsmi")
-    if amdsmi_switch or (amdsmi_switch is None and importlib.util.find_spec("amdsmi")):
-        from exporter.backends.amd.amdsmi import AmdSmiBackend
-
-        backends.append(AmdSmiBackend(config))
-
-    # macmon: auto on macOS (its open() says when the executable is missing); elsewhere
-    # only when forced on, which is how the tests run it with a fake macmon.
-    apple = config.collector_enabled("apple")
-    if apple or (apple is None and sys.platform == "darwin"):
-        from exporter.backends.apple.backend import AppleBackend
-
-        backends.append(AppleBackend(config))
-
-    # Auto: on when the kubelet's pod-resources socket exists at start (a GPU node's
-    # DaemonSet), so a workstation's series never grow empty pod labels.
-    kubernetes = config.collector_enabled("kubernetes")
-    if kubernetes or (kubernetes is None
-                      and os.path.exists(config.kubernetes_pod_resources_socket)):
-        from exporter.kubernetes.backend import KubernetesBackend
-
-        backends.append(KubernetesBackend(config))
+            backends.append(NotOnThisPlatform(backend_name(row.key)))
+    # Not a switch: the directory flag itself turns the Slurm job mapping on.
     if config.slurm_job_mapping_dir:
         from exporter.slurm import SlurmBackend
 
         backends.append(SlurmBackend(config))
     return backends
+
+
+def backend_name(key: str) -> str:
+    """The ``backend`` label of a row's backend (``level-zero`` -> ``level_zero``)."""
+    return key.replace("-", "_")
+
+
+def forced_but_unavailable(config: Config, backends: Sequence[Backend]) -> str | None:
+    """The reason a collector switched on by the operator cannot run, or None.
+
+    A forced backend is opened once (and closed) before serving: a missing library,
+    driver or device is then an error, with the backend's own reason. A forced
+    sub-feature (``gpm``) needs its parent backend on and opened, and that backend
+    to say it can serve it.
+    """
+    by_name = {b.name: b for b in backends}
+    forced = [row for row in TABLE if config.collector_enabled(row.key) is True]
+    for row in forced:
+        owner = row.parent or row.key
+        backend = by_name.get(backend_name(owner))
+        if backend is None:
+            return (f"--collector.{row.key} is on but --no-collector.{owner} switches off "
+                    "the backend that serves it")
+        try:
+            backend.open()
+            reason = None
+            if row.parent is not None:
+                reason = (backend.feature_unavailable(row.key)
+                          if isinstance(backend, ServesFeatures)
+                          else f"the {owner} backend does not say whether it serves it")
+        except BackendUnavailable as e:
+            reason = str(e)
+        except Exception as e:  # noqa: BLE001 - the same: say it in one line
+            return f"--collector.{row.key} is on but failed: {e!r}"
+        finally:
+            try:
+                backend.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if reason is not None:
+            return f"--collector.{row.key} is on but unavailable: {reason}"
+    return None

@@ -1,19 +1,30 @@
-"""The contract every backend keeps, and the errors it may raise.
+"""The contract every backend keeps, the errors it may raise, and its optional hooks.
 
 A backend owns ONE persistent handle to its library or kernel interface.
 ``open()`` acquires it and returns the GPUs it can see; ``sample()`` reads them;
 ``close()`` lets it go. The collector calls these from the backend's own thread
 only, so a backend needs no locking of its own.
+
+A backend may also declare hooks (the protocols below), by having their members:
+``retry_interval`` (a cheap open() retried at that pace instead of the back-off),
+``attribution()`` (pod attribution applied after the merge), ``joins()`` (join series
+such as pod labels and Slurm jobs), ``child_restarts``
+(a supervised child process) and ``feature_unavailable()`` (a sub-feature with a
+switch of its own, such as NVIDIA's ``gpm``). The collector reads a hook on the backend's thread,
+right after ``sample()``; a backend without it is simply not asked.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from exporter.joins import JoinSource
 from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef
+
+if TYPE_CHECKING:  # the renderer's side: backends never import prometheus-client
+    from exporter.joins import JoinSource
 
 # Source priority for the collector's merge (one device, one series): when several
 # backends report the same device key, each value comes from the backend with the
@@ -21,6 +32,10 @@ from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef
 LIBRARY = 0  # a vendor library (NVML, Level Zero, amdsmi, macmon)
 KERNEL = 10  # kernel files read directly (amdgpu / i915 / xe sysfs and hwmon)
 DERIVED = 20  # sums and estimates (per-process fdinfo summed per device)
+
+# Seconds between open attempts after a failure (the collector's back-off); a backend
+# that restarts something of its own (macmon's child) backs off the same way.
+REOPEN_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
 class BackendUnavailable(Exception):
@@ -44,12 +59,6 @@ class Cycle:
     devices: Sequence[DeviceSample]
     # reason -> values/processes dropped in this cycle ("parse", "permission", "gpu_lost", ...)
     errors: Mapping[str, int] = field(default_factory=dict)
-    # Pod attribution (the kubernetes backend): applied by the collector after the merge.
-    enricher: Enricher | None = None
-    # Child processes restarted since the backend was created (macmon); cumulative.
-    child_restarts: int | None = None
-    # Join series (pod labels, Slurm jobs; exporter.joins), served while it is serving.
-    joins: JoinSource | None = None
 
 
 class Enricher(Protocol):
@@ -70,7 +79,7 @@ class Enricher(Protocol):
 
 
 class Backend(Protocol):
-    name: str  # "nvidia", "amd", "intel", "processes": the `backend` label
+    name: str  # "nvidia", "amd", "intel", "fdinfo", ...: the `backend` label
     # Seconds between samples; None means the fast tier (--collector.interval).
     interval: float | None
     # LIBRARY, KERNEL or DERIVED: which backend's value wins when two report one device.
@@ -88,3 +97,53 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# -- optional hooks -----------------------------------------------------------------------
+@runtime_checkable
+class RetriesOpen(Protocol):
+    """open() is cheap (a listdir, a socket check): after it fails, the collector retries
+    it every ``retry_interval`` seconds when that is sooner than the back-off, so a card
+    bound later or a restarted kubelet is picked up quickly."""
+
+    @property
+    def retry_interval(self) -> float: ...
+
+
+@runtime_checkable
+class Attributes(Protocol):
+    """Attribution of devices and processes to what they belong to (the kubernetes
+    backend): the collector applies the newest one after the merge."""
+
+    def attribution(self) -> Enricher | None:
+        """The attribution of the last sample(), None when there is none."""
+        ...
+
+
+@runtime_checkable
+class Joins(Protocol):
+    """Serves join series (pod labels, Slurm jobs; exporter.joins) beside the devices:
+    the collector keeps the newest source while the backend is serving."""
+
+    def joins(self) -> JoinSource | None:
+        """The join rows of the last sample(), None when there are none."""
+        ...
+
+
+@runtime_checkable
+class SupervisesChild(Protocol):
+    """The backend runs a child process (macmon): ``child_restarts`` counts the children
+    it has replaced since it was created (``gpu_exporter_child_restarts_total``)."""
+
+    @property
+    def child_restarts(self) -> int: ...
+
+
+@runtime_checkable
+class ServesFeatures(Protocol):
+    """Serves sub-features that have a switch of their own (``gpm`` of ``nvidia``): asked,
+    after open(), by the start-up check of a sub-feature the operator forced on."""
+
+    def feature_unavailable(self, feature: str) -> str | None:
+        """Why this opened backend cannot serve ``feature``, or None when it can."""
+        ...

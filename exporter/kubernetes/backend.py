@@ -5,9 +5,9 @@ which device (pod-resources ``List``: device-plugin ids and DRA claims, the latt
 resolved through the CDI spec files, exporter.kubernetes.dra) and the container
 runtime which pod each running container belongs to (CRI ``ListContainers``; with
 ``--kubernetes.pod-labels`` also ``ListPodSandbox``), each with a 1 s timeout, and
-hands the collector an immutable ``Attribution`` (``Cycle.enricher``, and
-``Cycle.joins`` for the pod labels) that labels the merged devices and processes.
-It reports no devices of its own.
+keeps an immutable ``Attribution`` that labels the merged devices and processes: the
+collector asks for it after each sample (the ``Attributes`` hook, backends.base), and
+for the pod labels' join series (the ``Joins`` hook). It reports no devices of its own.
 
 States (``gpu_exporter_backend_up{backend="kubernetes"}``):
 - pod-resources socket absent, refusing or timing out: down with the reason; the
@@ -70,6 +70,7 @@ class KubernetesBackend:
         self._bad_specs: tuple[str, ...] = ()
         self.resolver = NodeResolver(SysFS(config.sysfs), ProcFS(config.procfs))
         self._pending: Counter[str] = Counter()
+        self._attribution: Attribution | None = None
 
     def open(self) -> Sequence[DeviceInfo]:
         path = self.config.kubernetes_pod_resources_socket
@@ -112,9 +113,17 @@ class KubernetesBackend:
         self._pending.clear()
         self.cache.sweep()
         errors.update(self.cache.take_errors())
-        attribution = Attribution(allocations, self._containers, self.cache, self._pod_labels)
-        return Cycle(devices=(), errors=dict(errors), enricher=attribution,
-                     joins=attribution if self._allow is not None else None)
+        self._attribution = Attribution(allocations, self._containers, self.cache,
+                                        self._pod_labels)
+        return Cycle(devices=(), errors=dict(errors))
+
+    def attribution(self) -> Attribution | None:
+        """The attribution of the last sample() (the collector's Attributes hook)."""
+        return self._attribution
+
+    def joins(self) -> Attribution | None:
+        """The pod labels' join series, with --kubernetes.pod-labels (the Joins hook)."""
+        return self._attribution if self._allow is not None else None
 
     def _refresh_cdi(self) -> Counter[str]:
         errors = self.cdi.refresh()

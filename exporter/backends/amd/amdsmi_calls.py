@@ -1,4 +1,4 @@
-"""One guarded amdsmi call: the single place where AMD SMI errors become values, skips or failures.
+"""amdsmi's error classifier over the shared guarded call (exporter.backends.calls).
 
 Every getter of the amdsmi backend goes through ``Caller.get``. The Python package
 (``amdsmi``, ROCm's ``py-interface/amdsmi_interface.py``) raises
@@ -9,7 +9,7 @@ Every getter of the amdsmi backend goes through ``Caller.get``. The Python packa
   exposed"), and that (function, arguments) pair is never asked again on this device;
   permission is also counted once;
 - device not found (the GPU vanished, or a partition went away in a mode switch):
-  ``GpuLost``, so the device reports up=0 this cycle;
+  ``DeviceLost`` (also known here as ``GpuLost``), so the device reports up=0 this cycle;
 - library broken (not initialised, init error, driver not loaded, a module or symbol
   that does not load): ``BackendFailed``, so the collector shuts amdsmi down and
   re-initialises it with back-off;
@@ -25,12 +25,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import structlog
-
 from exporter import units
-from exporter.backends.base import BackendFailed
-
-log = structlog.get_logger(__name__)
+from exporter.backends.calls import DeviceLost, Guard, Verdict
 
 # amdsmi_status_t (amdsmi_wrapper.py: AMDSMI_STATUS_*)
 NOT_SUPPORTED, NOT_YET_IMPLEMENTED, NO_PERM, NO_DATA = 2, 3, 10, 40
@@ -43,8 +39,7 @@ DEAD_CODES = frozenset({NOT_INIT, INIT_ERROR, DRIVER_NOT_LOADED, FAIL_LOAD_MODUL
 NA = "N/A"
 
 
-class GpuLost(Exception):
-    """This GPU (or partition) is gone: stop reading it this cycle."""
+GpuLost = DeviceLost  # the name the amdsmi readers use
 
 
 def error_code(exc: BaseException) -> int | None:
@@ -76,45 +71,35 @@ def text(value: Any) -> str:
     return "".join(ch for ch in value.strip() if ch.isprintable())[:256]
 
 
-class Caller:
+def classify(code: int | None) -> Verdict:
+    if code in SKIP_CODES:
+        return Verdict.SKIP
+    if code == NO_PERM:
+        return Verdict.PERMISSION
+    if code in LOST_CODES:
+        return Verdict.LOST
+    return Verdict.DEAD if code in DEAD_CODES else Verdict.ERROR
+
+
+class Caller(Guard):
     """Guarded amdsmi getters for one processor handle; remembers what it lacks."""
 
     def __init__(self, lib: Any, handle: Any, where: str) -> None:
+        super().__init__("amdsmi", "amdsmi", classify, device=where)
         self.lib = lib
         self.handle = handle
-        self.where = where  # the device key, for logs
-        self.unsupported: set[tuple[str, tuple[Any, ...]]] = set()
         exc = getattr(lib, "AmdSmiLibraryException", None)
         self._exc: type[BaseException] = exc if isinstance(exc, type) and issubclass(
             exc, BaseException) else Exception
 
     def get(self, errors: Counter[str], fn: str, *args: Any) -> Any:
-        """``amdsmi.<fn>(handle, *args)`` or None; raises GpuLost / BackendFailed."""
+        """``amdsmi.<fn>(handle, *args)`` or None; raises DeviceLost / BackendFailed."""
         key = (fn, args)
-        if key in self.unsupported:
-            return None
-        func = getattr(self.lib, fn, None)
-        if func is None:  # an older amdsmi without this function
-            self.unsupported.add(key)
+        func = self.resolve(key, getattr(self.lib, fn, None))
+        if func is None:
             return None
         try:
             return func(self.handle, *args)
         except self._exc as e:
-            return self.failed(errors, key, e)
-
-    def failed(self, errors: Counter[str], key: tuple[str, Any], e: BaseException) -> None:
-        code = error_code(e)
-        if code in SKIP_CODES:
-            self.unsupported.add(key)
+            self.settle(errors, key, error_code(e), e)
             return None
-        if code == NO_PERM:
-            self.unsupported.add(key)
-            errors["permission"] += 1
-            log.info("amdsmi_permission_denied", device=self.where, call=key[0])
-            return None
-        if code in LOST_CODES:
-            raise GpuLost(f"{key[0]}: {e}")
-        if code in DEAD_CODES:
-            raise BackendFailed(f"amdsmi went bad during {key[0]}: {e}")
-        errors["amdsmi_error"] += 1
-        return None

@@ -10,9 +10,9 @@ itself is ``macmon_child``'s.
 A child that exits, hangs (no JSON line within 3 intervals) or prints only garbage is
 counted (``gpu_exporter_collection_errors_total{backend="apple"}`` reasons
 ``child_exited``, ``child_hung``, ``child_garbage`` per line, ``child_start_failed``),
-killed, reaped, and replaced after a back-off; every replacement is counted in
-``Cycle.child_restarts``. While there is no live child with a fresh line the GPU is
-reported with ``gpu_up 0`` and no values.
+killed, reaped, and replaced after a back-off (the collector's, REOPEN_BACKOFF); every
+replacement is counted in ``child_restarts`` (the SupervisesChild hook). While there is
+no live child with a fresh line the GPU is reported with ``gpu_up 0`` and no values.
 
 The GPU has no PCI address: its device key and uuid are ``soc0`` (one SoC per Mac),
 known before macmon has said anything and the same for every macmon release.
@@ -30,8 +30,7 @@ import structlog
 
 from exporter.backends.apple.child import Child, Line
 from exporter.backends.apple.parse import MacmonValues, parse_macmon
-from exporter.backends.base import LIBRARY, BackendUnavailable, Cycle
-from exporter.collector import REOPEN_BACKOFF
+from exporter.backends.base import LIBRARY, REOPEN_BACKOFF, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.model import DeviceInfo, DeviceSample
 
@@ -96,8 +95,12 @@ class AppleBackend:
                 self._restart(now, errors)
         else:
             self._watch(child, now, errors)
-        return Cycle(devices=self._devices(), errors={k: n for k, n in errors.items() if n},
-                     child_restarts=self._restarts)
+        return Cycle(devices=self._devices(), errors={k: n for k, n in errors.items() if n})
+
+    @property
+    def child_restarts(self) -> int:
+        """Children replaced since this backend was made (the SupervisesChild hook)."""
+        return self._restarts
 
     def close(self) -> None:
         for child in [*self._dying, *([self._child] if self._child else [])]:

@@ -1,4 +1,5 @@
-"""Per-process GPU use from DRM fdinfo: the ``processes`` backend.
+"""Per-process GPU use from DRM fdinfo: the ``fdinfo`` backend (``--collector.fdinfo``,
+old name ``--collector.processes``).
 
 Owns what the DRM clients found by each /proc scan (exporter.backends.fdinfo.scan)
 add up to between scans: busy counters turned into ratios, per-process and
@@ -127,7 +128,7 @@ def _seconds(busy_ns: Mapping[str, int], errors: Counter[str]) -> dict[str, floa
 class FdinfoBackend:
     """Augmenting backend: per-process rows and fdinfo engine sums for AMD/Intel GPUs."""
 
-    name = "processes"
+    name = "fdinfo"
     priority = DERIVED
 
     def __init__(self, config: Config, discovery: DrmDiscovery | None = None,

@@ -14,9 +14,10 @@ tests/fakes/ze_stub checks every layout against the C compiler: sizeof and offse
 each field, from the stub's own declarations and, where the real header is installed,
 from ``<level_zero/zes_api.h>``.
 
-``Caller.call`` sorts each result (see its docstring); like nvml_calls.Caller, a function
-the loaded library does not export or answers ZE_RESULT_ERROR_UNSUPPORTED_FEATURE for is
-remembered per handle and never asked again.
+``Caller.call`` classifies each ``ze_result_t`` (see its docstring) for the shared
+guarded call (exporter.backends.calls), which acts on it as it does for NVML and amdsmi:
+a function the loaded library does not export or answers ZE_RESULT_ERROR_UNSUPPORTED_FEATURE
+for is remembered per handle and never asked again.
 """
 
 from __future__ import annotations
@@ -28,11 +29,8 @@ from ctypes import POINTER, c_char, c_double, c_int32, c_int64, c_uint8, c_uint3
 from ctypes import c_void_p as Handle
 from typing import Any
 
-import structlog
-
-from exporter.backends.base import BackendFailed
-
-log = structlog.get_logger(__name__)
+from exporter.backends.calls import DeviceLost as DeviceLost  # what the readers catch
+from exporter.backends.calls import Guard, Verdict
 
 # The loader, found at run time through the dynamic linker's search (LD_LIBRARY_PATH,
 # ld.so.cache). On Windows the same loader is ``ze_loader.dll``.
@@ -309,11 +307,17 @@ def load(path: str | None = None) -> ctypes.CDLL:
     return lib
 
 
-class DeviceLost(Exception):
-    """ZE_RESULT_ERROR_DEVICE_LOST: this device stops being read this cycle."""
+def classify(code: int | None) -> Verdict:
+    if code == ERROR_UNSUPPORTED_FEATURE:
+        return Verdict.SKIP
+    if code == ERROR_INSUFFICIENT_PERMISSIONS:
+        return Verdict.PERMISSION
+    if code == ERROR_DEVICE_LOST:
+        return Verdict.LOST
+    return Verdict.DEAD if code == ERROR_UNINITIALIZED else Verdict.ERROR
 
 
-class Caller:
+class Caller(Guard):
     """Guarded Sysman calls on one loaded library; remembers what each handle lacks.
 
     ``call`` returns True on success. Otherwise:
@@ -327,35 +331,21 @@ class Caller:
     """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
+        super().__init__("level_zero", "Level Zero", classify)
         self.lib = lib
-        self.unsupported: set[tuple[str, int | None]] = set()
 
     def has(self, fn: str) -> bool:
         return getattr(self.lib, fn, None) is not None
 
     def call(self, errors: Counter[str], fn: str, handle: Handle | None, *args: Any) -> bool:
         key = (fn, handle.value if handle is not None else None)
-        if key in self.unsupported:
-            return False
-        func = getattr(self.lib, fn, None)
+        func = self.resolve(key, getattr(self.lib, fn, None))
         if func is None:
-            self.unsupported.add(key)
             return False
         code = int(func(handle, *args) if handle is not None else func(*args))
         if code == SUCCESS:
             return True
-        if code == ERROR_UNSUPPORTED_FEATURE:
-            self.unsupported.add(key)
-        elif code == ERROR_INSUFFICIENT_PERMISSIONS:
-            self.unsupported.add(key)
-            errors["permission"] += 1
-            log.info("level_zero_permission_denied", call=fn)
-        elif code == ERROR_DEVICE_LOST:
-            raise DeviceLost(fn)
-        elif code == ERROR_UNINITIALIZED:
-            raise BackendFailed(f"Level Zero {fn}: {result_name(code)}")
-        else:
-            errors["level_zero_error"] += 1
+        self.settle(errors, key, code, result_name(code))
         return False
 
     def handles(self, errors: Counter[str], fn: str, parent: Handle) -> list[Handle]:

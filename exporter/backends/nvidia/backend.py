@@ -98,6 +98,7 @@ class NvidiaBackend:
         self._xid_last: dict[str, int] = {}  # uuid -> code of the newest XID event
         self._proc = ProcFS(config.procfs)
         self._all_lost_cycles = 0
+        self._gpm_reason: str | None = "NVML is not open"
 
     def open(self) -> Sequence[DeviceInfo]:
         nvml = self._module
@@ -127,6 +128,7 @@ class NvidiaBackend:
         gpm_wanted = self._config.collector_enabled("gpm") is not False
         handles: dict[str, Any] = {}
         errors: Counter[str] = Counter()
+        self._gpm_reason = "no GPU" if gpm_wanted else "--no-collector.gpm"
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -147,6 +149,10 @@ class NvidiaBackend:
                     gpm = GpmSampler(nvml, handle)
                 except (GpmUnsupported, nvml.NVMLError) as e:
                     log.info("nvml_gpm_unavailable", gpu=index, reason=str(e))
+                    if self._gpm_reason is not None:
+                        self._gpm_reason = f"GPU {index}: {e}"
+                else:
+                    self._gpm_reason = None
             handles[info.uuid] = handle
             mig = MigReader(nvml, dev, self._proc, gpm_wanted)
             self._gpus.append(_Gpu(dev, ProcessReader(nvml, dev.call, self._proc), gpm, mig))
@@ -156,6 +162,11 @@ class NvidiaBackend:
             log.info("nvml_xid_events_unavailable", reason=str(e))
         for uuid in self._events.registered if self._events else ():
             self._xids.setdefault(uuid, Counter())[XID_MARKER] += 0
+
+    def feature_unavailable(self, feature: str) -> str | None:
+        """After open(): why no GPU serves ``gpm`` profiling, or None (the ServesFeatures
+        hook, asked when --collector.gpm is forced on)."""
+        return self._gpm_reason if feature == "gpm" else f"no feature {feature!r}"
 
     def sample(self, slow: bool) -> Cycle:
         if self._nvml is None:

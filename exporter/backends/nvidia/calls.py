@@ -1,15 +1,14 @@
-"""One guarded NVML call: the single place where NVML errors become values, skips or failures.
+"""NVML's error classifier over the shared guarded call (exporter.backends.calls).
 
-Every telemetry getter of the NVIDIA backend goes through ``Caller.get``. It turns
-the ``pynvml.NVMLError`` subclasses into what the backend needs:
+Every telemetry getter of the NVIDIA backend goes through ``Caller.get``; the
+``pynvml.NVMLError`` return codes are sorted here and acted on by ``calls.Guard``:
 
-- not supported / function not found / no permission: ``None`` ("not exposed"),
-  and that (function, arguments) pair is never asked again on this device, so a card
-  that lacks a field costs nothing per cycle and logs nothing per cycle;
-- GPU lost: ``GpuLost``, so the device stops being read this cycle and reports up=0;
+- not supported / function not found: skip ("not exposed", never asked again);
+- no permission: skip, counted once;
+- GPU lost: ``DeviceLost`` (also known here as ``GpuLost``), the device reports up=0;
 - the library itself gone bad (uninitialised, driver unloaded, RM mismatch):
   ``BackendFailed``, so the collector closes NVML and re-initialises it with back-off;
-- anything else: ``None`` and one count in the cycle's errors.
+- anything else: ``None`` and one ``nvml_error`` count.
 
 ``Caller.probe`` is ``get`` for calls that ask whether something exists (an NVLink
 index past the last link answers INVALID_ARGUMENT): those answers are "absent", not
@@ -21,11 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import structlog
-
-from exporter.backends.base import BackendFailed
-
-log = structlog.get_logger(__name__)
+from exporter.backends.calls import DeviceLost, Guard, Verdict
 
 U32_NA = 0xFFFFFFFF
 U64_LIMIT = 1 << 63  # a u64 counter this large is a sentinel, never a reading
@@ -43,8 +38,7 @@ _DEAD_CODES = (
 )
 
 
-class GpuLost(Exception):
-    """This GPU fell off the bus (or needs a reset): stop reading it this cycle."""
+GpuLost = DeviceLost  # the name the NVIDIA readers use
 
 
 def codes(nvml: Any, names: tuple[str, ...]) -> frozenset[int]:
@@ -74,22 +68,31 @@ def text(value: Any) -> str:
     return str(value).strip()
 
 
-class Caller:
+class Caller(Guard):
     """Guarded NVML getters for one device handle; remembers what the device lacks."""
 
     def __init__(self, nvml: Any, handle: Any, gpu: int) -> None:
+        skip, perm = codes(nvml, _SKIP_CODES), codes(nvml, (_PERMISSION_CODE,))
+        lost, dead = codes(nvml, _LOST_CODES), codes(nvml, _DEAD_CODES)
+
+        def classify(code: int | None) -> Verdict:
+            if code in skip:
+                return Verdict.SKIP
+            if code in perm:
+                return Verdict.PERMISSION
+            if code in lost:
+                return Verdict.LOST
+            return Verdict.DEAD if code in dead else Verdict.ERROR
+
+        super().__init__("nvml", "NVML", classify, gpu=gpu)
         self.nvml = nvml
         self.handle = handle
         self.gpu = gpu
-        self.unsupported: set[tuple[str, tuple[Any, ...]]] = set()
-        self._skip = codes(nvml, _SKIP_CODES)
-        self._perm = codes(nvml, (_PERMISSION_CODE,))
-        self._lost = codes(nvml, _LOST_CODES)
-        self._dead = codes(nvml, _DEAD_CODES)
+        self._skip = skip
         self._absent = codes(nvml, _ABSENT_CODES)
 
     def get(self, errors: Counter[str], fn: str, *args: Any, **kwargs: Any) -> Any:
-        """``nvml.<fn>(handle, *args)`` or None; raises GpuLost / BackendFailed."""
+        """``nvml.<fn>(handle, *args)`` or None; raises DeviceLost / BackendFailed."""
         return self._call(errors, fn, args, kwargs, absent=False)
 
     def probe(self, errors: Counter[str], fn: str, *args: Any) -> Any:
@@ -99,11 +102,8 @@ class Caller:
     def _call(self, errors: Counter[str], fn: str, args: tuple[Any, ...],
               kwargs: dict[str, Any], absent: bool) -> Any:
         key = (fn, args + tuple(sorted(kwargs.items()))) if kwargs else (fn, args)
-        if key in self.unsupported:
-            return None
-        func = getattr(self.nvml, fn, None)
-        if func is None:  # an older nvidia-ml-py without this binding
-            self.unsupported.add(key)
+        func = self.resolve(key, getattr(self.nvml, fn, None))
+        if func is None:
             return None
         try:
             return func(self.handle, *args, **kwargs)
@@ -117,28 +117,6 @@ class Caller:
         """A per-value return code (field values, GPM metrics) that means "not supported"."""
         return code in self._skip
 
-    def check(self, code: int) -> None:
-        """Raise for a per-value return code that says the GPU or NVML is gone."""
-        if code in self._lost:
-            raise GpuLost(f"NVML return code {code}")
-        if code in self._dead:
-            raise BackendFailed(f"NVML went bad: return code {code}")
-
     def failed(self, errors: Counter[str], key: tuple[str, Any], e: Exception) -> None:
-        """Sort one NVMLError into skip / lost / dead / counted (see the module docstring)."""
-        code = getattr(e, "value", None)
-        if code in self._skip:
-            self.unsupported.add(key)
-            return None
-        if code in self._perm:
-            # Permission does not change while we run: count it once, then skip.
-            self.unsupported.add(key)
-            errors["permission"] += 1
-            log.info("nvml_permission_denied", gpu=self.gpu, call=key[0])
-            return None
-        if code in self._lost:
-            raise GpuLost(str(e))
-        if code in self._dead:
-            raise BackendFailed(f"NVML went bad during {key[0]}: {e}")
-        errors["nvml_error"] += 1
-        return None
+        """Sort one NVMLError (see the module docstring): None, or raises."""
+        self.settle(errors, key, getattr(e, "value", None), e)
