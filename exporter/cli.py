@@ -113,6 +113,9 @@ OPTIONS = (
            "allocated GPU (default off)", switch=True),
     Option("kubernetes.interval", "kubernetes_interval", bounded_duration(0.1, HOUR),
            "refresh of the pod and container maps, 100ms to 1h (default 5s)", "DURATION"),
+    Option("health.xid-window", "health_xid_window", bounded_duration(1.0, 7 * DAY),
+           "how long an NVIDIA XID keeps counting towards the GPU's health verdict, "
+           "1s to 7d (default 1h)", "DURATION"),
     Option("macmon.path", "macmon_path", parse_path,
            "Apple Silicon: the macmon executable run as `macmon pipe` (default macmon on PATH)",
            "PATH"),

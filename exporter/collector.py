@@ -29,6 +29,7 @@ import structlog
 
 from exporter.backends.base import Backend, BackendFailed, BackendUnavailable, Cycle, Enricher
 from exporter.config import Config
+from exporter.health import DEFAULT_XID_WINDOW, Verdict, verdicts
 from exporter.merge import View, enrich, merge
 from exporter.model import BackendSample, DeviceInfo, DeviceSample
 
@@ -82,6 +83,7 @@ class Snapshot:
     processes_truncated_total: int = 0
     # backend -> its collector thread (gpu_exporter_backend_cpu_seconds_total)
     threads: Mapping[str, threading.Thread] = field(default_factory=dict)
+    health_xid_window: float = DEFAULT_XID_WINDOW  # --health.xid-window
 
     @cached_property
     def devices(self) -> tuple[tuple[str, DeviceSample], ...]:
@@ -102,6 +104,11 @@ class Snapshot:
                 out.append((index, bool(d.info.parent_key), d.info.key, d))
         out.sort(key=lambda t: t[:3])
         return tuple((str(index), d) for index, _, _, d in out)
+
+    @cached_property
+    def health(self) -> tuple[tuple[str, DeviceSample, Verdict], ...]:
+        """(``gpu``, merged sample, verdict) of every whole GPU: exporter.health, once."""
+        return verdicts(self.devices, self.created, self.health_xid_window)
 
 
 def cap_processes(device: DeviceSample, limit: int) -> tuple[DeviceSample, int]:
@@ -430,7 +437,8 @@ class Hub:
                         backends=tuple(self._states.values()),
                         gpu_index={k: v for k, v in self._gpu_index.items() if v >= 0},
                         seen=self._seen_view, processes_truncated_total=self._truncated,
-                        threads=self._threads_by_backend)
+                        threads=self._threads_by_backend,
+                        health_xid_window=self.config.health_xid_window)
 
     def publish(self) -> Snapshot:
         with self._lock:

@@ -66,6 +66,7 @@ class Config:
     kubernetes_device_labels: bool = False
     kubernetes_interval: float = 5.0  # refresh of the pod / container maps
     macmon_path: str = "macmon"
+    health_xid_window: float = 3600.0  # seconds an XID counts towards the health verdict
 
     @property
     def stale_after_seconds(self) -> float:

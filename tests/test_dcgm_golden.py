@@ -84,10 +84,12 @@ def test_dcgm_mode_keeps_process_and_exporter_families_and_drops_the_other_gpu_o
         machine: str, scrapes: dict[tuple[str, str], str]) -> None:
     names = {n for n, _ in parse_samples(scrapes[machine, "dcgm"])}
     ours = {n for n in names if n.startswith("gpu_")}
-    assert ours and all(n.startswith(("gpu_process_", "gpu_exporter_")) for n in ours), ours
+    assert ours and all(n.startswith(("gpu_process_", "gpu_exporter_", "gpu_health_"))
+                        for n in ours), ours
     assert {"gpu_exporter_up", "gpu_process_memory_used_bytes"} <= ours
     gpu_mode = {n for n, _ in parse_samples((GOLDEN / f"{machine}.prom").read_text())}
-    assert {n for n in gpu_mode if n.startswith(("gpu_process_", "gpu_exporter_"))} <= names
+    assert {n for n in gpu_mode
+            if n.startswith(("gpu_process_", "gpu_exporter_", "gpu_health_"))} <= names
     assert any(n.startswith("DCGM_FI_") for n in names)
 
 
