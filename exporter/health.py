@@ -70,6 +70,10 @@ THERMAL_LIMITS: Mapping[str, tuple[tuple[tuple[str, ...], str, int], ...]] = {
             (("junction", "edge"), "shutdown", FAILED)),
     "intel": ((("package",), "critical", DEGRADED), (("package",), "shutdown", FAILED)),
 }
+# Per-sensor thresholds (DeviceSample.temperature_limits_celsius): hwmon's crit is where the
+# firmware starts to slow the GPU down, emergency where it shuts down (Documentation/
+# hwmon/sysfs-interface.rst, amdgpu's thermal.rst).
+LIMIT_STATUS: Mapping[str, int] = {"critical": DEGRADED, "shutdown": FAILED}
 # throttle reason (docs/metrics.md) -> check; sw_power_cap is the power limit doing its job.
 THROTTLES: Mapping[str, str] = {"hw_thermal": "thermal", "sw_thermal": "thermal",
                                 "hw_slowdown": "power", "hw_power_brake": "power"}
@@ -123,14 +127,26 @@ def _memory(d: DeviceSample) -> Iterable[Finding]:
                           f"{n} uncorrected RAS errors in {block}")
 
 
-def _thermal(d: DeviceSample) -> Iterable[Finding]:
+def _limits(d: DeviceSample) -> Iterable[tuple[str, str, float, int]]:
+    """(sensor, threshold, °C, status when reached): every sensor's own thresholds where
+    the source reads them per sensor, else the vendor's table."""
+    if d.temperature_limits_celsius:
+        for (sensor, threshold), limit in sorted(d.temperature_limits_celsius.items()):
+            status = LIMIT_STATUS.get(threshold)
+            if status is not None:
+                yield sensor, threshold, limit, status
+        return
     for sensors, threshold, status in THERMAL_LIMITS.get(d.info.vendor, ()):
-        sensor = next((s for s in sensors if s in d.temperatures_celsius), None)
-        limit = d.temperature_thresholds_celsius.get(threshold)
-        if sensor is None or limit is None:
-            continue
-        value = d.temperatures_celsius[sensor]
-        if value >= limit:
+        owner = next((s for s in sensors if s in d.temperatures_celsius), None)
+        value = d.temperature_thresholds_celsius.get(threshold)
+        if owner is not None and value is not None:
+            yield owner, threshold, value, status
+
+
+def _thermal(d: DeviceSample) -> Iterable[Finding]:
+    for sensor, threshold, limit, status in _limits(d):
+        value = d.temperatures_celsius.get(sensor)
+        if value is not None and value >= limit:
             yield Finding("thermal", status,
                           f"{sensor} {value:g} °C at or above its {threshold} {limit:g} °C")
     for reason, active in sorted(d.throttle_reasons.items()):

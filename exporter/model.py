@@ -180,6 +180,9 @@ class DeviceSample:
     recovery_action: str | None = None
     retired_pages_pending: bool | None = None
     xid_seen_seconds: Mapping[int, float] = _empty()  # XID code -> wall clock of its newest
+    # (sensor, threshold) -> °C where each sensor has thresholds of its own (amdgpu hwmon
+    # tempN_crit / tempN_emergency for edge, junction and memory alike).
+    temperature_limits_celsius: Mapping[tuple[str, str], float] = _empty()
     processes: tuple[ProcessSample, ...] = ()
     # Filled by the collector after the merge (Kubernetes attribution), never by a backend.
     allocations: tuple[Allocation, ...] = ()
