@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_deploy_dashboards import load, to_promql
 from test_deploy_prometheus_e2e import PROMETHEUS, free_port, query, stop, wait_for
 
 from tests.daemon import daemon_env
@@ -96,3 +97,10 @@ def test_near_slowdown_fires_for_every_vendor_on_the_sensor_its_threshold_is_for
         prometheus: str) -> None:
     assert active(prometheus, "GpuTemperatureNearSlowdown") == {
         ("nvidia", "1", "gpu"), ("amd", "0", "junction"), ("intel", "2", "package")}
+
+
+def test_the_overview_inventory_shows_each_gpus_health(prometheus: str) -> None:
+    (inventory,) = [p for p in load("gpu-overview")["panels"] if p["title"] == "Inventory"]
+    (expr,) = [t["expr"] for t in inventory["targets"] if "gpu_health_status" in t["expr"]]
+    result = query(prometheus, to_promql(expr))
+    assert {r["metric"]["gpu"]: r["value"][1] for r in result} == {"0": "1", "1": "2", "2": "1"}
