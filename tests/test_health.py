@@ -249,3 +249,17 @@ def test_reasons_in_snapshot_and_on_the_landing_page(tmp_path: Path) -> None:
     assert "<h2>GPU health</h2>" in landing
     assert "driver: driver asks for recovery action gpu_reset" in landing
     assert "junction 112 °C at or above its critical 110 °C" in landing
+
+
+def test_a_driver_that_does_not_know_the_recovery_field_id_is_not_asked_again() -> None:
+    gpu = FakeGPU(field_overrides={N.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (
+        N.NVML_ERROR_INVALID_ARGUMENT, N.NVML_VALUE_TYPE_UNSIGNED_INT, 0)})
+    fake = FakeNVML([gpu])
+    b = NvidiaBackend(Config(procfs="/nonexistent"), nvml=fake)
+    b.open()
+    first = b.sample(slow=True)
+    batches = len(fake.field_batches)
+    second = b.sample(slow=True)
+    assert first.errors == {} and second.errors == {}  # not an error, every cycle
+    assert second.devices[0].recovery_action is None
+    assert fake.field_batches[batches:] == [1]

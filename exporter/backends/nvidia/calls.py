@@ -117,6 +117,11 @@ class Caller:
         """A per-value return code (field values, GPM metrics) that means "not supported"."""
         return code in self._skip
 
+    def is_absent(self, code: int) -> bool:
+        """A per-value return code that says this driver has no such field or scope (a field
+        id newer than the driver answers INVALID_ARGUMENT): it never will, so stop asking."""
+        return code in self._absent
+
     def check(self, code: int) -> None:
         """Raise for a per-value return code that says the GPU or NVML is gone."""
         if code in self._lost:
