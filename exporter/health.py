@@ -77,8 +77,18 @@ LIMIT_STATUS: Mapping[str, int] = {"critical": DEGRADED, "shutdown": FAILED}
 # throttle reason (docs/metrics.md) -> check; sw_power_cap is the power limit doing its job.
 THROTTLES: Mapping[str, str] = {"hw_thermal": "thermal", "sw_thermal": "thermal",
                                 "hw_slowdown": "power", "hw_power_brake": "power"}
-# RAS block -> check (amdgpu ras/<block>_err_count, amdsmi, NVML memory locations).
-RAS_BLOCKS: Mapping[str, str] = {"xgmi_wafl": "interconnect", "pcie_bif": "pcie"}
+# RAS block -> (check, status) of its uncorrected errors; None: not about the GPU's health.
+# Blocks not listed (AMD umc, gfx, sdma, ...; NVML's memory locations) are memory (ECC or
+# parity of DRAM and SRAM). Level Zero's zes_ras_error_cat_t: engine resets the driver had
+# to do degrade; driver, compute and fixed-function hardware errors fail the device; cache
+# errors are memory; programming (application) and display errors are no finding.
+RAS_BLOCKS: Mapping[str, tuple[str, int] | None] = {
+    "xgmi_wafl": ("interconnect", FAILED), "pcie_bif": ("pcie", FAILED),
+    "reset": ("driver", DEGRADED), "driver": ("driver", FAILED),
+    "compute": ("driver", FAILED), "non_compute": ("driver", FAILED),
+    "cache": ("memory", FAILED), "programming": None, "display": None,
+}
+MEMORY_RAS = ("memory", FAILED)
 
 
 @dataclass(frozen=True)
@@ -122,9 +132,9 @@ def _memory(d: DeviceSample) -> Iterable[Finding]:
         yield Finding("memory", FAILED,
                       f"{d.ecc_errors['uncorrected']} uncorrected ECC errors since driver load")
     for (block, severity), n in sorted(d.ras_errors.items()):
-        if severity == "uncorrected" and n > 0:
-            yield Finding(RAS_BLOCKS.get(block, "memory"), FAILED,
-                          f"{n} uncorrected RAS errors in {block}")
+        rule = RAS_BLOCKS.get(block, MEMORY_RAS)
+        if rule is not None and severity == "uncorrected" and n > 0:
+            yield Finding(rule[0], rule[1], f"{n} uncorrected RAS errors in {block}")
 
 
 def _limits(d: DeviceSample) -> Iterable[tuple[str, str, float, int]]:
@@ -171,15 +181,16 @@ def _recovery(d: DeviceSample) -> Iterable[Finding]:
 
 def _inputs(d: DeviceSample) -> set[str]:
     """The checks this GPU has inputs for."""
-    have = {"driver"}
+    ras = {rule[0] for block, _ in d.ras_errors
+           if (rule := RAS_BLOCKS.get(block, MEMORY_RAS)) is not None}
+    have = {"driver"} | ras
     if d.temperatures_celsius or any(THROTTLES.get(r) == "thermal" for r in d.throttle_reasons):
         have.add("thermal")
-    if d.ecc_errors or d.remapped_rows or d.remap_failed is not None or d.retired_pages \
-            or any(RAS_BLOCKS.get(b, "memory") == "memory" for b, _ in d.ras_errors):
+    if d.ecc_errors or d.remapped_rows or d.remap_failed is not None or d.retired_pages:
         have.add("memory")
     if d.xid_last is not None:  # registered for XID events
         have.add("xid")
-    if d.nvlink_up or any(RAS_BLOCKS.get(b) == "interconnect" for b, _ in d.ras_errors):
+    if d.nvlink_up:
         have.add("interconnect")
     if any(THROTTLES.get(r) == "power" for r in d.throttle_reasons):
         have.add("power")

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from exporter import health
+from exporter.backends.intel import ze_calls as ze
+from exporter.backends.intel.level_zero import LevelZeroBackend
 from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.config import Config
 from exporter.health import DEGRADED, FAILED, HEALTHY, Verdict, evaluate
@@ -20,6 +22,7 @@ from exporter.model import DeviceSample
 from tests.daemon import machine_args, running, values_of
 from tests.fakes.fake_nvml import FakeGPU, FakeNvLink, FakeNVML
 from tests.fakes.nvml_real import N
+from tests.fakes.ze_build import build_stub
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = Path(__file__).parent / "golden"
@@ -263,3 +266,33 @@ def test_a_driver_that_does_not_know_the_recovery_field_id_is_not_asked_again() 
     assert first.errors == {} and second.errors == {}  # not an error, every cycle
     assert second.devices[0].recovery_action is None
     assert fake.field_batches[batches:] == [1]
+
+
+@pytest.mark.parametrize(("uncorrected", "check", "expected"), [
+    ({"programming": 5, "display": 1}, "driver", HEALTHY),  # application and display errors
+    ({"cache": 3}, "memory", FAILED),
+    ({"reset": 1}, "driver", DEGRADED),  # the driver had to reset an engine
+    ({"compute": 2}, "driver", FAILED),
+])
+def test_level_zero_ras_through_the_stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         uncorrected: dict[str, int], check: str,
+                                         expected: int) -> None:
+    counts = "\t".join(str(uncorrected.get(c, 0)) for c in ze.RAS_CATEGORIES)
+    data = tmp_path / "max1550.tsv"
+    data.write_text(
+        "device\t0\t3a\t00\t0\t0bd5\tIntel(R) Data Center GPU Max 1550\tLQAC12345\t1.3\n"
+        "ras\t0\t0\t0\t0\t3\t0\t12\t0\n"  # corrected: never a finding
+        f"ras\t1\t{counts}\n")
+    monkeypatch.setenv("ZE_STUB_DATA", str(data))
+    lib = build_stub(tmp_path / "lib")
+    b = LevelZeroBackend(Config(procfs=str(FIXTURES / "empty-proc")), library=str(lib))
+    b.open()
+    try:
+        d = b.sample(slow=True).devices[0]
+    finally:
+        b.close()
+    assert {k: v for k, v in d.ras_errors.items() if v and k[1] == "uncorrected"} == {
+        (c, "uncorrected"): n for c, n in uncorrected.items()}
+    v = evaluate(d, 0.0)
+    assert v.checks[check] == expected and v.status == expected
+    assert v.checks["memory"] == (FAILED if "cache" in uncorrected else HEALTHY)
