@@ -95,7 +95,8 @@ MEMORY_RAS = ("memory", FAILED)
 class Finding:
     check: str
     status: int
-    reason: str
+    reason: str  # for people: /snapshot and the landing page
+    code: str  # for programs: what kind of finding (dcgm mode maps it to a DCGM_FR_* code)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class Verdict:
         """What /snapshot shows: the status by name, each check, and the reasons."""
         return {"status": STATUS_NAMES[self.status], "checks": dict(self.checks),
                 "reasons": [{"check": f.check, "status": STATUS_NAMES[f.status],
-                             "reason": f.reason} for f in self.findings]}
+                             "reason": f.reason, "code": f.code} for f in self.findings]}
 
 
 def _xid(d: DeviceSample, now: float, window: float) -> Iterable[Finding]:
@@ -118,23 +119,28 @@ def _xid(d: DeviceSample, now: float, window: float) -> Iterable[Finding]:
             continue
         check, status, text = XIDS.get(code, ("xid", DEGRADED, "not in NVIDIA's catalogue"))
         if status:
-            yield Finding(check, status, f"XID {code}: {text}")
+            yield Finding(check, status, f"XID {code}: {text}", "xid")
 
 
 def _memory(d: DeviceSample) -> Iterable[Finding]:
     if d.remap_failed:
-        yield Finding("memory", FAILED, "row remapping failed: no spare rows left")
+        yield Finding("memory", FAILED, "row remapping failed: no spare rows left",
+                      "row_remap_failure")
     if d.remap_pending:
-        yield Finding("memory", DEGRADED, "row remap pending: reset the GPU to apply it")
+        yield Finding("memory", DEGRADED, "row remap pending: reset the GPU to apply it",
+                      "row_remap_pending")
     if d.retired_pages_pending:
-        yield Finding("memory", DEGRADED, "page retirement pending: reset the GPU to apply it")
+        yield Finding("memory", DEGRADED, "page retirement pending: reset the GPU to apply it",
+                      "page_retirement_pending")
     if d.ecc_errors.get("uncorrected", 0) > 0:
         yield Finding("memory", FAILED,
-                      f"{d.ecc_errors['uncorrected']} uncorrected ECC errors since driver load")
+                      f"{d.ecc_errors['uncorrected']} uncorrected ECC errors since driver load",
+                      "ecc_uncorrected")
     for (block, severity), n in sorted(d.ras_errors.items()):
         rule = RAS_BLOCKS.get(block, MEMORY_RAS)
         if rule is not None and severity == "uncorrected" and n > 0:
-            yield Finding(rule[0], rule[1], f"{n} uncorrected RAS errors in {block}")
+            yield Finding(rule[0], rule[1], f"{n} uncorrected RAS errors in {block}",
+                          "ecc_uncorrected" if rule[0] == "memory" else "ras_uncorrected")
 
 
 def _limits(d: DeviceSample) -> Iterable[tuple[str, str, float, int]]:
@@ -158,25 +164,28 @@ def _thermal(d: DeviceSample) -> Iterable[Finding]:
         value = d.temperatures_celsius.get(sensor)
         if value is not None and value >= limit:
             yield Finding("thermal", status,
-                          f"{sensor} {value:g} °C at or above its {threshold} {limit:g} °C")
+                          f"{sensor} {value:g} °C at or above its {threshold} {limit:g} °C",
+                          "temperature")
     for reason, active in sorted(d.throttle_reasons.items()):
         check = THROTTLES.get(reason)
         if active and check:
-            yield Finding(check, DEGRADED, f"clocks held back: {reason}")
+            yield Finding(check, DEGRADED, f"clocks held back: {reason}", f"throttle_{check}")
 
 
 def _interconnect(d: DeviceSample) -> Iterable[Finding]:
     # The backends report a link once it has been up, so a link that reads down was up.
     down = sorted(link for (link, _remote), up in d.nvlink_up.items() if not up)
     if down:
-        yield Finding("interconnect", DEGRADED, f"links down that were up: {', '.join(down)}")
+        yield Finding("interconnect", DEGRADED, f"links down that were up: {', '.join(down)}",
+                      "nvlink_down")
 
 
 def _recovery(d: DeviceSample) -> Iterable[Finding]:
     action = d.recovery_action
     status = RECOVERY_ACTIONS.get(action or "none", DEGRADED)
     if status:
-        yield Finding("driver", status, f"driver asks for recovery action {action}")
+        yield Finding("driver", status, f"driver asks for recovery action {action}",
+                      "recovery_action")
 
 
 def _inputs(d: DeviceSample) -> set[str]:
@@ -204,7 +213,7 @@ def evaluate(d: DeviceSample, now: float, xid_window: float = DEFAULT_XID_WINDOW
     if not d.up:
         finding = Finding("driver", FAILED,
                           "GPU cannot be read: lost, fallen off the bus, or its driver stopped "
-                          "answering")
+                          "answering", "gpu_unreadable")
         return Verdict(FAILED, {"driver": FAILED}, (finding,))
     findings = [*_xid(d, now, xid_window), *_memory(d), *_thermal(d), *_interconnect(d),
                 *_recovery(d)]

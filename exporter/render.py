@@ -269,7 +269,8 @@ def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
     # no counterpart: docs/dcgm-compat.md) keep our names in every mode.
     kept = ours if opts.metric_names == "both" else [
         m for m in ours if m.name.startswith(("gpu_process_", "gpu_health_"))]
-    return kept + list(dcgm.dcgm_families(((g, d) for g, d in s.devices if d.up), opts.hostname))
+    return (kept + list(dcgm.dcgm_families(((g, d) for g, d in s.devices if d.up), opts.hostname))
+            + dcgm.health_family(s.health, opts.hostname))
 
 
 def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,

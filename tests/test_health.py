@@ -8,18 +8,19 @@ against the fixture files, read independently.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from exporter import health
+from exporter import dcgm, health
 from exporter.backends.intel import ze_calls as ze
 from exporter.backends.intel.level_zero import LevelZeroBackend
 from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.config import Config
 from exporter.health import DEGRADED, FAILED, HEALTHY, Verdict, evaluate
 from exporter.model import DeviceSample
-from tests.daemon import machine_args, running, values_of
+from tests.daemon import machine_args, parse_samples, running, values_of
 from tests.fakes.fake_nvml import FakeGPU, FakeNvLink, FakeNVML
 from tests.fakes.nvml_real import N
 from tests.fakes.ze_build import build_stub
@@ -242,13 +243,14 @@ def test_reasons_in_snapshot_and_on_the_landing_page(tmp_path: Path) -> None:
         landing = daemon.get("/").text
     nv = devices["nvidia"]["health"]
     assert nv["status"] == "failed" and nv["checks"]["xid"] == HEALTHY
-    assert nv["reasons"] == [{"check": "driver", "status": "failed",
+    assert nv["reasons"] == [{"check": "driver", "status": "failed", "code": "recovery_action",
                               "reason": "driver asks for recovery action gpu_reset"}]
     amd = {r["reason"] for r in devices["amd"]["health"]["reasons"]}
     assert amd == {"junction 112 °C at or above its critical 110 °C",
                    "memory 109 °C at or above its critical 108 °C"}
     assert devices["intel"]["health"]["reasons"] == [
-        {"check": "thermal", "status": "degraded", "reason": "clocks held back: sw_thermal"}]
+        {"check": "thermal", "status": "degraded", "reason": "clocks held back: sw_thermal",
+         "code": "throttle_thermal"}]
     assert "<h2>GPU health</h2>" in landing
     assert "driver: driver asks for recovery action gpu_reset" in landing
     assert "junction 112 °C at or above its critical 110 °C" in landing
@@ -296,3 +298,25 @@ def test_level_zero_ras_through_the_stub(tmp_path: Path, monkeypatch: pytest.Mon
     v = evaluate(d, 0.0)
     assert v.checks[check] == expected and v.status == expected
     assert v.checks["memory"] == (FAILED if "cache" in uncorrected else HEALTHY)
+
+
+def test_dcgm_mode_serves_the_verdict_as_dcgm_exporters_health_watches() -> None:
+    """DCGM_EXP_GPU_HEALTH_STATUS on the two-H100 fixture: gpu 0 has XID 79 (pcie failed)
+    and a pending row remap (memory degraded), read here from its nvml.json."""
+    spec = json.loads((FIXTURES / "nvidia-h100x2" / "nvml.json").read_text())["gpus"][0]
+    assert 79 in spec["xids"] and spec["remapped_rows"][2] == 1
+    text = (GOLDEN / "dcgm" / "nvidia-h100x2.prom").read_text()
+
+    def watch(gpu: str, name: str) -> tuple[str, float]:
+        found = [(dict(ls)["health_error_code"], v) for (n, ls), v in parse_samples(text).items()
+                 if n == "DCGM_EXP_GPU_HEALTH_STATUS" and dict(ls)["gpu"] == gpu
+                 and dict(ls)["health_watch"] == name]
+        assert len(found) == 1, (gpu, name, found)
+        return found[0]
+
+    assert watch("0", "PCIE") == ("DCGM_FR_XID_ERROR", 20.0)
+    assert watch("0", "MEM") == ("DCGM_FR_PENDING_ROW_REMAP", 10.0)
+    assert watch("0", "THERMAL") == ("DCGM_FR_OK", 0.0)
+    assert watch("1", "PCIE") == ("DCGM_FR_OK", 0.0)
+    assert {dict(ls)["health_watch"] for (n, ls), _ in parse_samples(text).items()
+            if n == "DCGM_EXP_GPU_HEALTH_STATUS"} <= set(dcgm.HEALTH_WATCHES.values())
