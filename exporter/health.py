@@ -217,7 +217,8 @@ def evaluate(d: DeviceSample, now: float, xid_window: float = DEFAULT_XID_WINDOW
         return Verdict(FAILED, {"driver": FAILED}, (finding,))
     findings = [*_xid(d, now, xid_window), *_memory(d), *_thermal(d), *_interconnect(d),
                 *_recovery(d)]
-    checks = dict.fromkeys(c for c in CHECKS if c in _inputs(d) | {f.check for f in findings})
+    present = _inputs(d) | {f.check for f in findings}
+    checks = [c for c in CHECKS if c in present]
     status = {c: max((f.status for f in findings if f.check == c), default=HEALTHY)
               for c in checks}
     return Verdict(max(status.values()), status, tuple(findings))

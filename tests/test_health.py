@@ -9,15 +9,22 @@ against the fixture files, read independently.
 from __future__ import annotations
 
 import json
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from exporter import dcgm, health
+from exporter.backends.amd.backend import AmdBackend
 from exporter.backends.intel import ze_calls as ze
+from exporter.backends.intel.backend import IntelBackend
 from exporter.backends.intel.level_zero import LevelZeroBackend
 from exporter.backends.nvidia.backend import NvidiaBackend
+from exporter.collector import Hub
 from exporter.config import Config
+from exporter.discovery import DrmDiscovery
+from exporter.fs import SysFS
 from exporter.health import DEGRADED, FAILED, HEALTHY, Verdict, evaluate
 from exporter.model import DeviceSample
 from tests.daemon import machine_args, parse_samples, running, values_of
@@ -320,3 +327,37 @@ def test_dcgm_mode_serves_the_verdict_as_dcgm_exporters_health_watches() -> None
     assert watch("1", "PCIE") == ("DCGM_FR_OK", 0.0)
     assert {dict(ls)["health_watch"] for (n, ls), _ in parse_samples(text).items()
             if n == "DCGM_EXP_GPU_HEALTH_STATUS"} <= set(dcgm.HEALTH_WATCHES.values())
+
+
+@pytest.mark.parametrize(("machine", "bus", "make"), [
+    ("amd-rdna3-rx7800xt", "0000:03:00.0", AmdBackend),
+    ("intel-xe-b580", "0000:09:00.0", IntelBackend),
+])
+def test_a_card_that_is_gone_fails_its_gpu(tmp_path: Path, machine: str, bus: str,
+                                           make: type[AmdBackend] | type[IntelBackend]) -> None:
+    sys_root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / machine / "sys", sys_root, symlinks=True)
+    config = Config(sysfs=str(sys_root), interval=0.1)
+    discovery = DrmDiscovery(SysFS(sys_root), hotplug=False)
+    hub = Hub(config, [make(config, discovery)])
+    hub.start()
+
+    def verdict() -> Verdict | None:
+        found = [v for _, d, v in hub.snapshot.health if d.info.pci_bus_id == bus]
+        return found[0] if found else None
+
+    try:
+        deadline = time.monotonic() + 5
+        while (v := verdict()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert v is not None and v.checks["driver"] == HEALTHY
+        for link in (sys_root / "class" / "drm").iterdir():  # udev says "remove"
+            link.unlink()
+        discovery.rescan()
+        while (v := verdict()) is not None and v.status != FAILED \
+                and time.monotonic() < deadline + 5:
+            time.sleep(0.05)
+        assert v is not None and v.status == FAILED and v.checks == {"driver": FAILED}
+        assert v.findings[0].code == "gpu_unreadable"
+    finally:
+        hub.stop()
