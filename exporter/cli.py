@@ -129,6 +129,9 @@ OPTIONS = (
     Option("slurm.job-mapping-dir", "slurm_job_mapping_dir", parse_path,
            "dcgm-exporter's HPC job mapping directory (a file per GPU index listing its "
            "job ids), served as gpu_slurm_job_info (default off)", "DIR"),
+    Option("health.xid-window", "health_xid_window", bounded_duration(1.0, 7 * DAY),
+           "how long an NVIDIA XID keeps counting towards the GPU's health verdict, "
+           "1s to 7d (default 1h)", "DURATION"),
     Option("macmon.path", "macmon_path", parse_path,
            "Apple Silicon: the macmon executable run as `macmon pipe` (default macmon on PATH)",
            "PATH"),

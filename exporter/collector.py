@@ -42,6 +42,7 @@ from exporter.backends.base import (
     SupervisesChild,
 )
 from exporter.config import Config
+from exporter.health import DEFAULT_XID_WINDOW, Verdict, verdicts
 from exporter.joins import JoinSource
 from exporter.merge import View, cap, enrich, merge
 from exporter.merge import cap_processes as cap_processes  # the rule, for tests and bench
@@ -99,6 +100,7 @@ class Snapshot:
     cuts: CutCounter = field(default_factory=lambda: CutCounter())
     # backend -> its collector thread (gpu_exporter_backend_cpu_seconds_total)
     threads: Mapping[str, threading.Thread] = field(default_factory=dict)
+    health_xid_window: float = DEFAULT_XID_WINDOW  # --health.xid-window
 
     @property
     def devices(self) -> tuple[tuple[str, DeviceSample], ...]:
@@ -130,6 +132,11 @@ class Snapshot:
                 out.append((index, bool(d.info.parent_key), d.info.key, d))
         out.sort(key=lambda t: t[:3])
         return tuple((str(index), d) for index, _, _, d in out), truncated
+
+    @cached_property
+    def health(self) -> tuple[tuple[str, DeviceSample, Verdict], ...]:
+        """(``gpu``, merged sample, verdict) of every whole GPU: exporter.health, once."""
+        return verdicts(self.devices, self.created, self.health_xid_window)
 
 
 class CutCounter:
@@ -499,7 +506,8 @@ class Hub:
                         gpu_index={k: v for k, v in self._gpu_index.items() if v >= 0},
                         seen=self._seen_view, cuts=self._cuts,
                         max_processes_per_gpu=self.config.max_processes_per_gpu,
-                        threads=self._threads_by_backend)
+                        threads=self._threads_by_backend,
+                        health_xid_window=self.config.health_xid_window)
 
     def publish(self) -> Snapshot:
         with self._lock:

@@ -58,6 +58,7 @@ class Config:
     kubernetes_pod_labels: str | None = None
     slurm_job_mapping_dir: str | None = None
     macmon_path: str = "macmon"
+    health_xid_window: float = 3600.0  # seconds an XID counts towards the health verdict
 
     @property
     def stale_after_seconds(self) -> float:

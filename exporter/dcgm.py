@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 
+from exporter.health import Verdict
 from exporter.model import DeviceInfo, DeviceSample, PodRef
 
 MIB = float(1 << 20)
@@ -192,6 +193,51 @@ def _labels(gpu: str, info: DeviceInfo, parent: DeviceInfo, host: str) -> dict[s
     labels["DCGM_FI_DRIVER_VERSION"] = parent.driver_version
     # An empty label is the same as no label to Prometheus: leave it out.
     return {k: v for k, v in labels.items() if v or k in ("gpu", "UUID")}
+
+
+# DCGM_EXP_GPU_HEALTH_STATUS: dcgm-exporter's health watch per GPU and DCGM health system
+# (internal/pkg/collector/gpu_health_collector.go at commit
+# 07a14b87917292035ab97d403a42c149b9e263e2: labels health_watch, health_error_code; value
+# dcgm_structs.h dcgmHealthWatchResult_t PASS 0, WARN 10, FAIL 20). Our checks that are one
+# of its systems, and our finding codes that are one of its DCGM_FR_* codes; the `xid`
+# check has no system of its own there (docs/dcgm-compat.md).
+HEALTH_FAMILY = "DCGM_EXP_GPU_HEALTH_STATUS"
+HEALTH_WATCHES = {"pcie": "PCIE", "interconnect": "NVLINK", "memory": "MEM",
+                  "thermal": "THERMAL", "power": "POWER", "driver": "DRIVER"}
+HEALTH_RESULTS = (0, 10, 20)
+HEALTH_CODES = {"xid": "DCGM_FR_XID_ERROR", "row_remap_failure": "DCGM_FR_ROW_REMAP_FAILURE",
+                "row_remap_pending": "DCGM_FR_PENDING_ROW_REMAP",
+                "page_retirement_pending": "DCGM_FR_PENDING_PAGE_RETIREMENTS",
+                "ecc_uncorrected": "DCGM_FR_VOLATILE_DBE_DETECTED",
+                "temperature": "DCGM_FR_TEMP_VIOLATION",
+                "throttle_thermal": "DCGM_FR_CLOCK_THROTTLE_THERMAL",
+                "throttle_power": "DCGM_FR_CLOCK_THROTTLE_POWER",
+                "nvlink_down": "DCGM_FR_NVLINK_DOWN"}
+
+
+def health_family(entries: Iterable[tuple[str, DeviceSample, Verdict]], host: str
+                  ) -> list[Metric]:
+    """DCGM_EXP_GPU_HEALTH_STATUS from the health verdicts: one series per GPU and check
+    that has a DCGM health system; the code of the check's worst finding, else DCGM_FR_OK."""
+    family = Metric(HEALTH_FAMILY, "GPU health status per DCGM health watch "
+                    "(0 pass, 10 warn, 20 fail).", "gauge")
+    for gpu, d, verdict in entries:
+        base = _labels(gpu, d.info, d.info, host)
+        for check, status in verdict.checks.items():
+            watch = HEALTH_WATCHES.get(check)
+            if watch is None:
+                continue
+            worst = max((f for f in verdict.findings if f.check == check),
+                        key=lambda f: f.status, default=None)
+            code = "DCGM_FR_OK" if worst is None else HEALTH_CODES.get(worst.code,
+                                                                       "DCGM_FR_UNKNOWN")
+            for pod in _pods(d):
+                labels = {**base, "health_watch": watch, "health_error_code": code}
+                if pod is not None:
+                    labels.update(container=pod.container, namespace=pod.namespace,
+                                  pod=pod.pod)
+                family.add_sample(HEALTH_FAMILY, labels, HEALTH_RESULTS[status])
+    return [family] if family.samples else []
 
 
 def _pods(d: DeviceSample) -> list[PodRef | None]:

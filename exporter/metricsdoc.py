@@ -6,6 +6,7 @@ the committed file differs from what this prints.
 
 from __future__ import annotations
 
+from exporter import health
 from exporter.kubernetes.podlabels import DOC as POD_LABELS_DOC
 from exporter.kubernetes.podlabels import FAMILY as POD_LABELS_FAMILY
 from exporter.render import (
@@ -95,6 +96,11 @@ def generate() -> str:
         lines.append(f"| `{name}` | {_kind(name)} | {_labels(label)} | {doc} |")
     for key, doc in PROFILING.items():
         lines.append(f"| `gpu_{key}_ratio` | gauge | | {doc} Source `nvml_gpm`. |")
+    lines += [f"| `gpu_health_status` | gauge | | {health.STATUS_DOC} Source `health`; "
+              "the reasons are in `/snapshot` and on `/` (see health.md). |",
+              f"| `gpu_health_check_status` | gauge | `check` | {health.CHECK_DOC} `check` is "
+              + ", ".join(f"`{c}`" for c in health.CHECKS)
+              + "; a check is served where the GPU has its inputs. |"]
     lines += ["", "## Per process", "",
               "Labels: " + ", ".join(f"`{x}`" for x in PROCESS_LABELS)
               + f"; with Kubernetes attribution on, also {pods} (empty for a host process).",

@@ -177,6 +177,15 @@ class DeviceSample:
     nvlink_errors: Mapping[tuple[str, str], int] = _empty()  # (link, type) -> counter
     xgmi_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _empty()  # (link, dir)
     ras_errors: Mapping[tuple[str, str], int] = _empty()  # (block, severity) -> counter
+    # Health inputs (exporter.health), not families of their own: NVML's GPU recovery action
+    # (nvmlDeviceGpuRecoveryAction_t as "none", "gpu_reset", "node_reboot", ...), a page
+    # retirement waiting for a reset (before Ampere), and when each XID code last happened.
+    recovery_action: str | None = None
+    retired_pages_pending: bool | None = None
+    xid_seen_seconds: Mapping[int, float] = _empty()  # XID code -> wall clock of its newest
+    # (sensor, threshold) -> °C where each sensor has thresholds of its own (amdgpu hwmon
+    # tempN_crit / tempN_emergency for edge, junction and memory alike).
+    temperature_limits_celsius: Mapping[tuple[str, str], float] = _empty()
     processes: tuple[ProcessSample, ...] = ()
     # Filled by the collector after the merge (Kubernetes attribution), never by a backend.
     allocations: tuple[Allocation, ...] = ()

@@ -35,7 +35,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Sample
 
-from exporter import __version__, dcgm
+from exporter import __version__, dcgm, health
 from exporter.collector import DURATION_BUCKETS, Snapshot
 from exporter.joins import join_families
 from exporter.model import DeviceSample, PodRef, ProcessSample
@@ -264,12 +264,15 @@ def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
     for gpu, d in s.devices:
         _device_families(f, gpu, d, opts)
     ours = [f.by_name[n] for n in sorted(f.by_name, key=lambda n: _RANK.get(n, len(_RANK)))]
+    ours += health.families(s.health)
     if opts.metric_names == "gpu":
         return ours
-    # dcgm replaces the per-GPU families; per-process ones keep our names in every mode.
+    # dcgm replaces the per-GPU families; per-process and health ones (dcgm-exporter has
+    # no counterpart: docs/dcgm-compat.md) keep our names in every mode.
     kept = ours if opts.metric_names == "both" else [
-        m for m in ours if m.name.startswith("gpu_process_")]
-    return kept + list(dcgm.dcgm_families(((g, d) for g, d in s.devices if d.up), opts.hostname))
+        m for m in ours if m.name.startswith(("gpu_process_", "gpu_health_"))]
+    return (kept + list(dcgm.dcgm_families(((g, d) for g, d in s.devices if d.up), opts.hostname))
+            + dcgm.health_family(s.health, opts.hostname))
 
 
 def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,

@@ -36,7 +36,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from exporter import __version__
+from exporter import __version__, health
 from exporter.collector import Hub
 from exporter.config import Config, split_listen_address
 from exporter.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
@@ -110,6 +110,9 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         return Response(body, media_type="application/json")
 
     async def landing(request: Request) -> Response:
+        current = hub.snapshot
+        gpus = await asyncio.wrap_future(
+            renderer.worker.call(lambda: health.table_html(current.health)))
         rows = "".join(
             f"<tr><td>{html.escape(s.name)}</td><td>{'up' if s.up and not s.stale else 'down'}"
             f"</td><td>{html.escape('stale' if s.stale else s.reason)}</td><td>"
@@ -122,7 +125,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
             f"<p><a href=\"{path}\">Metrics</a> · <a href=\"/snapshot\">Snapshot (JSON)</a> · "
             "<a href=\"/-/healthy\">Health</a> · <a href=\"/-/ready\">Readiness</a></p>"
             "<h2>Backends</h2><table border=\"1\"><tr><th>backend</th><th>state</th>"
-            f"<th>reason</th><th>devices</th></tr>{rows}</table></body></html>")
+            f"<th>reason</th><th>devices</th></tr>{rows}</table>{gpus}</body></html>")
 
     server_threads = renderer.cpu_threads.setdefault("server", [])
 

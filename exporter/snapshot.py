@@ -52,9 +52,13 @@ def snapshot_dict(s: Snapshot) -> dict[str, Any]:
             entry["duration_seconds"] = state.last.duration_seconds
             entry["devices"] = devices
         backends.append(entry)
+    verdicts = {id(d): v for _, d, v in s.health}
     merged = []
     for gpu, d in s.devices:
-        merged.append({"gpu": gpu, **_plain(d)})
+        one: dict[str, Any] = {"gpu": gpu, **_plain(d)}
+        if (verdict := verdicts.get(id(d))) is not None:
+            one["health"] = verdict.as_dict()
+        merged.append(one)
     return {"version": __version__, "generation": s.generation, "created": s.created,
             "ready": s.ready, "processes_truncated_total": s.processes_truncated_total,
             "backends": backends, "devices": merged}

@@ -84,10 +84,12 @@ def test_dcgm_mode_keeps_process_and_exporter_families_and_drops_the_other_gpu_o
         machine: str, scrapes: dict[tuple[str, str], str]) -> None:
     names = {n for n, _ in parse_samples(scrapes[machine, "dcgm"])}
     ours = {n for n in names if n.startswith("gpu_")}
-    assert ours and all(n.startswith(("gpu_process_", "gpu_exporter_")) for n in ours), ours
+    assert ours and all(n.startswith(("gpu_process_", "gpu_exporter_", "gpu_health_"))
+                        for n in ours), ours
     assert {"gpu_exporter_up", "gpu_process_memory_used_bytes"} <= ours
     gpu_mode = {n for n, _ in parse_samples((GOLDEN / f"{machine}.prom").read_text())}
-    assert {n for n in gpu_mode if n.startswith(("gpu_process_", "gpu_exporter_"))} <= names
+    assert {n for n in gpu_mode
+            if n.startswith(("gpu_process_", "gpu_exporter_", "gpu_health_"))} <= names
     assert any(n.startswith("DCGM_FI_") for n in names)
 
 
@@ -97,7 +99,7 @@ def test_promtool_lints_all_but_dcgm_exporters_own_names(
     result = promtool_check(scrapes[machine, mode])
     problems = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     other = [p for p in problems
-             if not (p.startswith("DCGM_FI_") and p.endswith(DCGM_NAMING))]
+             if not (p.startswith(("DCGM_FI_", "DCGM_EXP_")) and p.endswith(DCGM_NAMING))]
     assert other == [], other
     assert result.returncode in (0, 3)  # 3: lint problems only, and only those above
 

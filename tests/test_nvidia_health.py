@@ -37,7 +37,9 @@ def test_instant_power_absent_where_not_supported_and_not_asked_again() -> None:
     for _ in range(3):
         d = b.sample(slow=False).devices[0]
     assert d.power_instant_watts is None and d.temperatures_celsius["memory"] == 48.0
-    assert fake.field_batches == [2, 1, 1]  # dropped after its first NOT_SUPPORTED
+    # fast (2), the first cycle's slow batch (the recovery action, NOT_SUPPORTED by this
+    # driver), then fast without instant power: dropped after its first NOT_SUPPORTED
+    assert fake.field_batches == [2, 1, 1, 1]
 
 
 def test_field_values_decode_by_value_type() -> None:
@@ -142,7 +144,8 @@ def test_retired_pages_before_ampere_only() -> None:
     fake = FakeNVML([hopper])
     d = backend(fake).sample(slow=True).devices[0]
     assert d.retired_pages == {}
-    assert fake.field_batches == [2]  # the fast batch only: no slow retired-page fields
+    # the fast batch, and a slow one with only the recovery action: no retired-page fields
+    assert fake.field_batches == [2, 1]
 
 
 def test_remap_pending() -> None:
@@ -157,7 +160,9 @@ def test_fast_fields_in_one_call_per_cycle() -> None:
     b = backend(fake)
     for slow in (True, False, False, True):
         b.sample(slow=slow)
-    assert fake.field_batches == [2, 2, 2, 2]  # no NVLink, Hopper: no slow field batch
+    # no NVLink, Hopper: the only slow field is the recovery action, which this driver
+    # does not have (NOT_SUPPORTED once, then never asked again)
+    assert fake.field_batches == [2, 1, 2, 2, 2]
 
 
 def test_energy_only_on_the_slow_tier() -> None:

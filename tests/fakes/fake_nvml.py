@@ -108,6 +108,10 @@ class FakeGPU:
     violation_ns: dict[str, int] | None = None  # "power"/"thermal"/"sync_boost" -> ns
     ecc_locations: dict[str, tuple[int, int]] | None = None  # block -> (corrected, uncorrected)
     retired_pages: dict[str, int] | None = None  # "single_bit"/"double_bit" -> pages
+    retired_pending: int | None = None  # NVML_FI_DEV_RETIRED_PENDING (pre-Ampere)
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t); None: a driver
+    # older than the field, which answers NOT_SUPPORTED
+    recovery_action: int | None = None
     mig_mode: int | None = None  # None: no MIG; 0 disabled; 1 enabled
     mig_devices: list[FakeMig] = field(default_factory=list)
     # field id -> (nvmlReturn, valueType, value): answer this instead (value types, faults)
@@ -318,7 +322,9 @@ class FakeNVML(LinksAndMig):
         plain = {N.NVML_FI_DEV_MEMORY_TEMP: g.temperature_memory,
                  N.NVML_FI_DEV_POWER_INSTANT: g.power_instant_mw,
                  N.NVML_FI_DEV_RETIRED_SBE: retired.get("single_bit"),
-                 N.NVML_FI_DEV_RETIRED_DBE: retired.get("double_bit")}
+                 N.NVML_FI_DEV_RETIRED_DBE: retired.get("double_bit"),
+                 N.NVML_FI_DEV_RETIRED_PENDING: g.retired_pending,
+                 N.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: g.recovery_action}
         for i, request in enumerate(field_ids):
             fid, scope = request if isinstance(request, tuple) else (request, 0)
             v = values[i]

@@ -179,6 +179,7 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
 
     temps: dict[str, float] = {}
     thresholds: dict[str, float] = {}
+    limits: dict[tuple[str, str], float] = {}  # every sensor's own thresholds (health)
     power: dict[str, float] = {}
     caps: dict[str, float] = {}
     energy: dict[str, float] = {}
@@ -192,6 +193,7 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
         hot = next((s for s in ("junction", "edge") if s in raw_temps), None)
         for kind, name in (("crit", "critical"), ("emergency", "shutdown")):
             by_label = hwmon.read_temperature_thresholds(d, kind, errors)
+            limits.update({(_HWMON_SENSORS.get(k, k), name): v for k, v in by_label.items()})
             value = by_label.get(hot) if hot else _first(by_label)
             if value is not None:
                 thresholds[name] = value
@@ -301,6 +303,7 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
         shared_memory_used_bytes=shared_used,
         temperatures_celsius=temps,
         temperature_thresholds_celsius=thresholds,
+        temperature_limits_celsius=limits,
         power_watts=power_w,
         power_limit_watts=_first(caps, "PPT"),
         energy_joules=energy_j,

@@ -96,6 +96,7 @@ class NvidiaBackend:
         self._xids: dict[str, Counter[int]] = {}
         self._xid_last_at: dict[str, float] = {}
         self._xid_last: dict[str, int] = {}  # uuid -> code of the newest XID event
+        self._xid_seen: dict[str, dict[int, float]] = {}  # uuid -> code -> its newest event
         self._proc = ProcFS(config.procfs)
         self._all_lost_cycles = 0
         self._gpm_reason: str | None = "NVML is not open"
@@ -197,6 +198,7 @@ class NvidiaBackend:
             self._xids.setdefault(uuid, Counter())[xid] += 1
             self._xid_last_at[uuid] = now
             self._xid_last[uuid] = xid
+            self._xid_seen.setdefault(uuid, {})[xid] = now
         if failed:
             errors["xid_event"] += failed
 
@@ -231,6 +233,7 @@ class NvidiaBackend:
             xid_errors={} if xids is None else dict(xids),
             xid_last_timestamp_seconds=self._xid_last_at.get(info.uuid),
             xid_last=self._xid_last.get(info.uuid, 0 if xids is not None else None),
+            xid_seen_seconds=dict(self._xid_seen.get(info.uuid, {})),
             processes=processes,
             **values,
         )

@@ -117,6 +117,11 @@ class Caller(Guard):
         """A per-value return code (field values, GPM metrics) that means "not supported"."""
         return code in self._skip
 
+    def is_absent(self, code: int) -> bool:
+        """A per-value return code that says this driver has no such field or scope (a field
+        id newer than the driver answers INVALID_ARGUMENT): it never will, so stop asking."""
+        return code in self._absent
+
     def failed(self, errors: Counter[str], key: tuple[str, Any], e: Exception) -> None:
         """Sort one NVMLError (see the module docstring): None, or raises."""
         self.settle(errors, key, getattr(e, "value", None), e)

@@ -74,7 +74,7 @@ class FieldReader:
         for key, fv in zip(keys, values, strict=False):
             code = int(fv.nvmlReturn)
             if code != self._success:
-                if self.call.is_skip(code):
+                if self.call.is_skip(code) or self.call.is_absent(code):
                     self.dropped.add(key)
                 else:
                     self.call.check(code)  # GPU lost / NVML gone: raises

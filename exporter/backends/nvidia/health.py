@@ -16,7 +16,12 @@
   exactly like the volatile ones.
 - Retired pages (before Ampere; Ampere and later remap rows instead and answer N/A) ->
   ``retired_pages[cause]``: field values NVML_FI_DEV_RETIRED_SBE / _DBE (page counts),
-  asked for in the slow field batch.
+  asked for in the slow field batch, with NVML_FI_DEV_RETIRED_PENDING (1 while a retirement
+  waits for the next reset) -> ``retired_pages_pending``.
+- GPU recovery action -> ``recovery_action``: field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+  (230 in nvml.h; drivers from R570 answer it, older ones NOT_SUPPORTED, which drops it
+  from later batches), the driver's own word on what the GPU needs (nvml.h
+  nvmlDeviceGpuRecoveryAction_t). A value outside that enum is counted as ``parse``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ LOCATIONS = {"NVML_MEMORY_LOCATION_L1_CACHE": "l1_cache",
 SEVERITIES = {"corrected": "NVML_MEMORY_ERROR_TYPE_CORRECTED",
               "uncorrected": "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"}
 RETIRED_FIELDS = {"single_bit": "NVML_FI_DEV_RETIRED_SBE", "double_bit": "NVML_FI_DEV_RETIRED_DBE"}
+PENDING_FIELD = "NVML_FI_DEV_RETIRED_PENDING"
+RECOVERY_FIELD = "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"
+# nvml.h nvmlDeviceGpuRecoveryAction_t -> the name exporter.health classifies.
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
+                    4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
+                    7: "system_reboot"}
 # Page retirement is what GPUs before Ampere do (nvml.h: row remapping replaced it).
 RETIRES_PAGES = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
 
@@ -68,13 +79,17 @@ class Health:
         self.retired = {cause: fid for cause, name in RETIRED_FIELDS.items()
                         if (fid := field_id(nvml, name)) is not None
                         } if architecture in RETIRES_PAGES else {}
+        self.pending = field_id(nvml, PENDING_FIELD) if architecture in RETIRES_PAGES else None
+        self.recovery = field_id(nvml, RECOVERY_FIELD)
 
     def fields(self) -> list[FieldKey]:
         """Requests for the slow-tier field batch."""
-        return [(fid, 0) for fid in self.retired.values()]
+        extra = (fid for fid in (self.pending, self.recovery) if fid is not None)
+        return [(fid, 0) for fid in (*self.retired.values(), *extra)]
 
     def read(self, errors: Counter[str], values: dict[FieldKey, FieldValue]) -> dict[str, Any]:
-        """DeviceSample keyword arguments: clock_event_seconds, ras_errors, retired_pages."""
+        """DeviceSample keyword arguments: clock_event_seconds, ras_errors, retired_pages,
+        retired_pages_pending, recovery_action."""
         g = self.call.get
         events = {}
         for reason, policy in self.violations.items():
@@ -92,8 +107,24 @@ class Health:
                         ras[(block, severity)] = n
         retired = {}
         for cause, fid in self.retired.items():
-            fv = values.get((fid, 0))
-            pages = None if fv is None else u64(fv.value)
+            pages = self._value(values, fid)
             if pages is not None:
                 retired[cause] = pages
-        return {"clock_event_seconds": events, "ras_errors": ras, "retired_pages": retired}
+        out: dict[str, Any] = {"clock_event_seconds": events, "ras_errors": ras,
+                               "retired_pages": retired}
+        pending = self._value(values, self.pending)
+        if pending is not None:
+            out["retired_pages_pending"] = pending != 0
+        action = self._value(values, self.recovery)
+        if action is not None:
+            name = RECOVERY_ACTIONS.get(action)
+            if name is None:
+                errors["parse"] += 1
+            else:
+                out["recovery_action"] = name
+        return out
+
+    @staticmethod
+    def _value(values: dict[FieldKey, FieldValue], fid: int | None) -> int | None:
+        fv = None if fid is None else values.get((fid, 0))
+        return None if fv is None else u64(fv.value)

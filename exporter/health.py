@@ -1,0 +1,261 @@
+"""One health verdict per GPU, from the merged sample: the rules, the two families, the table.
+
+Owns: ``gpu_health_status`` (0 healthy, 1 degraded, 2 failed: the worst check) and
+``gpu_health_check_status`` per check of a small closed set (CHECKS), computed once per
+snapshot (``Snapshot.health``) from what the backends already read, so every vendor gets
+the same answer to "can this GPU take work?". The reason of a non-zero check goes to
+``/snapshot`` and the landing page, never into a label (a reason is free text).
+
+A check is served only where its inputs exist for that GPU (no NVLink, no
+``interconnect``): nothing claims a GPU healthy on evidence that was never read. Every
+rule and its source is in docs/health.md; the only number that is ours, not the vendor's,
+is the XID window (``--health.xid-window``). Slices (MIG instances, partitions) get no
+verdict of their own: their parent's is the one that matters.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from exporter.model import DeviceSample
+
+HEALTHY, DEGRADED, FAILED = 0, 1, 2
+STATUS_NAMES = ("healthy", "degraded", "failed")
+CHECKS = ("thermal", "memory", "xid", "interconnect", "power", "pcie", "driver")
+SOURCE = "health"  # the `source` of both families: a verdict over every source's values
+DEFAULT_XID_WINDOW = 3600.0  # seconds an XID counts towards the verdict (--health.xid-window)
+
+# NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors, "Analyzing Xid Errors with the
+# Xid Catalog", Resolution Bucket): code -> (check, status, what it means). RESTART_APP
+# codes that say nothing about the GPU (13, 31, 43, 45) are listed as HEALTHY so that an
+# application fault never degrades a GPU; RESET_GPU / RESTART_BM codes fail it; codes
+# the catalogue sends to investigation (63 row-remap recorded, 92 high SBE rate, 94 a
+# contained ECC error) degrade it. A code not listed here degrades it (unknown: look).
+XIDS: Mapping[int, tuple[str, int, str]] = {
+    13: ("xid", HEALTHY, "graphics engine exception (application)"),
+    31: ("xid", HEALTHY, "GPU memory page fault (application)"),
+    43: ("xid", HEALTHY, "GPU stopped processing a channel (application)"),
+    45: ("xid", HEALTHY, "preemptive cleanup after an earlier error (application)"),
+    48: ("memory", FAILED, "double-bit ECC error"),
+    61: ("xid", FAILED, "internal micro-controller breakpoint"),
+    62: ("xid", FAILED, "internal micro-controller halt"),
+    63: ("memory", DEGRADED, "row remapping or page retirement recorded; reset to apply"),
+    64: ("memory", FAILED, "row remapping or page retirement failed"),
+    74: ("interconnect", FAILED, "NVLink error"),
+    79: ("pcie", FAILED, "GPU has fallen off the bus"),
+    92: ("memory", DEGRADED, "high single-bit ECC error rate"),
+    94: ("memory", DEGRADED, "contained ECC error"),
+    95: ("memory", FAILED, "uncontained ECC error"),
+    119: ("xid", FAILED, "GSP RPC timeout"),
+    120: ("xid", FAILED, "GSP error"),
+    140: ("memory", FAILED, "unrecovered ECC error"),
+}
+# nvml.h nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the
+# backend names it: what the driver says must happen before the GPU is usable again.
+RECOVERY_ACTIONS: Mapping[str, int] = {
+    "none": HEALTHY, "drain_p2p": DEGRADED, "recover_imex_domain": DEGRADED,
+    "gpu_reset": FAILED, "node_reboot": FAILED, "drain_and_reset": FAILED,
+    "bus_reset": FAILED, "system_reboot": FAILED,
+}
+# The sensor each vendor's thresholds belong to (what the backends read them for):
+# vendor -> ((sensors, first present wins), threshold, status when reached).
+THERMAL_LIMITS: Mapping[str, tuple[tuple[tuple[str, ...], str, int], ...]] = {
+    "nvidia": ((("gpu",), "slowdown", DEGRADED), (("gpu",), "shutdown", FAILED),
+               (("memory",), "memory_max_operating", DEGRADED)),
+    "amd": ((("junction", "edge"), "critical", DEGRADED),
+            (("junction", "edge"), "shutdown", FAILED)),
+    "intel": ((("package",), "critical", DEGRADED), (("package",), "shutdown", FAILED)),
+}
+# Per-sensor thresholds (DeviceSample.temperature_limits_celsius): hwmon's crit is where the
+# firmware starts to slow the GPU down, emergency where it shuts down (Documentation/
+# hwmon/sysfs-interface.rst, amdgpu's thermal.rst).
+LIMIT_STATUS: Mapping[str, int] = {"critical": DEGRADED, "shutdown": FAILED}
+# throttle reason (docs/metrics.md) -> check; sw_power_cap is the power limit doing its job.
+THROTTLES: Mapping[str, str] = {"hw_thermal": "thermal", "sw_thermal": "thermal",
+                                "hw_slowdown": "power", "hw_power_brake": "power"}
+# RAS block -> (check, status) of its uncorrected errors; None: not about the GPU's health.
+# Blocks not listed (AMD umc, gfx, sdma, ...; NVML's memory locations) are memory (ECC or
+# parity of DRAM and SRAM). Level Zero's zes_ras_error_cat_t: engine resets the driver had
+# to do degrade; driver, compute and fixed-function hardware errors fail the device; cache
+# errors are memory; programming (application) and display errors are no finding.
+RAS_BLOCKS: Mapping[str, tuple[str, int] | None] = {
+    "xgmi_wafl": ("interconnect", FAILED), "pcie_bif": ("pcie", FAILED),
+    "reset": ("driver", DEGRADED), "driver": ("driver", FAILED),
+    "compute": ("driver", FAILED), "non_compute": ("driver", FAILED),
+    "cache": ("memory", FAILED), "programming": None, "display": None,
+}
+MEMORY_RAS = ("memory", FAILED)
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    status: int
+    reason: str  # for people: /snapshot and the landing page
+    code: str  # for programs: what kind of finding (dcgm mode maps it to a DCGM_FR_* code)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: int
+    checks: Mapping[str, int]  # every check this GPU has inputs for -> its status
+    findings: tuple[Finding, ...] = ()  # the reasons of the non-zero checks
+
+    def as_dict(self) -> dict[str, object]:
+        """What /snapshot shows: the status by name, each check, and the reasons."""
+        return {"status": STATUS_NAMES[self.status], "checks": dict(self.checks),
+                "reasons": [{"check": f.check, "status": STATUS_NAMES[f.status],
+                             "reason": f.reason, "code": f.code} for f in self.findings]}
+
+
+def _xid(d: DeviceSample, now: float, window: float) -> Iterable[Finding]:
+    for code, count in sorted(d.xid_errors.items()):
+        seen = d.xid_seen_seconds.get(code)
+        if count <= 0 or seen is None or now - seen > window:
+            continue
+        check, status, text = XIDS.get(code, ("xid", DEGRADED, "not in NVIDIA's catalogue"))
+        if status:
+            yield Finding(check, status, f"XID {code}: {text}", "xid")
+
+
+def _memory(d: DeviceSample) -> Iterable[Finding]:
+    if d.remap_failed:
+        yield Finding("memory", FAILED, "row remapping failed: no spare rows left",
+                      "row_remap_failure")
+    if d.remap_pending:
+        yield Finding("memory", DEGRADED, "row remap pending: reset the GPU to apply it",
+                      "row_remap_pending")
+    if d.retired_pages_pending:
+        yield Finding("memory", DEGRADED, "page retirement pending: reset the GPU to apply it",
+                      "page_retirement_pending")
+    if d.ecc_errors.get("uncorrected", 0) > 0:
+        yield Finding("memory", FAILED,
+                      f"{d.ecc_errors['uncorrected']} uncorrected ECC errors since driver load",
+                      "ecc_uncorrected")
+    for (block, severity), n in sorted(d.ras_errors.items()):
+        rule = RAS_BLOCKS.get(block, MEMORY_RAS)
+        if rule is not None and severity == "uncorrected" and n > 0:
+            yield Finding(rule[0], rule[1], f"{n} uncorrected RAS errors in {block}",
+                          "ecc_uncorrected" if rule[0] == "memory" else "ras_uncorrected")
+
+
+def _limits(d: DeviceSample) -> Iterable[tuple[str, str, float, int]]:
+    """(sensor, threshold, °C, status when reached): every sensor's own thresholds where
+    the source reads them per sensor, else the vendor's table."""
+    if d.temperature_limits_celsius:
+        for (sensor, threshold), limit in sorted(d.temperature_limits_celsius.items()):
+            status = LIMIT_STATUS.get(threshold)
+            if status is not None:
+                yield sensor, threshold, limit, status
+        return
+    for sensors, threshold, status in THERMAL_LIMITS.get(d.info.vendor, ()):
+        owner = next((s for s in sensors if s in d.temperatures_celsius), None)
+        value = d.temperature_thresholds_celsius.get(threshold)
+        if owner is not None and value is not None:
+            yield owner, threshold, value, status
+
+
+def _thermal(d: DeviceSample) -> Iterable[Finding]:
+    for sensor, threshold, limit, status in _limits(d):
+        value = d.temperatures_celsius.get(sensor)
+        if value is not None and value >= limit:
+            yield Finding("thermal", status,
+                          f"{sensor} {value:g} °C at or above its {threshold} {limit:g} °C",
+                          "temperature")
+    for reason, active in sorted(d.throttle_reasons.items()):
+        check = THROTTLES.get(reason)
+        if active and check:
+            yield Finding(check, DEGRADED, f"clocks held back: {reason}", f"throttle_{check}")
+
+
+def _interconnect(d: DeviceSample) -> Iterable[Finding]:
+    # The backends report a link once it has been up, so a link that reads down was up.
+    down = sorted(link for (link, _remote), up in d.nvlink_up.items() if not up)
+    if down:
+        yield Finding("interconnect", DEGRADED, f"links down that were up: {', '.join(down)}",
+                      "nvlink_down")
+
+
+def _recovery(d: DeviceSample) -> Iterable[Finding]:
+    action = d.recovery_action
+    status = RECOVERY_ACTIONS.get(action or "none", DEGRADED)
+    if status:
+        yield Finding("driver", status, f"driver asks for recovery action {action}",
+                      "recovery_action")
+
+
+def _inputs(d: DeviceSample) -> set[str]:
+    """The checks this GPU has inputs for."""
+    ras = {rule[0] for block, _ in d.ras_errors
+           if (rule := RAS_BLOCKS.get(block, MEMORY_RAS)) is not None}
+    have = {"driver"} | ras
+    if d.temperatures_celsius or any(THROTTLES.get(r) == "thermal" for r in d.throttle_reasons):
+        have.add("thermal")
+    if d.ecc_errors or d.remapped_rows or d.remap_failed is not None or d.retired_pages:
+        have.add("memory")
+    if d.xid_last is not None:  # registered for XID events
+        have.add("xid")
+    if d.nvlink_up:
+        have.add("interconnect")
+    if any(THROTTLES.get(r) == "power" for r in d.throttle_reasons):
+        have.add("power")
+    if d.pcie_link_width is not None or d.xid_last is not None:
+        have.add("pcie")
+    return have
+
+
+def evaluate(d: DeviceSample, now: float, xid_window: float = DEFAULT_XID_WINDOW) -> Verdict:
+    """The verdict of one merged, whole-GPU sample at wall-clock time ``now``."""
+    if not d.up:
+        finding = Finding("driver", FAILED,
+                          "GPU cannot be read: lost, fallen off the bus, or its driver stopped "
+                          "answering", "gpu_unreadable")
+        return Verdict(FAILED, {"driver": FAILED}, (finding,))
+    findings = [*_xid(d, now, xid_window), *_memory(d), *_thermal(d), *_interconnect(d),
+                *_recovery(d)]
+    present = _inputs(d) | {f.check for f in findings}
+    checks = [c for c in CHECKS if c in present]
+    status = {c: max((f.status for f in findings if f.check == c), default=HEALTHY)
+              for c in checks}
+    return Verdict(max(status.values()), status, tuple(findings))
+
+
+def verdicts(devices: Sequence[tuple[str, DeviceSample]], now: float,
+             xid_window: float = DEFAULT_XID_WINDOW) -> tuple[tuple[str, DeviceSample, Verdict],
+                                                              ...]:
+    """(gpu, sample, verdict) of every whole GPU of a snapshot; slices have none."""
+    return tuple((gpu, d, evaluate(d, now, xid_window)) for gpu, d in devices
+                 if not d.info.parent_key)
+
+
+STATUS_DOC = "Health verdict of the GPU: 0 healthy, 1 degraded, 2 failed (the worst check)."
+CHECK_DOC = "One health check of the GPU: 0 healthy, 1 degraded, 2 failed."
+LABELS = ("gpu", "uuid", "vendor", "source")
+
+
+def families(entries: Iterable[tuple[str, DeviceSample, Verdict]]) -> list[Metric]:
+    """``gpu_health_status`` and ``gpu_health_check_status`` of a snapshot's verdicts."""
+    status = GaugeMetricFamily("gpu_health_status", STATUS_DOC, labels=list(LABELS))
+    checks = GaugeMetricFamily("gpu_health_check_status", CHECK_DOC,
+                               labels=[*LABELS, "check"])
+    for gpu, d, verdict in entries:
+        labels = [gpu, d.info.uuid, d.info.vendor, SOURCE]
+        status.add_metric(labels, verdict.status)
+        for check, value in verdict.checks.items():
+            checks.add_metric([*labels, check], value)
+    return [status, checks] if status.samples else []
+
+
+def table_html(entries: Iterable[tuple[str, DeviceSample, Verdict]]) -> str:
+    """The landing page's health table: one row per GPU, the reasons of what is not healthy."""
+    rows = "".join(
+        f"<tr><td>{html.escape(gpu)}</td><td>{html.escape(d.info.vendor)}</td>"
+        f"<td>{html.escape(d.info.uuid)}</td><td>{STATUS_NAMES[v.status]}</td><td>"
+        + html.escape("; ".join(f"{f.check}: {f.reason}" for f in v.findings))
+        + "</td></tr>" for gpu, d, v in entries)
+    return ("<h2>GPU health</h2><table border=\"1\"><tr><th>gpu</th><th>vendor</th>"
+            f"<th>uuid</th><th>health</th><th>reasons</th></tr>{rows}</table>")

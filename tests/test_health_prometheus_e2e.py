@@ -1,0 +1,106 @@
+"""A real Prometheus evaluates the health and thermal alerts against the real daemon on a
+hot, faulty fixture machine (tests/fixtures/build_health.py: mixed-faulty).
+
+The alerts wait (``for:``) minutes before they fire; here they must be active (pending or
+firing) on exactly the GPUs and checks the fixture's faults call for, for every vendor.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from test_deploy_dashboards import load, to_promql
+from test_deploy_prometheus_e2e import PROMETHEUS, free_port, query, stop, wait_for
+
+from tests.daemon import daemon_env
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "tests" / "fixtures" / "mixed-faulty"
+RULES = ROOT / "deploy" / "prometheus" / "gpu-exporter.rules.yml"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(PROMETHEUS).exists(),
+                       reason="no prometheus binary (Debian package prometheus)"),
+]
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("prom-health")
+    exporter_port, prom_port = free_port(), free_port()
+    with (tmp / "exporter.log").open("wb") as exporter_log:
+        exporter = subprocess.Popen(
+            [sys.executable, "-m", "exporter.cli", "--web.listen-address",
+             f"127.0.0.1:{exporter_port}", "--path.sysfs", str(FIXTURE / "sys"),
+             "--path.procfs", str(FIXTURE / "proc"), "--collector.interval", "1s"],
+            cwd=ROOT, env=daemon_env(FIXTURE / "nvml.json"), stdout=exporter_log,
+            stderr=subprocess.STDOUT)
+    prom = None
+    try:
+        wait_for(f"http://127.0.0.1:{exporter_port}/-/ready", 30, exporter, tmp / "exporter.log")
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [{"job_name": "gpu-exporter", "static_configs": [
+                {"targets": [f"127.0.0.1:{exporter_port}"]}]}],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        with (tmp / "prometheus.log").open("wb") as prom_log:
+            prom = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={tmp / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{prom_port}"],
+                stdout=prom_log, stderr=subprocess.STDOUT)
+        api = f"http://127.0.0.1:{prom_port}"
+        wait_for(f"{api}/-/ready", 30, prom, tmp / "prometheus.log")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(
+                query(api, 'ALERTS{alertname="GpuTemperatureNearSlowdown"}')) < 3:
+            time.sleep(0.5)
+        yield api
+    finally:
+        if prom is not None:
+            stop(prom)
+        stop(exporter)
+
+
+def active(api: str, alert: str) -> set[tuple[str, ...]]:
+    result = query(api, f'ALERTS{{alertname="{alert}", alertstate=~"pending|firing"}}')
+    keys = ("vendor", "gpu", "check", "sensor")
+    return {tuple(r["metric"][k] for k in keys if k in r["metric"]) for r in result}
+
+
+def test_the_verdicts_are_scraped(prometheus: str) -> None:
+    result = query(prometheus, "gpu_health_status")
+    assert {r["metric"]["vendor"]: r["value"][1] for r in result} == {
+        "nvidia": "2", "amd": "1", "intel": "1"}
+
+
+def test_unhealthy_fires_for_the_failed_check_only(prometheus: str) -> None:
+    # NVIDIA: recovery action GPU_RESET; its application XIDs (13, 31) fail nothing.
+    assert active(prometheus, "GpuUnhealthy") == {("nvidia", "1", "driver")}
+
+
+def test_degraded_fires_for_the_hot_amd_and_the_throttled_intel(prometheus: str) -> None:
+    assert active(prometheus, "GpuDegraded") == {("amd", "0", "thermal"),
+                                                 ("intel", "2", "thermal")}
+
+
+def test_near_slowdown_fires_for_every_vendor_on_the_sensor_its_threshold_is_for(
+        prometheus: str) -> None:
+    assert active(prometheus, "GpuTemperatureNearSlowdown") == {
+        ("nvidia", "1", "gpu"), ("amd", "0", "junction"), ("intel", "2", "package")}
+
+
+def test_the_overview_inventory_shows_each_gpus_health(prometheus: str) -> None:
+    (inventory,) = [p for p in load("gpu-overview")["panels"] if p["title"] == "Inventory"]
+    (expr,) = [t["expr"] for t in inventory["targets"] if "gpu_health_status" in t["expr"]]
+    result = query(prometheus, to_promql(expr))
+    assert {r["metric"]["gpu"]: r["value"][1] for r in result} == {"0": "1", "1": "2", "2": "1"}
