@@ -53,8 +53,7 @@ def test_rx7800xt_values_in_base_units(rx7800xt_hwmon: Path) -> None:
     assert hwmon.read_power(d) == {"PPT": 32.0}  # 32000000 µW
     assert hwmon.read_power_caps(d) == {"PPT": 236.0}
     assert hwmon.read_power_caps(d, "cap_max") == {"PPT": 280.0}
-    assert hwmon.read_fans_rpm(d) == {"fan1": 868.0}
-    assert hwmon.read_fan_ratios(d) == {"fan1": pytest.approx(89 / 255)}
+    assert hwmon.read_fan_ratios(d) == {"0": pytest.approx(89 / 255)}
     assert hwmon.read_frequencies(d) == {"sclk": 2_011_000_000.0, "mclk": 456_000_000.0}
     assert hwmon.read_voltages(d) == {"vddgfx": pytest.approx(0.985)}
     assert hwmon.read_energy(d) == {}
@@ -88,12 +87,12 @@ def test_energy_and_unlabelled_channels(tmp_path: Path) -> None:
 def test_fan_ratio_from_rpm_when_no_pwm(tmp_path: Path) -> None:
     d = chip(tmp_path, {"fan1_input": "1650\n", "fan1_max": "3300\n", "fan2_input": "900\n"})
     # fan2 has no max: no ratio rather than a guess
-    assert hwmon.read_fan_ratios(d) == {"fan1": 0.5}
+    assert hwmon.read_fan_ratios(d) == {"0": 0.5}
 
 
 def test_pwm_without_max_uses_255(tmp_path: Path) -> None:
     d = chip(tmp_path, {"pwm1": "51\n"})
-    assert hwmon.read_fan_ratios(d) == {"fan1": 0.2}
+    assert hwmon.read_fan_ratios(d) == {"0": 0.2}
 
 
 def test_bad_values_are_skipped_and_counted(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -28,7 +29,7 @@ from exporter.backends.amd.rates import AccumulatorRates, ResidencyFlags
 from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
-from exporter.fs import clean_text, read_bytes
+from exporter.fs import AttrReader
 from exporter.kernel import hwmon
 from exporter.kernel.amdgpu import (
     DpmLevel,
@@ -43,6 +44,7 @@ from exporter.kernel.amdgpu_gpu_metrics import (
     GpuMetricsError,
     parse_gpu_metrics,
 )
+from exporter.merge import View, merge_device
 from exporter.model import DeviceInfo, DeviceSample, pci_uuid
 
 log = structlog.get_logger(__name__)
@@ -51,30 +53,19 @@ SOURCE = "sysfs"
 _HWMON_SENSORS = {"edge": "edge", "junction": "junction", "mem": "memory"}
 
 
-class _Reader:
-    """Reads one card's attributes, telling "not exposed" from "failed" for the counters."""
+class _Files:
+    """One card's device directory through its AttrReader, with the amdgpu text rules."""
 
-    def __init__(self, device_dir: Path, errors: Counter[str]) -> None:
+    def __init__(self, reader: AttrReader, device_dir: str, errors: Counter[str]) -> None:
+        self.r = reader
         self.dir = device_dir
         self.errors = errors
 
     def text(self, name: str) -> str | None:
-        path = self.dir / name
-        if not os.path.lexists(path):
-            return None  # this ASIC/kernel does not have the file: not an error
-        raw = read_bytes(path)
-        if raw is None:
-            self.errors["read"] += 1  # EAGAIN/ENODATA/EIO, a dangling link, a directory
-            return None
-        return clean_text(raw)
+        return self.r.text(self.dir, name, self.errors)
 
-    def number(self, name: str, unit: str, scale: float = 1.0) -> float | None:
-        """A number in base units, bounded for ``unit``; garbage is dropped and counted."""
-        text = self.text(name)
-        value = None if hwmon.is_u64_sentinel(text) else units.parse_scaled(text, scale, unit)
-        if value is None and text is not None:
-            self.errors["parse"] += 1
-        return value
+    def number(self, name: str, unit: str) -> float | None:
+        return self.r.number(self.dir, name, self.errors, 1.0, unit)
 
     def ratio(self, name: str) -> float | None:
         """A ``*_busy_percent`` file as 0..1."""
@@ -104,20 +95,11 @@ class _Reader:
             self.errors["parse"] += 1
         return width
 
-    def raw(self, name: str) -> bytes | None:
-        path = self.dir / name
-        if not os.path.lexists(path):
-            return None
-        data = read_bytes(path)
-        if data is None:
-            self.errors["read"] += 1
-        return data
-
 
 def device_info(card: DrmCard, ids: AmdgpuIds | None = None) -> DeviceInfo:
     """Static identity: product_name (else libdrm's name for device + revision),
     unique_id (the uuid), vbios_version."""
-    r = _Reader(card.device_dir, Counter())
+    r = _Files(AttrReader(keep=False), os.fspath(card.device_dir), Counter())
     unique_id = r.text("unique_id")
     name = r.text("product_name") or ""
     if not name and ids is not None:
@@ -163,58 +145,76 @@ class CardCounters:
         return self.xgmi.update(now, counters)
 
 
+GPU_METRICS_BYTES = 16384  # a binary attribute: the largest table (MI300, v1.5) is ~1.4 KB
+# What the gpu_metrics table stands in for where the files do not say it.
+_TABLE_TEMPS = ("edge", "junction", "memory")
+_TABLE_CLOCKS = ("graphics", "memory")
+_TABLE_VIEW = View(priority=KERNEL, serving=True, devices=())
+
+
 def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
-              counters: CardCounters | None = None) -> DeviceSample:
-    """One sample of one card; never raises for a bad value (it is skipped and counted)."""
-    r = _Reader(card.device_dir, errors)
-    counters = counters or CardCounters()
+              counters: CardCounters | None = None,
+              reader: AttrReader | None = None) -> DeviceSample:
+    """One sample of one card; never raises for a bad value (it is skipped and counted).
+
+    The card's files (text attributes, hwmon) come first; the binary ``gpu_metrics``
+    table fills what they do not say, through the same field-by-field merge that
+    joins backends (exporter.merge), so "first value wins" lives in one place.
+    """
+    reader = reader or AttrReader(keep=False)
+    device_dir = os.fspath(card.device_dir)
     metrics: GpuMetrics | None = None
-    blob = r.raw("gpu_metrics")
+    blob = reader.raw(device_dir, "gpu_metrics", errors, GPU_METRICS_BYTES)
     if blob:
         try:
             metrics = parse_gpu_metrics(blob)
             errors["parse"] += metrics.dropped
         except GpuMetricsError:
             errors["gpu_metrics"] += 1
+    files = _from_files(_Files(reader, device_dir, errors), info, metrics)
+    if metrics is None:
+        return files
+    table = _from_gpu_metrics(info, metrics, counters or CardCounters())
+    merged = merge_device([(_TABLE_VIEW, files), (_TABLE_VIEW, table)])
+    assert merged is not None  # both samples are primary and up
+    # Clocks and engines keep their name order whichever sample gave which key.
+    return replace(merged, clocks_hertz=dict(sorted(merged.clocks_hertz.items())),
+                   engine_utilization_ratio=dict(sorted(merged.engine_utilization_ratio.items())))
 
-    temps: dict[str, float] = {}
-    thresholds: dict[str, float] = {}
-    power: dict[str, float] = {}
-    caps: dict[str, float] = {}
-    energy: dict[str, float] = {}
-    fans: dict[str, float] = {}
-    freqs: dict[str, float] = {}
-    volts: dict[str, float] = {}
-    for d in hwmon.hwmon_dirs(card.device_dir):
-        raw_temps = hwmon.read_temperatures(d, errors)
-        temps.update({_HWMON_SENSORS.get(k, k): v for k, v in raw_temps.items()})
+
+def _hwmon_values(r: _Files) -> dict[str, dict[str, float]]:
+    """Every hwmon chip of the card, by kind (later chips add labels, earlier ones win
+    ties only for thresholds)."""
+    out: dict[str, dict[str, float]] = {k: {} for k in (
+        "temps", "thresholds", "power", "caps", "energy", "fans", "freqs", "volts")}
+    reader, errors = r.r, r.errors
+    for d in hwmon.hwmon_dirs(r.dir, reader):
+        raw_temps = hwmon.read_temperatures(d, errors, reader)
+        out["temps"].update({_HWMON_SENSORS.get(k, k): v for k, v in raw_temps.items()})
         # Thresholds of the sensor that throttles: junction (hotspot) where it exists.
         hot = next((s for s in ("junction", "edge") if s in raw_temps), None)
         for kind, name in (("crit", "critical"), ("emergency", "shutdown")):
-            by_label = hwmon.read_temperature_thresholds(d, kind, errors)
+            by_label = hwmon.read_temperature_thresholds(d, kind, errors, reader)
             value = by_label.get(hot) if hot else _first(by_label)
             if value is not None:
-                thresholds[name] = value
-        power.update(hwmon.read_power(d, errors))
-        caps.update(hwmon.read_power_caps(d, "cap", errors))
-        energy.update(hwmon.read_energy(d, errors))
-        for key, ratio in hwmon.read_fan_ratios(d, errors).items():
-            fans[str(int(key.removeprefix("fan")) - 1)] = ratio  # fan1 -> "0", as NVML counts
-        freqs.update(hwmon.read_frequencies(d, errors))
-        volts.update(hwmon.read_voltages(d, errors))
+                out["thresholds"][name] = value
+        out["power"].update(hwmon.read_power(d, errors, reader))
+        out["caps"].update(hwmon.read_power_caps(d, "cap", errors, reader))
+        out["energy"].update(hwmon.read_energy(d, errors, reader))
+        out["fans"].update(hwmon.read_fan_ratios(d, errors, reader))
+        out["freqs"].update(hwmon.read_frequencies(d, errors, reader))
+        out["volts"].update(hwmon.read_voltages(d, errors, reader))
+    return out
 
-    if metrics is not None:  # fill only what hwmon did not give
-        for sensor in ("edge", "junction", "memory"):
-            if sensor not in temps and sensor in metrics.temperatures_celsius:
-                temps[sensor] = metrics.temperatures_celsius[sensor]
 
+def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None) -> DeviceSample:
+    """What the card's text attributes and hwmon chips say."""
+    hw = _hwmon_values(r)
     sclk = r.dpm("pp_dpm_sclk")
     mclk = r.dpm("pp_dpm_mclk")
     clocks: dict[str, float] = {}
     for clock, label, levels in (("graphics", "sclk", sclk), ("memory", "mclk", mclk)):
-        value = freqs.get(label) or dpm_current_hz(levels)
-        if value is None and metrics is not None:
-            value = metrics.clocks_hertz.get(clock)
+        value = hw["freqs"].get(label) or dpm_current_hz(levels)
         if value is not None:
             clocks[clock] = value
     max_clocks = {
@@ -235,23 +235,13 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
 
     util = r.ratio("gpu_busy_percent")
     mem_util = r.ratio("mem_busy_percent")
-    engines: dict[str, float] = {}
     video = r.ratio("vcn_busy_percent")
-    if metrics is not None:
-        util = util if util is not None else metrics.gfx_activity_ratio
-        mem_util = mem_util if mem_util is not None else metrics.memory_activity_ratio
-        if metrics.gfx_activity_ratio is not None:
-            engines["gfx"] = metrics.gfx_activity_ratio
-        video = video if video is not None else metrics.video_activity_ratio
-    if video is not None:
-        engines["video"] = video
 
     vram_total = r.number("mem_info_vram_total", "bytes")
     vram_used = r.number("mem_info_vram_used", "bytes")
     gtt_total = r.number("mem_info_gtt_total", "bytes")
     gtt_used = r.number("mem_info_gtt_used", "bytes")
-    apu = is_apu(metrics, list(volts))
-    if apu:
+    if is_apu(metrics, list(hw["volts"])):
         # The "VRAM" of an APU is a carve-out of system RAM: report it with GTT as
         # shared memory, and no device-local memory, rather than pretend it is VRAM.
         shared_total = _sum(vram_total, gtt_total)
@@ -263,32 +253,6 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
     if vram_total is not None and vram_used is not None and vram_used <= vram_total:
         vram_free = vram_total - vram_used
 
-    ecc: dict[str, int] = {}
-    ras_dir = card.device_dir / "ras"
-    if ras_dir.is_dir():
-        for name in sorted(os.listdir(ras_dir)):
-            if name.endswith("_err_count"):
-                counts, bad = parse_ras_count(r.text(f"ras/{name}"))
-                errors["parse"] += bad
-                for kind, count in counts.items():
-                    ecc[kind] = ecc.get(kind, 0) + count
-
-    power_w = _first(power, "PPT")
-    if power_w is None and metrics is not None:
-        power_w = metrics.socket_power_watts
-    energy_j = _first(energy)
-    if energy_j is None and metrics is not None:
-        energy_j = metrics.energy_joules
-
-    throttle: dict[str, bool] = {}
-    xgmi: dict[tuple[str, str], float] = {}
-    links: dict[tuple[str, str], bool] = {}
-    if metrics is not None:
-        throttle = metrics.throttle_reasons or counters.residency.update(
-            metrics.throttle_residency, MI300_THROTTLERS)
-        xgmi = counters.xgmi_rates(metrics)
-        links = {(link, "gpu"): up for link, up in metrics.xgmi_link_up.items()}
-
     return DeviceSample(
         info=info,
         source=SOURCE,
@@ -299,24 +263,58 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
         memory_free_bytes=vram_free,
         shared_memory_total_bytes=shared_total,
         shared_memory_used_bytes=shared_used,
-        temperatures_celsius=temps,
-        temperature_thresholds_celsius=thresholds,
-        power_watts=power_w,
-        power_limit_watts=_first(caps, "PPT"),
-        energy_joules=energy_j,
-        fan_speed_ratio=fans,
+        temperatures_celsius=hw["temps"],
+        temperature_thresholds_celsius=hw["thresholds"],
+        power_watts=_first(hw["power"], "PPT"),
+        power_limit_watts=_first(hw["caps"], "PPT"),
+        energy_joules=_first(hw["energy"]),
+        fan_speed_ratio=hw["fans"],
         clocks_hertz=clocks,
         clocks_max_hertz=max_clocks,
-        throttle_reasons=throttle,
         pcie_link_generation=gen,
         pcie_link_width=width,
         pcie_link_max_generation=r.link_speed("max_link_speed"),
         pcie_link_max_width=r.link_width("max_link_width"),
         pcie_replay_errors=_int(r.number("pcie_replay_count", "count")),
-        engine_utilization_ratio=engines,
-        ecc_errors=ecc,
-        xgmi_throughput_bytes_per_second=xgmi,
-        nvlink_up=links,
+        engine_utilization_ratio={"video": video} if video is not None else {},
+        ecc_errors=_ras_counts(r),
+    )
+
+
+def _ras_counts(r: _Files) -> dict[str, int]:
+    """RAS ``ras/<block>_err_count`` files, summed over blocks by kind."""
+    ras = f"{r.dir}/ras"
+    blocks = r.r.memo(("ras", ras), lambda: sorted(
+        n for n in r.r.names(ras) if n.endswith("_err_count")))
+    ecc: dict[str, int] = {}
+    for name in blocks:
+        counts, bad = parse_ras_count(r.r.text(ras, name, r.errors))
+        r.errors["parse"] += bad
+        for kind, count in counts.items():
+            ecc[kind] = ecc.get(kind, 0) + count
+    return ecc
+
+
+def _from_gpu_metrics(info: DeviceInfo, metrics: GpuMetrics,
+                      counters: CardCounters) -> DeviceSample:
+    """What the gpu_metrics table says: some values only it has (throttling, XGMI),
+    the rest fills in where the files are silent."""
+    engines = {"gfx": metrics.gfx_activity_ratio, "video": metrics.video_activity_ratio}
+    return DeviceSample(
+        info=info,
+        source=SOURCE,
+        utilization_ratio=metrics.gfx_activity_ratio,
+        memory_utilization_ratio=metrics.memory_activity_ratio,
+        temperatures_celsius={s: v for s, v in metrics.temperatures_celsius.items()
+                              if s in _TABLE_TEMPS},
+        power_watts=metrics.socket_power_watts,
+        energy_joules=metrics.energy_joules,
+        clocks_hertz={c: v for c, v in metrics.clocks_hertz.items() if c in _TABLE_CLOCKS},
+        throttle_reasons=metrics.throttle_reasons or counters.residency.update(
+            metrics.throttle_residency, MI300_THROTTLERS),
+        engine_utilization_ratio={k: v for k, v in engines.items() if v is not None},
+        xgmi_throughput_bytes_per_second=counters.xgmi_rates(metrics),
+        nvlink_up={(link, "gpu"): up for link, up in metrics.xgmi_link_up.items()},
     )
 
 
@@ -326,6 +324,17 @@ def _int(value: float | None) -> int | None:
 
 def _sum(a: float | None, b: float | None) -> float | None:
     return None if a is None and b is None else (a or 0.0) + (b or 0.0)
+
+
+class _Card:
+    """One card's state across cycles: identity, counters, kept-open files."""
+
+    def __init__(self, card: DrmCard, info: DeviceInfo) -> None:
+        self.card = card
+        self.info = info
+        self.counters = CardCounters()
+        self.reader = AttrReader()
+        self.lost = False
 
 
 class AmdBackend:
@@ -338,10 +347,8 @@ class AmdBackend:
     def __init__(self, config: Config, discovery: DrmDiscovery) -> None:
         self.config = config
         self.discovery = discovery
-        self._infos: dict[str, DeviceInfo] = {}  # card name -> identity
-        self._cards: dict[str, DrmCard] = {}
+        self._cards: dict[str, _Card] = {}  # card name -> state
         self._generation = -1
-        self._counters: dict[str, CardCounters] = {}
         self._ids = AmdgpuIds(Path(config.amdgpu_ids) if config.amdgpu_ids
                               else default_path(config.sysfs))
         # open() only reads the cached card list: the collector may retry it every cycle.
@@ -361,46 +368,60 @@ class AmdBackend:
             root = self.discovery.sysfs.path("class", "drm")
             raise BackendUnavailable(f"no amdgpu card under {root}")
         self._refresh(cards)
-        return [self._infos[c.card] for c in cards]
+        return [self._cards[c.card].info for c in cards]
 
-    def _refresh(self, cards: list[DrmCard]) -> list[DrmCard]:
-        """New cards get their static info read once; returns the cards that went away."""
+    def _refresh(self, cards: list[DrmCard]) -> list[_Card]:
+        """New cards get their static info read once; returns the cards that went away.
+
+        A new discovery generation (hotplug) re-lists every card's layout."""
         current = {c.card: c for c in cards}
-        gone = [c for name, c in self._cards.items() if current.get(name) != c]
-        for c in gone:
-            self._infos.pop(c.card, None)
-            self._counters.pop(c.card, None)
+        gone = [st for name, st in self._cards.items() if current.get(name) != st.card]
+        for st in gone:
+            st.reader.close()
+            del self._cards[st.card.card]
+        if self.discovery.generation != self._generation:
+            for st in self._cards.values():
+                st.reader.reset()
+            self._generation = self.discovery.generation
         for name, c in current.items():
-            if name not in self._infos:
-                self._infos[name] = device_info(c, self._ids)
-        self._cards = current
-        self._generation = self.discovery.generation
+            if name not in self._cards:
+                self._cards[name] = _Card(c, device_info(c, self._ids))
         return gone
 
     def sample(self, slow: bool) -> Cycle:
         errors: Counter[str] = Counter()
-        gone_infos = {c.card: self._infos.get(c.card) for c in self._cards.values()}
         gone = self._refresh(self.discovery.cards(["amdgpu"]))
-        devices: list[DeviceSample] = []
-        for c in self._cards.values():
-            try:
-                counters = self._counters.setdefault(c.card, CardCounters())
-                devices.append(read_card(c, self._infos[c.card], errors, counters))
-            except Exception as exc:  # a card torn down mid-read: keep the others going
-                errors["card"] += 1
-                log.debug("amdgpu card read failed", card=c.card, reason=str(exc))
-                devices.append(DeviceSample(info=self._infos[c.card], source=SOURCE, up=False))
+        if self.discovery.listing_error is not None:
+            errors["drm_listing"] += 1  # the last known cards are read meanwhile
+        devices = [self._read(st, errors) for st in self._cards.values()]
         # A card that vanished is reported once as down, then its series go away.
-        for c in gone:
-            info = gone_infos.get(c.card)
-            if info is not None and info.pci_bus_id not in {d.info.pci_bus_id for d in devices}:
-                devices.append(DeviceSample(info=info, source=SOURCE, up=False))
+        for st in gone:
+            if st.info.pci_bus_id not in {d.info.pci_bus_id for d in devices}:
+                devices.append(DeviceSample(info=st.info, source=SOURCE, up=False))
         devices.sort(key=lambda d: d.info.pci_bus_id)
         return Cycle(devices=devices, errors={k: n for k, n in errors.items() if n})
+
+    def _read(self, st: _Card, errors: Counter[str]) -> DeviceSample:
+        # The device directory gone under a class/drm link still there (driver unbind,
+        # a card fallen off the bus): lost until it is back. Kept descriptors of a
+        # removed file could still answer, so this is checked, not inferred.
+        if not os.path.isdir(st.card.device_dir):
+            errors["gpu_lost"] += 1
+            if not st.lost:
+                st.reader.reset()  # its layout is re-listed when it comes back
+            st.lost = True
+            return DeviceSample(info=st.info, source=SOURCE, up=False)
+        st.lost = False
+        try:
+            return read_card(st.card, st.info, errors, st.counters, st.reader)
+        except Exception as exc:  # a card torn down mid-read: keep the others going
+            errors["card"] += 1
+            log.debug("amdgpu card read failed", card=st.card.card, reason=str(exc))
+            return DeviceSample(info=st.info, source=SOURCE, up=False)
 
     def close(self) -> None:
         # The discovery (and its udev observer) is shared with the Intel backend:
         # it is not ours to stop here.
+        for st in self._cards.values():
+            st.reader.close()
         self._cards.clear()
-        self._infos.clear()
-        self._counters.clear()
