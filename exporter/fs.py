@@ -245,7 +245,9 @@ class AttrReader:
             _close(fd)
             FD_BUDGET.give(1)
 
-    def __len__(self) -> int:
+    @property
+    def kept(self) -> int:
+        """How many descriptors this reader holds open now."""
         return len(self._fds)
 
 

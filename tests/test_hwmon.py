@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.fs import FD_BUDGET, FDS_PER_READER, AttrReader
 from exporter.kernel import hwmon
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -110,3 +111,29 @@ def test_bad_values_are_skipped_and_counted(tmp_path: Path) -> None:
     errors: Counter[str] = Counter()
     assert hwmon.read_temperatures(d, errors) == {"temp5": 50.0}
     assert errors == {"read": 2, "parse": 1}
+
+
+def test_channels_and_labels_are_found_once_per_layout(tmp_path: Path) -> None:
+    d = chip(tmp_path, {"temp1_input": "40000\n", "temp1_label": "edge\n"})
+    reader = AttrReader()
+    assert hwmon.read_temperatures(d, reader=reader) == {"edge": 40.0}
+    (d / "temp1_label").write_text("junction\n")  # labels only change on hotplug
+    (d / "temp1_input").write_text("41000\n")  # values are re-read every time
+    (d / "temp2_input").write_text("42000\n")  # not in the layout listed at first
+    assert hwmon.read_temperatures(d, reader=reader) == {"edge": 41.0}
+    reader.reset()  # what a new discovery generation does
+    assert hwmon.read_temperatures(d, reader=reader) == {"junction": 41.0, "temp2": 42.0}
+    reader.close()
+
+
+def test_kept_descriptors_are_bounded_per_reader_and_given_back(tmp_path: Path) -> None:
+    n = FDS_PER_READER + 20
+    d = chip(tmp_path, {f"temp{i}_input": f"{i * 100}\n" for i in range(1, n + 1)})
+    used = FD_BUDGET.used
+    reader = AttrReader()
+    values = hwmon.read_temperatures(d, reader=reader)
+    assert len(values) == n and values[f"temp{n}"] == n / 10  # past the bound: read anyway
+    assert reader.kept == FDS_PER_READER and FD_BUDGET.used == used + FDS_PER_READER
+    assert hwmon.read_temperatures(d, reader=reader) == values
+    reader.close()
+    assert reader.kept == 0 and FD_BUDGET.used == used
