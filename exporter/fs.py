@@ -195,8 +195,11 @@ class AttrReader:
     # -- values ------------------------------------------------------------------
 
     def raw(self, directory: str, name: str, errors: Counter[str] | None,
-            size: int = PAGE) -> bytes | None:
-        """The attribute's bytes (at most ``size``); None if not listed or unreadable."""
+            size: int = PAGE, keep: bool = True) -> bytes | None:
+        """The attribute's bytes (at most ``size``); None if not listed or unreadable.
+
+        ``keep=False`` for what is read once per layout (labels, names): no descriptor
+        is spent on it."""
         if name not in self.names(directory):
             return None
         path = f"{directory}/{name}"
@@ -205,7 +208,8 @@ class AttrReader:
         try:
             if fd is None:
                 fd = os.open(path, OPEN_FLAGS)
-                if (self.keep and len(self._fds) < FDS_PER_READER and FD_BUDGET.take()):
+                if (keep and self.keep and len(self._fds) < FDS_PER_READER
+                        and FD_BUDGET.take()):
                     self._fds[path] = fd
                     kept = True
             data = os.pread(fd, size, 0)
@@ -221,8 +225,9 @@ class AttrReader:
             _close(fd)
         return data
 
-    def text(self, directory: str, name: str, errors: Counter[str] | None) -> str | None:
-        raw = self.raw(directory, name, errors)
+    def text(self, directory: str, name: str, errors: Counter[str] | None,
+             keep: bool = True) -> str | None:
+        raw = self.raw(directory, name, errors, PAGE, keep)
         return None if raw is None else clean_text(raw)
 
     def number(self, directory: str, name: str, errors: Counter[str] | None,

@@ -65,7 +65,7 @@ def hwmon_name(hwmon_dir: HwmonDir, reader: AttrReader | None = None) -> str | N
     if reader is None:
         return read_text(Path(hwmon_dir, "name"))
     d = os.fspath(hwmon_dir)
-    return reader.memo(("name", d), lambda: reader.text(d, "name", None))
+    return reader.memo(("name", d), lambda: reader.text(d, "name", None, keep=False))
 
 
 def is_u64_sentinel(text: str | None) -> bool:
@@ -85,7 +85,7 @@ def _labelled(reader: AttrReader, d: str, prefix: str, suffix: str) -> list[tupl
     def build() -> list[tuple[str, str]]:
         out = []
         for index, filename in channels(reader.names(d), prefix, suffix):
-            label = reader.text(d, f"{prefix}{index}_label", None)
+            label = reader.text(d, f"{prefix}{index}_label", None, keep=False)
             out.append((label or f"{prefix}{index}", filename))
         return out
 

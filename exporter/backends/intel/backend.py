@@ -288,7 +288,7 @@ def _read_xe_gts(
         for gt in _numbered(r, tile, "gt"):
             idle = f"{gt}/gtidle"
             label = r.memo(("gt", gt), lambda: gt_clock_label(
-                r.text(idle, "name", errors), os.path.basename(gt)))  # noqa: B023
+                r.text(idle, "name", errors, keep=False), os.path.basename(gt)))  # noqa: B023
             if label is None or label in clocks or label in max_clocks:
                 continue
             act, top = _freqs(r, f"{gt}/freq0", "", "_freq", errors, rp0="rp0")
