@@ -192,6 +192,11 @@ class AttrReader:
 
     close = reset
 
+    def __del__(self) -> None:
+        # A reader dropped without close() (a backend object discarded) still gives
+        # its descriptors and its share of FD_BUDGET back.
+        self.reset()
+
     # -- values ------------------------------------------------------------------
 
     def raw(self, directory: str, name: str, errors: Counter[str] | None,

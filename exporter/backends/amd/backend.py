@@ -18,7 +18,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -60,6 +60,7 @@ class _Files:
         self.r = reader
         self.dir = device_dir
         self.errors = errors
+        self._dpm: dict[str, list[DpmLevel]] = {}  # one read (and count) per cycle
 
     def text(self, name: str) -> str | None:
         return self.r.text(self.dir, name, self.errors)
@@ -76,9 +77,11 @@ class _Files:
         return value
 
     def dpm(self, name: str) -> list[DpmLevel]:
-        levels, bad = parse_pp_dpm(self.text(name))
-        self.errors["parse"] += bad
-        return levels
+        if name not in self._dpm:
+            levels, bad = parse_pp_dpm(self.text(name))
+            self.errors["parse"] += bad
+            self._dpm[name] = levels
+        return self._dpm[name]
 
     def link_speed(self, name: str) -> int | None:
         text = self.text(name)
@@ -128,6 +131,17 @@ def _first(values: dict[str, float], *preferred: str) -> float | None:
     return next(iter(values.values()), None)
 
 
+@dataclass(frozen=True)
+class _Slow:
+    """Values read on the slow tier: limits and maxima set by firmware or the operator."""
+
+    thresholds: dict[str, float] = field(default_factory=dict)
+    power_limit: float | None = None
+    max_clocks: dict[str, float] = field(default_factory=dict)
+    max_generation: int | None = None
+    max_width: int | None = None
+
+
 class CardCounters:
     """What one card's sample needs from the previous one: XGMI accumulators and MI300
     throttler residencies (gpu_metrics v1.4+) become rates and flags across cycles."""
@@ -135,6 +149,7 @@ class CardCounters:
     def __init__(self) -> None:
         self.xgmi: AccumulatorRates[tuple[str, str]] = AccumulatorRates()
         self.residency = ResidencyFlags()
+        self.slow: _Slow | None = None  # the slow tier's values, kept between slow cycles
 
     def xgmi_rates(self, metrics: GpuMetrics) -> dict[tuple[str, str], float]:
         # "read" data arrived over the link (rx), "write" data left through it (tx).
@@ -154,8 +169,11 @@ _TABLE_VIEW = View(priority=KERNEL, serving=True, devices=())
 
 def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
               counters: CardCounters | None = None,
-              reader: AttrReader | None = None) -> DeviceSample:
+              reader: AttrReader | None = None, slow: bool = True) -> DeviceSample:
     """One sample of one card; never raises for a bad value (it is skipped and counted).
+
+    Limits and maxima (temperature thresholds, power cap, DPM maxima, max PCIe link)
+    are read on slow cycles (and the first one) and kept in ``counters`` meanwhile.
 
     The card's files (text attributes, hwmon) come first; the binary ``gpu_metrics``
     table fills what they do not say, through the same field-by-field merge that
@@ -171,10 +189,11 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
             errors["parse"] += metrics.dropped
         except GpuMetricsError:
             errors["gpu_metrics"] += 1
-    files = _from_files(_Files(reader, device_dir, errors), info, metrics)
+    counters = counters or CardCounters()
+    files = _from_files(_Files(reader, device_dir, errors), info, metrics, counters, slow)
     if metrics is None:
         return files
-    table = _from_gpu_metrics(info, metrics, counters or CardCounters())
+    table = _from_gpu_metrics(info, metrics, counters)
     merged = merge_device([(_TABLE_VIEW, files), (_TABLE_VIEW, table)])
     assert merged is not None  # both samples are primary and up
     # Clocks and engines keep their name order whichever sample gave which key.
@@ -182,24 +201,24 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
                    engine_utilization_ratio=dict(sorted(merged.engine_utilization_ratio.items())))
 
 
-def _hwmon_values(r: _Files) -> dict[str, dict[str, float]]:
-    """Every hwmon chip of the card, by kind (later chips add labels, earlier ones win
-    ties only for thresholds)."""
+def _hwmon_values(r: _Files, slow: bool) -> dict[str, dict[str, float]]:
+    """Every hwmon chip of the card, by kind; thresholds and caps only when ``slow``."""
     out: dict[str, dict[str, float]] = {k: {} for k in (
         "temps", "thresholds", "power", "caps", "energy", "fans", "freqs", "volts")}
     reader, errors = r.r, r.errors
     for d in hwmon.hwmon_dirs(r.dir, reader):
         raw_temps = hwmon.read_temperatures(d, errors, reader)
         out["temps"].update({_HWMON_SENSORS.get(k, k): v for k, v in raw_temps.items()})
-        # Thresholds of the sensor that throttles: junction (hotspot) where it exists.
-        hot = next((s for s in ("junction", "edge") if s in raw_temps), None)
-        for kind, name in (("crit", "critical"), ("emergency", "shutdown")):
-            by_label = hwmon.read_temperature_thresholds(d, kind, errors, reader)
-            value = by_label.get(hot) if hot else _first(by_label)
-            if value is not None:
-                out["thresholds"][name] = value
+        if slow:
+            # Thresholds of the sensor that throttles: junction (hotspot) where it exists.
+            hot = next((s for s in ("junction", "edge") if s in raw_temps), None)
+            for kind, name in (("crit", "critical"), ("emergency", "shutdown")):
+                by_label = hwmon.read_temperature_thresholds(d, kind, errors, reader)
+                value = by_label.get(hot) if hot else _first(by_label)
+                if value is not None:
+                    out["thresholds"][name] = value
+            out["caps"].update(hwmon.read_power_caps(d, "cap", errors, reader))
         out["power"].update(hwmon.read_power(d, errors, reader))
-        out["caps"].update(hwmon.read_power_caps(d, "cap", errors, reader))
         out["energy"].update(hwmon.read_energy(d, errors, reader))
         out["fans"].update(hwmon.read_fan_ratios(d, errors, reader))
         out["freqs"].update(hwmon.read_frequencies(d, errors, reader))
@@ -207,21 +226,29 @@ def _hwmon_values(r: _Files) -> dict[str, dict[str, float]]:
     return out
 
 
-def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None) -> DeviceSample:
+def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
+                counters: CardCounters, slow: bool) -> DeviceSample:
     """What the card's text attributes and hwmon chips say."""
-    hw = _hwmon_values(r)
-    sclk = r.dpm("pp_dpm_sclk")
-    mclk = r.dpm("pp_dpm_mclk")
+    slow = slow or counters.slow is None
+    hw = _hwmon_values(r, slow)
     clocks: dict[str, float] = {}
-    for clock, label, levels in (("graphics", "sclk", sclk), ("memory", "mclk", mclk)):
-        value = hw["freqs"].get(label) or dpm_current_hz(levels)
+    for clock, label, table in (("graphics", "sclk", "pp_dpm_sclk"),
+                                ("memory", "mclk", "pp_dpm_mclk")):
+        value = hw["freqs"].get(label) or dpm_current_hz(r.dpm(table))
         if value is not None:
             clocks[clock] = value
-    max_clocks = {
-        clock: hz
-        for clock, levels in (("graphics", sclk), ("memory", mclk))
-        if (hz := dpm_max_hz(levels)) is not None
-    }
+    if slow:
+        counters.slow = _Slow(
+            thresholds=hw["thresholds"],
+            power_limit=_first(hw["caps"], "PPT"),
+            max_clocks={clock: hz for clock, table in (("graphics", "pp_dpm_sclk"),
+                                                       ("memory", "pp_dpm_mclk"))
+                        if (hz := dpm_max_hz(r.dpm(table))) is not None},
+            max_generation=r.link_speed("max_link_speed"),
+            max_width=r.link_width("max_link_width"),
+        )
+    limits = counters.slow
+    assert limits is not None
 
     # PCIe: the starred pp_dpm_pcie level is the link the SMU runs; Navi dGPUs sit
     # behind an internal switch whose current_link_* shows the switch's link instead.
@@ -264,17 +291,17 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None) -> Devi
         shared_memory_total_bytes=shared_total,
         shared_memory_used_bytes=shared_used,
         temperatures_celsius=hw["temps"],
-        temperature_thresholds_celsius=hw["thresholds"],
+        temperature_thresholds_celsius=limits.thresholds,
         power_watts=_first(hw["power"], "PPT"),
-        power_limit_watts=_first(hw["caps"], "PPT"),
+        power_limit_watts=limits.power_limit,
         energy_joules=_first(hw["energy"]),
         fan_speed_ratio=hw["fans"],
         clocks_hertz=clocks,
-        clocks_max_hertz=max_clocks,
+        clocks_max_hertz=limits.max_clocks,
         pcie_link_generation=gen,
         pcie_link_width=width,
-        pcie_link_max_generation=r.link_speed("max_link_speed"),
-        pcie_link_max_width=r.link_width("max_link_width"),
+        pcie_link_max_generation=limits.max_generation,
+        pcie_link_max_width=limits.max_width,
         pcie_replay_errors=_int(r.number("pcie_replay_count", "count")),
         engine_utilization_ratio={"video": video} if video is not None else {},
         ecc_errors=_ras_counts(r),
@@ -393,7 +420,7 @@ class AmdBackend:
         gone = self._refresh(self.discovery.cards(["amdgpu"]))
         if self.discovery.listing_error is not None:
             errors["drm_listing"] += 1  # the last known cards are read meanwhile
-        devices = [self._read(st, errors) for st in self._cards.values()]
+        devices = [self._read(st, errors, slow) for st in self._cards.values()]
         # A card that vanished is reported once as down, then its series go away.
         for st in gone:
             if st.info.pci_bus_id not in {d.info.pci_bus_id for d in devices}:
@@ -401,7 +428,7 @@ class AmdBackend:
         devices.sort(key=lambda d: d.info.pci_bus_id)
         return Cycle(devices=devices, errors={k: n for k, n in errors.items() if n})
 
-    def _read(self, st: _Card, errors: Counter[str]) -> DeviceSample:
+    def _read(self, st: _Card, errors: Counter[str], slow: bool) -> DeviceSample:
         # The device directory gone under a class/drm link still there (driver unbind,
         # a card fallen off the bus): lost until it is back. Kept descriptors of a
         # removed file could still answer, so this is checked, not inferred.
@@ -413,7 +440,7 @@ class AmdBackend:
             return DeviceSample(info=st.info, source=SOURCE, up=False)
         st.lost = False
         try:
-            return read_card(st.card, st.info, errors, st.counters, st.reader)
+            return read_card(st.card, st.info, errors, st.counters, st.reader, slow)
         except Exception as exc:  # a card torn down mid-read: keep the others going
             errors["card"] += 1
             log.debug("amdgpu card read failed", card=st.card.card, reason=str(exc))
