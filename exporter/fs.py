@@ -239,10 +239,19 @@ class AttrReader:
                scale: float = 1.0, unit: str = "count") -> float | None:
         """A number in base units, bounded for ``unit`` by exporter.units; the u64
         all-ones "no value" and garbage are dropped and counted as ``parse``."""
-        text = self.text(directory, name, errors)
-        if text is None:
+        raw = self.raw(directory, name, errors)
+        if raw is None:
             return None
-        value = None if text == U64_TEXT else units.parse_scaled(text, scale, unit)
+        digits = raw.strip()
+        if digits.isdigit() and len(digits) <= units.MAX_DIGITS:
+            # The common case, a plain decimal: units bounds it without the text path.
+            as_int = int(digits)
+            value = None if as_int == units.U64_MAX else units.scaled(as_int, scale, unit)
+        else:
+            text = clean_text(raw)
+            if text is None:
+                return None
+            value = None if text == U64_TEXT else units.parse_scaled(text, scale, unit)
         if value is None:
             if errors is not None:
                 errors["parse"] += 1

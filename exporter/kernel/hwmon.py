@@ -68,11 +68,6 @@ def hwmon_name(hwmon_dir: HwmonDir, reader: AttrReader | None = None) -> str | N
     return reader.memo(("name", d), lambda: reader.text(d, "name", None, keep=False))
 
 
-def is_u64_sentinel(text: str | None) -> bool:
-    """2^64-1, the all-ones "no value" of a u64 sysfs attribute: never a reading."""
-    return units.parse_int(text) == units.U64_MAX
-
-
 def channels(names: Iterable[str], prefix: str, suffix: str) -> list[tuple[int, str]]:
     """``(N, filename)`` for every ``<prefix>N_<suffix>`` in ``names``, ordered by N (pure)."""
     pattern = re.compile(rf"{re.escape(prefix)}(\d+)_{re.escape(suffix)}")
