@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from exporter.backends.amd.backend import AmdBackend
 from exporter.backends.base import Cycle
@@ -118,14 +119,18 @@ def test_a_failing_drm_listing_keeps_the_cards_and_is_counted(
     resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
     fds = fill_descriptors()
     try:
-        cycle = b.sample(False)  # listing class/drm fails with EMFILE
+        with capture_logs() as logs:
+            cycle = b.sample(False)  # listing class/drm fails with EMFILE
+            again = b.sample(False)
     finally:
         for fd in fds:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     (d,) = cycle.devices
     assert (d.info.pci_bus_id, d.up, d.power_watts) == ("0000:03:00.0", True, 32.0)
-    assert cycle.errors == {"drm_listing": 1}
+    assert cycle.errors == again.errors == {"drm_listing": 1}
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "drm card listing failed; keeping the last known cards"]  # once, not per cycle
     assert "Too many open files" in (disc.listing_error or "")  # until the next listing
 
     cycle = b.sample(False)  # listing works again
