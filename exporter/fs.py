@@ -43,13 +43,28 @@ class _Root:
         return f"{type(self).__name__}({str(self.root)!r})"
 
 
-def read_bytes(path: Path, limit: int = MAX_ATTR_BYTES) -> bytes | None:
-    """Whole file, or None on any OS error (missing, EACCES, EAGAIN, ENODATA, EIO...)."""
+def read_bytes(path: str | os.PathLike[str], limit: int = MAX_ATTR_BYTES) -> bytes | None:
+    """Whole file (at most ``limit`` bytes), or None on any OS error (missing, EACCES,
+    EAGAIN, ENODATA, EIO...). Opened non-blocking (``OPEN_FLAGS``): a FIFO where a
+    file should be reads as empty instead of blocking the caller for good."""
     try:
-        with open(path, "rb") as f:
-            return f.read(limit)
+        fd = os.open(path, OPEN_FLAGS)
     except (OSError, ValueError):
         return None
+    try:
+        chunks = []
+        left = limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def clean_text(raw: bytes) -> str | None:
