@@ -234,8 +234,7 @@ class AttrReader:
                     kept = True
             data = os.pread(fd, size, 0)
         except OSError:
-            if errors is not None:
-                errors["read"] += 1
+            _count(errors, "read")
             if kept:
                 self._drop(path)
             elif fd is not None:
@@ -268,10 +267,26 @@ class AttrReader:
                 return None
             value = None if text == U64_TEXT else units.parse_scaled(text, scale, unit)
         if value is None:
-            if errors is not None:
-                errors["parse"] += 1
-            return None
+            _count(errors, "parse")
         return value
+
+    def link_speed(self, directory: str, name: str, errors: Counter[str] | None) -> int | None:
+        """A PCI ``*_link_speed`` ("16.0 GT/s PCIe") as a PCIe generation. "Unknown"
+        (no link: an iGPU, a powered-down port) is not an error; a rate that is not a
+        PCIe rate is ``parse``."""
+        text = self.text(directory, name, errors)
+        gen = units.parse_link_speed(text)
+        if gen is None and text is not None and any(c.isdigit() for c in text):
+            _count(errors, "parse")
+        return gen
+
+    def link_width(self, directory: str, name: str, errors: Counter[str] | None) -> int | None:
+        """A PCI ``*_link_width`` in lanes; "0" (no link) is not an error, garbage is."""
+        text = self.text(directory, name, errors)
+        width = units.parse_link_width(text)
+        if width is None and text is not None and text.strip() != "0":
+            _count(errors, "parse")
+        return width
 
     def _drop(self, path: str) -> None:
         fd = self._fds.pop(path, None)
@@ -283,6 +298,11 @@ class AttrReader:
     def kept(self) -> int:
         """How many descriptors this reader holds open now."""
         return len(self._fds)
+
+
+def _count(errors: Counter[str] | None, reason: str) -> None:
+    if errors is not None:
+        errors[reason] += 1
 
 
 def _close(fd: int) -> None:

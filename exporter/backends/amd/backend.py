@@ -84,19 +84,10 @@ class _Files:
         return self._dpm[name]
 
     def link_speed(self, name: str) -> int | None:
-        text = self.text(name)
-        gen = units.parse_link_speed(text)
-        # "Unknown" (no link: an APU, a powered-down port) is not an error; a number is.
-        if gen is None and text is not None and any(c.isdigit() for c in text):
-            self.errors["parse"] += 1
-        return gen
+        return self.r.link_speed(self.dir, name, self.errors)
 
     def link_width(self, name: str) -> int | None:
-        text = self.text(name)
-        width = units.parse_link_width(text)
-        if width is None and text is not None and text.strip() != "0":
-            self.errors["parse"] += 1
-        return width
+        return self.r.link_width(self.dir, name, self.errors)
 
 
 def device_info(card: DrmCard, ids: AmdgpuIds | None = None) -> DeviceInfo:

@@ -113,6 +113,8 @@ class _Slow:
 
     limit_watts: float | None = None
     thresholds_celsius: dict[str, float] = field(default_factory=dict)
+    max_generation: int | None = None
+    max_width: int | None = None
 
 
 @dataclass
@@ -242,7 +244,7 @@ class IntelBackend:
                 joules = hwmon.read_energy(chip, errors, r)
                 readings = {c: joules.get(c) for c in state.energy_channels}
         if slow or state.slow is None:
-            state.slow = _read_slow(r, [c for c, _ in chips], errors)
+            state.slow = _read_slow(r, [c for c, _ in chips], state.link_dir, errors)
         energy, power = state.energy.update(state.energy_channels or [], readings,
                                             self._clock())
 
@@ -261,12 +263,10 @@ class IntelBackend:
             clocks_hertz=clocks,
             clocks_max_hertz=max_clocks,
             throttle_reasons=throttle,
-            pcie_link_generation=units.parse_link_speed(
-                r.text(link, "current_link_speed", errors)),
-            pcie_link_width=units.parse_link_width(r.text(link, "current_link_width", errors)),
-            pcie_link_max_generation=units.parse_link_speed(
-                r.text(link, "max_link_speed", errors)),
-            pcie_link_max_width=units.parse_link_width(r.text(link, "max_link_width", errors)),
+            pcie_link_generation=r.link_speed(link, "current_link_speed", errors),
+            pcie_link_width=r.link_width(link, "current_link_width", errors),
+            pcie_link_max_generation=state.slow.max_generation,
+            pcie_link_max_width=state.slow.max_width,
         )
 
 
@@ -346,8 +346,8 @@ def _read_reasons(r: AttrReader, directory: str, prefix: str,
     return map_throttle_reasons(bits)
 
 
-def _read_slow(r: AttrReader, chips: list[Path], errors: Counter[str]) -> _Slow:
-    """Power limit and pkg temperature thresholds."""
+def _read_slow(r: AttrReader, chips: list[Path], link: str, errors: Counter[str]) -> _Slow:
+    """Power limit, pkg temperature thresholds, the host link's maximum."""
     limit: float | None = None
     thresholds: dict[str, float] = {}
     for chip in chips:
@@ -359,4 +359,5 @@ def _read_slow(r: AttrReader, chips: list[Path], errors: Counter[str]) -> _Slow:
             value = hwmon.read_temperature_thresholds(chip, kind, errors, r).get("pkg")
             if value is not None:
                 thresholds.setdefault(threshold, value)
-    return _Slow(limit, thresholds)
+    return _Slow(limit, thresholds, r.link_speed(link, "max_link_speed", errors),
+                 r.link_width(link, "max_link_width", errors))
