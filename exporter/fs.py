@@ -209,8 +209,12 @@ class AttrReader:
 
     def __del__(self) -> None:
         # A reader dropped without close() (a backend object discarded) still gives
-        # its descriptors and its share of FD_BUDGET back.
-        self.reset()
+        # its descriptors and its share of FD_BUDGET back (not at interpreter exit,
+        # where module globals may already be gone: the kernel closes them then).
+        try:
+            self.reset()
+        except Exception:  # noqa: BLE001 - nothing to report from a finaliser
+            pass
 
     # -- values ------------------------------------------------------------------
 
