@@ -113,7 +113,7 @@ class ProcFS(_Root):
         return read_bytes(self.path(*parts))
 
 
-def _kept_fd_limit() -> int:
+def kept_fd_limit() -> int:
     """How many attribute descriptors the process may keep open: the HTTP server and
     the /proc scan need the rest of RLIMIT_NOFILE (1024 in many containers)."""
     try:
@@ -145,7 +145,7 @@ class _FdBudget:
             self.used = max(0, self.used - n)
 
 
-FD_BUDGET = _FdBudget(_kept_fd_limit())
+FD_BUDGET = _FdBudget(kept_fd_limit())
 T = TypeVar("T")
 U64_TEXT = str(units.U64_MAX)  # 2^64-1: a u64 attribute's "no value", never a reading
 

@@ -136,3 +136,16 @@ def test_a_failing_drm_listing_keeps_the_cards_and_is_counted(
     cycle = b.sample(False)  # listing works again
     assert cycle.errors == {} and disc.listing_error is None
     assert [x.up for x in cycle.devices] == [True]
+
+
+def test_limits_are_read_on_the_slow_tier_and_kept_between(rx7800xt: tuple[Path, Path]) -> None:
+    root, dev = rx7800xt
+    b, _ = opened(root)
+    first = b.sample(False).devices[0]  # the first cycle reads the slow tier too
+    assert (first.power_limit_watts, first.temperature_thresholds_celsius["critical"]) == (
+        236.0, 110.0)  # power1_cap 236000000 µW; temp2_crit (junction) 110000 m°C
+    (dev / "hwmon/hwmon4/power1_cap").write_text("200000000\n")  # the operator lowers it
+    (dev / "hwmon/hwmon4/power1_average").write_text("40000000\n")
+    fast = b.sample(False).devices[0]
+    assert (fast.power_watts, fast.power_limit_watts) == (40.0, 236.0)
+    assert b.sample(True).devices[0].power_limit_watts == 200.0

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import resource
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from exporter.fs import FD_BUDGET, FDS_PER_READER, AttrReader
+from exporter.fs import FD_BUDGET, FDS_PER_READER, MAX_KEPT_FDS, AttrReader, kept_fd_limit
 from exporter.kernel import hwmon
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -137,3 +138,14 @@ def test_kept_descriptors_are_bounded_per_reader_and_given_back(tmp_path: Path) 
     assert hwmon.read_temperatures(d, reader=reader) == values
     reader.close()
     assert reader.kept == 0 and FD_BUDGET.used == used
+
+
+def test_kept_descriptors_are_at_most_a_quarter_of_the_open_file_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (400, hard))
+        assert kept_fd_limit() == 100
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 16), hard))
+        assert kept_fd_limit() == min(MAX_KEPT_FDS, min(hard, 1 << 16) // 4)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
