@@ -9,11 +9,14 @@ whose driver writes usage stats is bound.
 Every ``cards()`` call checks that the list is current without udev: it lists
 ``class/drm`` and compares each ``card<N>`` name and link target with what the last
 enumeration saw (a listdir and a readlink per card: microseconds). Only a
-difference re-reads the cards. So a card that appears or goes (the kernel removes
+difference re-reads the cards. A listing that fails (EMFILE, EIO) is an error the
+backends count (``listing_error``), never "every card removed": the last known
+cards stay. So a card that appears or goes (the kernel removes
 its class link before the device directory) is seen within one cycle under any
 ``--path.sysfs``, in a container where no uevent reaches the exporter too. A
 device directory that vanished under a link still there is the backends' to see:
-they report that card down (``gpu_lost``) until the link goes.
+they check it every cycle and report that card down (``gpu_lost``) until the link
+goes or the directory is back.
 
 Attributes are read through ``SysFS`` so fixture roots work. pyudev is used only to
 *hear* DRM add/remove events on the real ``/sys`` (its root is fixed there); each
@@ -121,18 +124,32 @@ def read_card(sysfs: SysFS, card: str) -> DrmCard | None:
 Fingerprint = tuple[tuple[str, str], ...]  # (card, class/drm link target), sorted
 
 
-def card_fingerprint(sysfs: SysFS) -> Fingerprint:
-    """What identifies the current set of cards, read as cheaply as sysfs allows."""
-    drm = sysfs.path("class", "drm")
+class ListingError(Exception):
+    """``class/drm`` exists but cannot be listed now (EMFILE, ENOMEM, EIO, EACCES)."""
+
+
+def _drm_entries(sysfs: SysFS) -> list[str]:
+    """The names in ``class/drm``: none where it does not exist (no DRM at all, a
+    fixture without cards); any other failure raises ListingError, because an empty
+    answer would read as "every card removed"."""
     try:
-        entries = os.listdir(drm)
-    except OSError:
-        return ()
+        return os.listdir(sysfs.path("class", "drm"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        raise ListingError(f"cannot list {sysfs.path('class', 'drm')}: {exc}") from exc
+
+
+def card_fingerprint(sysfs: SysFS) -> Fingerprint:
+    """What identifies the current set of cards, read as cheaply as sysfs allows.
+
+    Raises ListingError where ``class/drm`` cannot be listed now."""
+    drm = os.fspath(sysfs.path("class", "drm"))
     out = []
-    for name in entries:
+    for name in _drm_entries(sysfs):
         if _CARD_RE.fullmatch(name):
             try:
-                target = os.readlink(drm / name)
+                target = os.readlink(f"{drm}/{name}")
             except OSError:
                 target = ""  # a plain directory (some fixture trees) or gone meanwhile
             out.append((name, target))
@@ -140,11 +157,10 @@ def card_fingerprint(sysfs: SysFS) -> Fingerprint:
 
 
 def enumerate_cards(sysfs: SysFS) -> list[DrmCard]:
-    """Every PCI DRM card under ``<root>/class/drm``, sorted by PCI bus id."""
-    try:
-        entries = os.listdir(sysfs.path("class", "drm"))
-    except OSError:
-        return []
+    """Every PCI DRM card under ``<root>/class/drm``, sorted by PCI bus id.
+
+    Raises ListingError where ``class/drm`` cannot be listed now."""
+    entries = _drm_entries(sysfs)
     cards = [c for e in entries if _CARD_RE.fullmatch(e) and (c := read_card(sysfs, e))]
     return sorted(cards, key=lambda c: (c.pci_bus_id, c.card))
 
@@ -165,6 +181,7 @@ class DrmDiscovery:
         self._fingerprint: Fingerprint = ()  # what class/drm looked like at that enumeration
         self._generation = 0
         self._observer: Any = None  # pyudev.MonitorObserver while started
+        self.listing_error: str | None = None  # why the last class/drm listing failed
 
     @property
     def generation(self) -> int:
@@ -172,12 +189,20 @@ class DrmDiscovery:
         return self._generation
 
     def cards(self, drivers: Collection[str] | None = None) -> list[DrmCard]:
-        """The cards bound to one of ``drivers`` (all cards if None), current as of now."""
-        if self._cards is None or card_fingerprint(self.sysfs) != self._fingerprint:
-            with self._scan_lock:
-                # Another backend's thread may have just re-enumerated: check again.
-                if self._cards is None or card_fingerprint(self.sysfs) != self._fingerprint:
-                    self._rescan()
+        """The cards bound to one of ``drivers`` (all cards if None), current as of now.
+
+        Where ``class/drm`` cannot be listed (EMFILE under a connection flood, ...), the
+        last known cards stay and ``listing_error`` says why until a listing works again.
+        """
+        try:
+            if self._cards is None or card_fingerprint(self.sysfs) != self._fingerprint:
+                with self._scan_lock:
+                    # Another backend's thread may have just re-enumerated: check again.
+                    if self._cards is None or card_fingerprint(self.sysfs) != self._fingerprint:
+                        self._rescan()
+            self._listing_failed(None)
+        except ListingError as exc:
+            self._listing_failed(str(exc))
         with self._lock:
             current = list(self._cards or ())
         if drivers is None:
@@ -186,8 +211,21 @@ class DrmDiscovery:
 
     def rescan(self) -> None:
         """Re-enumerate now: what a udev add/remove event triggers."""
-        with self._scan_lock:
-            self._rescan()
+        try:
+            with self._scan_lock:
+                self._rescan()
+        except ListingError as exc:
+            self._listing_failed(str(exc))
+
+    def _listing_failed(self, reason: str | None) -> None:
+        """Remember why class/drm could not be listed (None: it could); one log line
+        when that starts and one when it ends, never one per cycle."""
+        with self._lock:
+            before, self.listing_error = self.listing_error, reason
+        if reason is not None and before is None:
+            log.warning("drm card listing failed; keeping the last known cards", reason=reason)
+        elif reason is None and before is not None:
+            log.info("drm card listing works again")
 
     def _rescan(self) -> None:
         # Fingerprint first: a change while enumerating then shows on the next call.

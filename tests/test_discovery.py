@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 from exporter.discovery import DrmDiscovery, enumerate_cards, parse_uevent
@@ -141,3 +142,20 @@ def test_card_less_backends_poll_each_cycle_unless_udev_tells_us(tmp_path: Path)
     discovery._observer = object()  # what start() keeps while pyudev's observer runs
     assert discovery.watching and discovery.retry_interval(1.0) == UDEV_POLL
     assert discovery.retry_interval(30.0) == 30.0
+
+
+def test_a_fifo_in_place_of_an_identity_file_does_not_block_enumeration(tmp_path: Path) -> None:
+    dev = add_pci_card(tmp_path, "0000:03:00.0", "card1")
+    (dev / "device").unlink()
+    os.mkfifo(dev / "device")  # nothing ever writes: a blocking open() would never return
+    found: list[list[str]] = []
+    t = threading.Thread(
+        target=lambda: found.append([c.pci_bus_id for c in enumerate_cards(SysFS(tmp_path))]),
+        daemon=True)
+    t.start()
+    t.join(5)
+    if t.is_alive():
+        os.close(os.open(dev / "device", os.O_RDWR | os.O_NONBLOCK))  # let it finish
+        t.join(5)
+        raise AssertionError("enumerating cards blocked on a FIFO")
+    assert found == [["0000:03:00.0"]]  # the device id comes from PCI_ID in uevent instead

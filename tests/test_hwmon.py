@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import resource
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from exporter.fs import FD_BUDGET, FDS_PER_READER, MAX_KEPT_FDS, AttrReader, kept_fd_limit
 from exporter.kernel import hwmon
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -53,8 +55,7 @@ def test_rx7800xt_values_in_base_units(rx7800xt_hwmon: Path) -> None:
     assert hwmon.read_power(d) == {"PPT": 32.0}  # 32000000 µW
     assert hwmon.read_power_caps(d) == {"PPT": 236.0}
     assert hwmon.read_power_caps(d, "cap_max") == {"PPT": 280.0}
-    assert hwmon.read_fans_rpm(d) == {"fan1": 868.0}
-    assert hwmon.read_fan_ratios(d) == {"fan1": pytest.approx(89 / 255)}
+    assert hwmon.read_fan_ratios(d) == {"0": pytest.approx(89 / 255)}
     assert hwmon.read_frequencies(d) == {"sclk": 2_011_000_000.0, "mclk": 456_000_000.0}
     assert hwmon.read_voltages(d) == {"vddgfx": pytest.approx(0.985)}
     assert hwmon.read_energy(d) == {}
@@ -88,12 +89,12 @@ def test_energy_and_unlabelled_channels(tmp_path: Path) -> None:
 def test_fan_ratio_from_rpm_when_no_pwm(tmp_path: Path) -> None:
     d = chip(tmp_path, {"fan1_input": "1650\n", "fan1_max": "3300\n", "fan2_input": "900\n"})
     # fan2 has no max: no ratio rather than a guess
-    assert hwmon.read_fan_ratios(d) == {"fan1": 0.5}
+    assert hwmon.read_fan_ratios(d) == {"0": 0.5}
 
 
 def test_pwm_without_max_uses_255(tmp_path: Path) -> None:
     d = chip(tmp_path, {"pwm1": "51\n"})
-    assert hwmon.read_fan_ratios(d) == {"fan1": 0.2}
+    assert hwmon.read_fan_ratios(d) == {"0": 0.2}
 
 
 def test_bad_values_are_skipped_and_counted(tmp_path: Path) -> None:
@@ -111,3 +112,40 @@ def test_bad_values_are_skipped_and_counted(tmp_path: Path) -> None:
     errors: Counter[str] = Counter()
     assert hwmon.read_temperatures(d, errors) == {"temp5": 50.0}
     assert errors == {"read": 2, "parse": 1}
+
+
+def test_channels_and_labels_are_found_once_per_layout(tmp_path: Path) -> None:
+    d = chip(tmp_path, {"temp1_input": "40000\n", "temp1_label": "edge\n"})
+    reader = AttrReader()
+    assert hwmon.read_temperatures(d, reader=reader) == {"edge": 40.0}
+    (d / "temp1_label").write_text("junction\n")  # labels only change on hotplug
+    (d / "temp1_input").write_text("41000\n")  # values are re-read every time
+    (d / "temp2_input").write_text("42000\n")  # not in the layout listed at first
+    assert hwmon.read_temperatures(d, reader=reader) == {"edge": 41.0}
+    reader.reset()  # what a new discovery generation does
+    assert hwmon.read_temperatures(d, reader=reader) == {"junction": 41.0, "temp2": 42.0}
+    reader.close()
+
+
+def test_kept_descriptors_are_bounded_per_reader_and_given_back(tmp_path: Path) -> None:
+    n = FDS_PER_READER + 20
+    d = chip(tmp_path, {f"temp{i}_input": f"{i * 100}\n" for i in range(1, n + 1)})
+    used = FD_BUDGET.used
+    reader = AttrReader()
+    values = hwmon.read_temperatures(d, reader=reader)
+    assert len(values) == n and values[f"temp{n}"] == n / 10  # past the bound: read anyway
+    assert reader.kept == FDS_PER_READER and FD_BUDGET.used == used + FDS_PER_READER
+    assert hwmon.read_temperatures(d, reader=reader) == values
+    reader.close()
+    assert reader.kept == 0 and FD_BUDGET.used == used
+
+
+def test_kept_descriptors_are_at_most_a_quarter_of_the_open_file_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (400, hard))
+        assert kept_fd_limit() == 100
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 16), hard))
+        assert kept_fd_limit() == min(MAX_KEPT_FDS, min(hard, 1 << 16) // 4)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

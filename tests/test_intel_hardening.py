@@ -206,3 +206,21 @@ def b580(tmp_path: Path) -> Path:
     root = tmp_path / "sys"
     shutil.copytree(FIXTURES / "intel-xe-b580" / "sys", root, symlinks=True)
     return root
+
+
+# --- one error rule with the AMD backend: a PCIe link that is not a link is counted ---
+
+
+@pytest.mark.parametrize(("name", "text"), [("current_link_speed", "99.9 GT/s PCIe"),
+                                             ("current_link_width", "x16")])
+def test_a_garbage_pcie_link_is_dropped_and_counted(b580: Path, name: str, text: str) -> None:
+    # The B580 capture has no switch class files: its own function's link is read
+    # (current and max 2.5 GT/s x1).
+    (b580 / B580_DEV / name).write_text(text + "\n")
+    dev, errors = sample_one(b580)
+    assert errors == {"parse": 1}
+    assert dev.up and (dev.pcie_link_max_generation, dev.pcie_link_max_width) == (1, 1)
+    if name == "current_link_speed":
+        assert (dev.pcie_link_generation, dev.pcie_link_width) == (None, 1)
+    else:
+        assert (dev.pcie_link_generation, dev.pcie_link_width) == (1, None)

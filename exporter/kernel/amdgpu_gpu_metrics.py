@@ -122,8 +122,24 @@ def _count(code: str | Nested) -> int:
     return code.count if isinstance(code, Nested) else int(code[:-1] or 1)
 
 
-def layout_offsets(layout: Layout) -> tuple[list[tuple[str, int, str | Nested]], int, int]:
+Offsets = tuple[list[tuple[str, int, str | Nested]], int, int]
+# Layouts are module constants: what is derived from one is computed once, keyed by
+# its id (the layout itself is kept beside, so an id is never reused meanwhile).
+_OFFSETS: dict[int, tuple[Layout, Offsets]] = {}
+_PLANS: dict[int, tuple[Layout, list[tuple[str, int, str, int, int, int]]]] = {}
+
+
+def layout_offsets(layout: Layout) -> Offsets:
     """([(field, offset, code)], sizeof, alignment) as a C compiler lays the struct out."""
+    cached = _OFFSETS.get(id(layout))
+    if cached is not None and cached[0] is layout:
+        return cached[1]
+    result = _layout_offsets(layout)
+    _OFFSETS[id(layout)] = (layout, result)
+    return result
+
+
+def _layout_offsets(layout: Layout) -> Offsets:
     offset, align, fields = 0, 1, []
     for name, code in layout:
         size, field_align = _kind_size(code)
@@ -145,10 +161,6 @@ def layout_for(fmt_rev: int, content_rev: int, size: int) -> Layout | None:
     return candidates[0]
 
 
-def _unset(value: int, kind: str) -> bool:
-    return value == (1 << (8 * struct.calcsize(kind))) - 1
-
-
 def decode_raw(data: bytes) -> tuple[int, int, int, dict[str, RawValue]]:
     """(format, content, size, {field: value}) with all-ones fields as None."""
     if len(data) < 4:
@@ -161,16 +173,31 @@ def decode_raw(data: bytes) -> tuple[int, int, int, dict[str, RawValue]]:
     # never read past what we have.
     limit = min(len(data), size or len(data))
     out: dict[str, RawValue] = {}
+    for name, offset, fmt, count, end, unset in _plan(layout):
+        if end > limit:
+            break
+        values = struct.unpack_from(fmt, data, offset)
+        cleaned = tuple(None if v == unset else v for v in values)
+        out[name] = cleaned if count > 1 else cleaned[0]
+    return fmt_rev, content_rev, size, out
+
+
+def _plan(layout: Layout) -> list[tuple[str, int, str, int, int, int]]:
+    """(field, offset, struct format, count, end offset, all-ones value) of each plain
+    field, in order: computed once per layout (decode_raw runs every cycle)."""
+    cached = _PLANS.get(id(layout))
+    if cached is not None and cached[0] is layout:
+        return cached[1]
+    plan = []
     for name, offset, code in layout_offsets(layout)[0]:
         if isinstance(code, Nested):
             continue  # per-partition blocks: amdsmi reports partitions as devices instead
         kind, count = code[-1], _count(code)
-        if offset + struct.calcsize(kind) * count > limit:
-            break
-        values = struct.unpack_from(f"<{count}{kind}", data, offset)
-        cleaned = tuple(None if _unset(v, kind) else v for v in values)
-        out[name] = cleaned if count > 1 else cleaned[0]
-    return fmt_rev, content_rev, size, out
+        size = struct.calcsize(kind)
+        plan.append((name, offset, f"<{count}{kind}", count, offset + size * count,
+                     (1 << (8 * size)) - 1))
+    _PLANS[id(layout)] = (layout, plan)
+    return plan
 
 
 class _Reader:

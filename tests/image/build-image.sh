@@ -31,7 +31,8 @@ cid=$(podman create "$TAG"); mnt=$(podman mount "$cid")
 user=$(podman image inspect "$TAG" --format '{{.Config.User}}')
 entry=$(podman image inspect "$TAG" --format '{{index .Config.Entrypoint 0}}')
 pid=""
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; umount "$mnt/proc" "$mnt/host" 2>/dev/null; podman umount "$cid" >/dev/null; podman rm "$cid" >/dev/null 2>&1' EXIT
+# The daemon keeps sysfs attributes open: wait for it to exit before unmounting /host.
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; umount "$mnt/proc" "$mnt/host" 2>/dev/null; podman umount "$cid" >/dev/null; podman rm "$cid" >/dev/null 2>&1' EXIT
 echo "image $TAG: user $user, entrypoint $entry, size $(podman image inspect "$TAG" --format '{{.Size}}') bytes"
 echo "healthcheck: $(podman image inspect "$TAG" --format '{{json .Config.Healthcheck.Test}}')"
 echo "base: $(podman image inspect "$TAG" --format '{{index .Config.Labels "org.opencontainers.image.base.name"}}')"

@@ -44,7 +44,7 @@ from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.backends.energy import EnergyCounter
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
-from exporter.fs import clean_text, read_bytes, read_text
+from exporter.fs import AttrReader, read_text
 from exporter.kernel import hwmon
 from exporter.kernel.i915_xe import (
     device_name,
@@ -72,67 +72,17 @@ ENERGY_CHANNELS = ("card", "energy1", "pkg")
 LIMIT_CHANNELS = ("card", "power1", "pkg", "power2")
 
 _NUMBERED = re.compile(r"(tile|gt)(\d+)")
-
-
-def _numbered(parent: Path, prefix: str) -> list[Path]:
-    """``tile0``, ``gt0``, ``gt1``, ... under ``parent``, ordered by number."""
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return []
-    found = [
-        (int(m.group(2)), n)
-        for n in names
-        if (m := _NUMBERED.fullmatch(n)) and m.group(1) == prefix
-    ]
-    return [parent / n for _, n in sorted(found)]
-
-
 MHZ = 1_000_000
 
 
-def read_attr(
-    path: Path, errors: Counter[str], scale: float = 1, unit: str = "count"
-) -> float | None:
-    """One numeric attribute in ``unit`` (after ``scale``); a missing file is "not
-    exposed", a failing read counts as ``read``, garbage or an impossible value as ``parse``."""
-    raw = read_bytes(path)
-    if raw is None:
-        # EAGAIN/ENODATA/EACCES/EISDIR on a file that is there: count it, go on.
-        if os.path.lexists(path):
-            errors["read"] += 1
-        return None
-    text = clean_text(raw)  # NUL padding, trailing whitespace, "N/A", empty -> None
-    if text is None:
-        return None
-    value = units.parse_scaled(text, scale, unit)
-    if value is None:
-        errors["parse"] += 1
-    return value
+def _numbered(r: AttrReader, parent: str, prefix: str) -> list[str]:
+    """``tile0``, ``gt0``, ``gt1``, ... under ``parent``, ordered by number (once per layout)."""
+    def build() -> list[str]:
+        found = [(int(m.group(2)), n) for n in r.names(parent)
+                 if (m := _NUMBERED.fullmatch(n)) and m.group(1) == prefix]
+        return [f"{parent}/{n}" for _, n in sorted(found)]
 
-
-def _hwmon(
-    read: Callable[..., dict[str, float]], chip: Path, unit: str, errors: Counter[str],
-    *args: str,
-) -> dict[str, float]:
-    """An exporter.kernel.hwmon reader's channels, each bounded for ``unit`` (garbage counted).
-
-    hwmon's own parser lets NaN and infinities through and overflows on a 400-digit
-    file; this keeps both out of the output and the card up, whatever hwmon does.
-    """
-    try:
-        values = read(chip, *args, errors=errors)
-    except (ArithmeticError, ValueError):
-        errors["parse"] += 1
-        return {}
-    out: dict[str, float] = {}
-    for label, value in values.items():
-        bounded = units.bounded(value, unit)
-        if bounded is None:
-            errors["parse"] += 1
-        else:
-            out[label] = bounded
-    return out
+    return r.memo(("numbered", parent, prefix), build)
 
 
 def _link_dir(device_dir: Path) -> Path:
@@ -163,13 +113,16 @@ class _Slow:
 
     limit_watts: float | None = None
     thresholds_celsius: dict[str, float] = field(default_factory=dict)
+    max_generation: int | None = None
+    max_width: int | None = None
 
 
 @dataclass
 class _CardState:
     info: DeviceInfo
-    link_dir: Path
+    link_dir: str
     energy: EnergyCounter
+    reader: AttrReader = field(default_factory=AttrReader)
     energy_channels: list[str] | None = None  # hwmon energy labels present, preferred first
     slow: _Slow | None = None
     lost: bool = False
@@ -192,6 +145,7 @@ class IntelBackend:
         self._discovery = discovery
         self._clock = clock  # injected so tests control the energy -> power interval
         self._states: dict[DrmCard, _CardState] = {}
+        self._generation = -1
         # open() only reads the cached card list: the collector may retry it every cycle.
 
     @property
@@ -208,14 +162,22 @@ class IntelBackend:
         return [self._state(card).info for card in cards]
 
     def close(self) -> None:
+        for state in self._states.values():
+            state.reader.close()
         self._states.clear()
 
     def sample(self, slow: bool) -> Cycle:
         errors: Counter[str] = Counter()
         devices: list[DeviceSample] = []
         cards = self._discovery.cards(DRIVERS)
+        if self._discovery.listing_error is not None:
+            errors["drm_listing"] += 1  # the last known cards are read meanwhile
         for gone in set(self._states) - set(cards):
-            del self._states[gone]
+            self._states.pop(gone).reader.close()
+        if self._discovery.generation != self._generation:  # hotplug: re-list layouts
+            for state in self._states.values():
+                state.reader.reset()
+            self._generation = self._discovery.generation
         for card in cards:
             state = self._state(card)
             try:
@@ -245,42 +207,44 @@ class IntelBackend:
                 device_node=card.card,
             )
             state = self._states[card] = _CardState(
-                info, _link_dir(card.device_dir), EnergyCounter(card.pci_bus_id))
+                info, os.fspath(_link_dir(card.device_dir)), EnergyCounter(card.pci_bus_id))
         return state
 
     def _read_card(
         self, card: DrmCard, state: _CardState, slow: bool, errors: Counter[str]
     ) -> DeviceSample:
-        dev = card.device_dir
-        if not dev.is_dir():
+        r = state.reader
+        dev = os.fspath(card.device_dir)
+        if not os.path.isdir(dev):
             errors["gpu_lost"] += 1
+            r.reset()  # kept descriptors of removed files; re-listed when it is back
             return DeviceSample(info=state.info, source=SOURCE, up=False)
 
         if card.driver == "xe":
-            clocks, max_clocks, throttle, vram = _read_xe_gts(dev, errors)
+            clocks, max_clocks, throttle, vram = _read_xe_gts(r, dev, errors)
         else:
-            clocks, max_clocks, throttle = _read_i915_gt(dev.parent, errors)
+            clocks, max_clocks, throttle = _read_i915_gt(r, os.path.dirname(dev), errors)
             vram = None
 
         temps: dict[str, float] = {}
         fans: dict[str, float] = {}
         readings: dict[str, float | None] = {}
-        chips = [(d, hwmon.hwmon_name(d)) for d in hwmon.hwmon_dirs(dev)]
+        chips = [(d, hwmon.hwmon_name(d, r)) for d in hwmon.hwmon_dirs(dev, r)]
         chips = [(d, name) for d, name in chips if name in HWMON_NAMES]
         for chip, chip_name in chips:
-            for label, celsius in _hwmon(hwmon.read_temperatures, chip, "celsius",
-                                         errors).items():
+            for label, celsius in hwmon.read_temperatures(chip, errors, r).items():
                 sensor = temperature_sensor(chip_name, label)
                 if sensor is not None:
                     temps.setdefault(sensor, celsius)
-            fans.update(_read_fan_ratios(chip, errors))
+            fans.update(hwmon.read_fan_ratios(chip, errors, r, pwm=False))
             if not readings:
                 if not state.energy_channels:
-                    state.energy_channels = _energy_channels(chip)
-                joules = _hwmon(hwmon.read_energy, chip, "joules", errors)
+                    labels = hwmon.energy_labels(chip, r)
+                    state.energy_channels = [c for c in ENERGY_CHANNELS if c in labels]
+                joules = hwmon.read_energy(chip, errors, r)
                 readings = {c: joules.get(c) for c in state.energy_channels}
         if slow or state.slow is None:
-            state.slow = _read_slow([c for c, _ in chips], errors)
+            state.slow = _read_slow(r, [c for c, _ in chips], state.link_dir, errors)
         energy, power = state.energy.update(state.energy_channels or [], readings,
                                             self._clock())
 
@@ -299,10 +263,10 @@ class IntelBackend:
             clocks_hertz=clocks,
             clocks_max_hertz=max_clocks,
             throttle_reasons=throttle,
-            pcie_link_generation=units.parse_link_speed(read_text(link / "current_link_speed")),
-            pcie_link_width=units.parse_link_width(read_text(link / "current_link_width")),
-            pcie_link_max_generation=units.parse_link_speed(read_text(link / "max_link_speed")),
-            pcie_link_max_width=units.parse_link_width(read_text(link / "max_link_width")),
+            pcie_link_generation=r.link_speed(link, "current_link_speed", errors),
+            pcie_link_width=r.link_width(link, "current_link_width", errors),
+            pcie_link_max_generation=state.slow.max_generation,
+            pcie_link_max_width=state.slow.max_width,
         )
 
 
@@ -310,49 +274,55 @@ Clocks = dict[str, float]
 
 
 def _read_xe_gts(
-    dev: Path, errors: Counter[str]
+    r: AttrReader, dev: str, errors: Counter[str]
 ) -> tuple[Clocks, Clocks, dict[str, bool], float | None]:
     """xe: every ``tile<T>/gt<G>``; the first render GT and first media GT win."""
     clocks: Clocks = {}
     max_clocks: Clocks = {}
     throttle: dict[str, bool] = {}
     vram: float | None = None
-    for tile in _numbered(dev, "tile"):
-        size = read_attr(tile / "physical_vram_size_bytes", errors, unit="bytes")
+    for tile in _numbered(r, dev, "tile"):
+        size = r.number(tile, "physical_vram_size_bytes", errors, 1, "bytes")
         if size is not None:
             vram = (vram or 0.0) + size
-        for gt in _numbered(tile, "gt"):
-            label = gt_clock_label(read_text(gt / "gtidle" / "name"), gt.name)
+        for gt in _numbered(r, tile, "gt"):
+            idle = f"{gt}/gtidle"
+            label = r.memo(("gt", gt), lambda: gt_clock_label(
+                r.text(idle, "name", errors, keep=False), os.path.basename(gt)))  # noqa: B023
             if label is None or label in clocks or label in max_clocks:
                 continue
-            freq = gt / "freq0"
-            act = read_attr(freq / "act_freq", errors, MHZ, "hertz")
-            top = read_attr(freq / "rp0_freq", errors, MHZ, "hertz")
-            if top is None:
-                top = read_attr(freq / "max_freq", errors, MHZ, "hertz")
+            act, top = _freqs(r, f"{gt}/freq0", "", "_freq", errors, rp0="rp0")
             if act is not None:
                 clocks[label] = act
             if top is not None:
                 max_clocks[label] = top
             if label == "graphics":
-                throttle = _read_reasons(freq / "throttle", "reason_", errors)
+                throttle = _read_reasons(r, f"{gt}/freq0/throttle", "reason_", errors)
     return clocks, max_clocks, throttle, vram
 
 
-def _read_i915_gt(card_dir: Path, errors: Counter[str]) -> tuple[Clocks, Clocks, dict[str, bool]]:
+def _freqs(r: AttrReader, base: str, prefix: str, suffix: str, errors: Counter[str],
+           rp0: str) -> tuple[float | None, float | None]:
+    """(actual, hardware max: RP0, else the user-set max) of one GT, MHz -> Hz."""
+    act = r.number(base, f"{prefix}act{suffix}", errors, MHZ, "hertz")
+    top = r.number(base, f"{prefix}{rp0}{suffix}", errors, MHZ, "hertz")
+    if top is None:
+        top = r.number(base, f"{prefix}max{suffix}", errors, MHZ, "hertz")
+    return act, top
+
+
+def _read_i915_gt(r: AttrReader, card_dir: str,
+                  errors: Counter[str]) -> tuple[Clocks, Clocks, dict[str, bool]]:
     """i915: ``gt/gt0/rps_*_freq_mhz`` (kernels with per-GT sysfs), else ``gt_*_freq_mhz``."""
-    gt0 = card_dir / "gt" / "gt0"
-    if gt0.is_dir():
+    gt0 = f"{card_dir}/gt/gt0"
+    if "gt0" in r.names(f"{card_dir}/gt"):
         base, prefix = gt0, "rps_"
-        throttle = _read_reasons(gt0, "throttle_reason_", errors)
+        throttle = _read_reasons(r, gt0, "throttle_reason_", errors)
     else:
         base, prefix, throttle = card_dir, "gt_", {}
     clocks: Clocks = {}
     max_clocks: Clocks = {}
-    act = read_attr(base / f"{prefix}act_freq_mhz", errors, MHZ, "hertz")
-    top = read_attr(base / f"{prefix}RP0_freq_mhz", errors, MHZ, "hertz")
-    if top is None:
-        top = read_attr(base / f"{prefix}max_freq_mhz", errors, MHZ, "hertz")
+    act, top = _freqs(r, base, prefix, "_freq_mhz", errors, rp0="RP0")
     if act is not None:
         clocks["graphics"] = act
     if top is not None:
@@ -360,14 +330,13 @@ def _read_i915_gt(card_dir: Path, errors: Counter[str]) -> tuple[Clocks, Clocks,
     return clocks, max_clocks, throttle
 
 
-def _read_reasons(directory: Path, prefix: str, errors: Counter[str]) -> dict[str, bool]:
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.startswith(prefix))
-    except OSError:
-        return {}
+def _read_reasons(r: AttrReader, directory: str, prefix: str,
+                  errors: Counter[str]) -> dict[str, bool]:
+    names = r.memo(("reasons", directory, prefix), lambda: sorted(
+        n for n in r.names(directory) if n.startswith(prefix)))
     bits: dict[str, int] = {}
     for name in names:
-        value = read_attr(directory / name, errors)
+        value = r.number(directory, name, errors)
         if value is None:
             continue
         if value not in (0, 1):  # a reason bit is 0 or 1; anything else is garbage
@@ -377,56 +346,18 @@ def _read_reasons(directory: Path, prefix: str, errors: Counter[str]) -> dict[st
     return map_throttle_reasons(bits)
 
 
-def _read_fan_ratios(chip: Path, errors: Counter[str]) -> dict[str, float]:
-    """fanN_input / fanN_max, keyed "N-1" (hwmon fan1 is fan "0", as AMD and NVML number them).
-
-    Not hwmon.read_fan_ratios: that prefers pwmN, and xe reads pwmN as 0 while the
-    firmware fan curve (pwmN_enable 2) spins the fan at 1116 RPM (B580 capture).
-    A fan without fanN_max (A380) has no ratio.
-    """
-    try:
-        names = os.listdir(chip)
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for index, filename in hwmon.channels(names, "fan", "input"):
-        if f"fan{index}_max" not in names:
-            continue
-        rpm = read_attr(chip / filename, errors, unit="rpm")
-        top = read_attr(chip / f"fan{index}_max", errors, unit="rpm")
-        if rpm is not None and top and (ratio := units.clamp_ratio(rpm / top)) is not None:
-            out[str(index - 1)] = ratio
-    return out
-
-
-def _energy_channels(chip: Path) -> list[str]:
-    """The hwmon energy labels this chip has, in ENERGY_CHANNELS' order of preference.
-
-    Read once per card: which one is exported is EnergyCounter's choice among these.
-    """
-    try:
-        names = os.listdir(chip)
-    except OSError:
-        return []
-    labels = [
-        read_text(chip / f"energy{index}_label") or f"energy{index}"
-        for index, _ in hwmon.channels(names, "energy", "input")
-    ]
-    return [c for c in ENERGY_CHANNELS if c in labels]
-
-
-def _read_slow(chips: list[Path], errors: Counter[str]) -> _Slow:
-    """Power limit and pkg temperature thresholds."""
+def _read_slow(r: AttrReader, chips: list[Path], link: str, errors: Counter[str]) -> _Slow:
+    """Power limit, pkg temperature thresholds, the host link's maximum."""
     limit: float | None = None
     thresholds: dict[str, float] = {}
     for chip in chips:
         for kind in ("max", "cap"):
             if limit is None:
-                caps = _hwmon(hwmon.read_power_caps, chip, "watts", errors, kind)
+                caps = hwmon.read_power_caps(chip, kind, errors, r)
                 limit = first_present(caps, LIMIT_CHANNELS)
         for kind, threshold in TEMP_THRESHOLDS.items():
-            value = _hwmon(hwmon.read_temperature_thresholds, chip, "celsius", errors,
-                           kind).get("pkg")
+            value = hwmon.read_temperature_thresholds(chip, kind, errors, r).get("pkg")
             if value is not None:
                 thresholds.setdefault(threshold, value)
-    return _Slow(limit, thresholds)
+    return _Slow(limit, thresholds, r.link_speed(link, "max_link_speed", errors),
+                 r.link_width(link, "max_link_width", errors))

@@ -1,0 +1,151 @@
+"""The amdgpu sysfs backend under file-system faults: a blocking attribute, a failing
+``class/drm`` listing, a device directory that goes while its link stays.
+
+Each test runs the real backend over a mutable copy of the RX 7800 XT fixture tree;
+values are the fixture's file contents converted by hand (32000000 µW -> 32.0 W).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from exporter.backends.amd.backend import AmdBackend
+from exporter.backends.base import Cycle
+from exporter.config import Config
+from exporter.discovery import DrmDiscovery
+from exporter.fs import SysFS
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def rx7800xt(tmp_path: Path) -> tuple[Path, Path]:
+    """A mutable copy of the RDNA3 machine: (sysfs root, PCI function dir)."""
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt/sys", root, symlinks=True)
+    return root, (root / "class/drm/card1/device").resolve()
+
+
+def opened(root: Path) -> tuple[AmdBackend, DrmDiscovery]:
+    disc = DrmDiscovery(SysFS(root), hotplug=False)
+    b = AmdBackend(Config(sysfs=str(root)), disc)
+    b.open()
+    return b, disc
+
+
+def sample_within(b: AmdBackend, fifo: Path, seconds: float = 5.0) -> Cycle:
+    """``b.sample()`` in a thread; fails the test if it blocks (then unblocks it)."""
+    out: list[Cycle] = []
+    t = threading.Thread(target=lambda: out.append(b.sample(False)), daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        # A blocking open() of a FIFO returns once a writer appears: be that writer.
+        os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
+        t.join(seconds)
+        pytest.fail("sample() blocked on a FIFO attribute")
+    return out[0]
+
+
+def test_a_fifo_attribute_does_not_wedge_the_backend_and_it_recovers(
+    rx7800xt: tuple[Path, Path],
+) -> None:
+    root, dev = rx7800xt
+    (dev / "gpu_busy_percent").unlink()
+    os.mkfifo(dev / "gpu_busy_percent")
+    b, _ = opened(root)
+
+    cycle = sample_within(b, dev / "gpu_busy_percent")
+    (d,) = cycle.devices
+    assert d.up and d.power_watts == 32.0  # the other attributes still read
+    assert cycle.errors == {"read": 1}
+    assert sample_within(b, dev / "gpu_busy_percent").errors == {"read": 1}  # still a FIFO
+
+    # The normal file is back: the same backend reads it, no restart.
+    (dev / "gpu_busy_percent").unlink()
+    (dev / "gpu_busy_percent").write_text("37\n")
+    cycle = b.sample(False)
+    assert cycle.devices[0].utilization_ratio == 0.37
+    assert cycle.errors == {}
+
+
+def test_a_device_directory_gone_under_its_link_is_lost_until_it_is_back(
+    rx7800xt: tuple[Path, Path],
+) -> None:
+    root, dev = rx7800xt
+    b, _ = opened(root)
+    assert b.sample(False).devices[0].power_watts == 32.0
+    parked = root / "parked"
+    dev.rename(parked)  # unbound: class/drm/card1 still links to where it was
+    assert os.path.lexists(root / "class/drm/card1")
+
+    cycle = b.sample(False)
+    (d,) = cycle.devices
+    assert (d.info.pci_bus_id, d.up, d.power_watts) == ("0000:03:00.0", False, None)
+    assert cycle.errors == {"gpu_lost": 1}
+    assert b.sample(False).devices[0].up is False  # stays lost, not dropped
+
+    parked.rename(dev)  # bound again
+    cycle = b.sample(False)
+    (d,) = cycle.devices
+    assert d.up and d.power_watts == 32.0 and d.utilization_ratio == 0.02
+    assert cycle.errors == {}
+
+
+def fill_descriptors() -> list[int]:
+    """Every descriptor the (lowered) soft limit allows: the next open gets EMFILE."""
+    fds: list[int] = []
+    try:
+        while True:
+            fds.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        return fds
+
+
+def test_a_failing_drm_listing_keeps_the_cards_and_is_counted(
+    rx7800xt: tuple[Path, Path],
+) -> None:
+    root, _ = rx7800xt
+    b, disc = opened(root)
+    b.sample(False)  # the attributes' descriptors are open from here on
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+    fds = fill_descriptors()
+    try:
+        with capture_logs() as logs:
+            cycle = b.sample(False)  # listing class/drm fails with EMFILE
+            again = b.sample(False)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    (d,) = cycle.devices
+    assert (d.info.pci_bus_id, d.up, d.power_watts) == ("0000:03:00.0", True, 32.0)
+    assert cycle.errors == again.errors == {"drm_listing": 1}
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "drm card listing failed; keeping the last known cards"]  # once, not per cycle
+    assert "Too many open files" in (disc.listing_error or "")  # until the next listing
+
+    cycle = b.sample(False)  # listing works again
+    assert cycle.errors == {} and disc.listing_error is None
+    assert [x.up for x in cycle.devices] == [True]
+
+
+def test_limits_are_read_on_the_slow_tier_and_kept_between(rx7800xt: tuple[Path, Path]) -> None:
+    root, dev = rx7800xt
+    b, _ = opened(root)
+    first = b.sample(False).devices[0]  # the first cycle reads the slow tier too
+    assert (first.power_limit_watts, first.temperature_thresholds_celsius["critical"]) == (
+        236.0, 110.0)  # power1_cap 236000000 µW; temp2_crit (junction) 110000 m°C
+    (dev / "hwmon/hwmon4/power1_cap").write_text("200000000\n")  # the operator lowers it
+    (dev / "hwmon/hwmon4/power1_average").write_text("40000000\n")
+    fast = b.sample(False).devices[0]
+    assert (fast.power_watts, fast.power_limit_watts) == (40.0, 236.0)
+    assert b.sample(True).devices[0].power_limit_watts == 200.0
