@@ -1,60 +1,44 @@
-"""docs/metrics.md, generated from the renderer's own tables so the two cannot drift.
+"""docs/metrics.md, generated from the field table that render serves, so the two cannot drift.
 
-``python -m exporter.metricsdoc > docs/metrics.md``; tests/test_metricsdoc.py fails when
-the committed file differs from what this prints.
+Every row comes from a ``MetricSpec``: the value fields of ``exporter.model``, the
+``gpu_info``/``gpu_up``/allocation specs of ``render.families`` and the ``gpu_exporter_*``
+specs of ``render.selfmetrics``. The help column is the HELP text served, then the spec's
+note. ``python -m exporter.metricsdoc > docs/metrics.md``; tests/test_metricsdoc.py fails
+when the committed file differs from what this prints.
 """
 
 from __future__ import annotations
 
-from exporter.render import (
-    ALLOCATION_DOC,
+from exporter.model import MetricSpec
+from exporter.render.families import (
+    ALLOCATION,
+    DEVICE_SPECS,
     GPU_LABELS,
-    INFO_DOC,
-    INFO_LABELS,
-    LABELLED,
+    INFO,
     POD_LABELS,
-    PROCESS_FIELDS,
     PROCESS_LABELS,
-    PROFILING,
-    SCALARS,
-    UP_DOC,
+    PROCESS_SPECS,
+    UP,
+    families_of,
 )
-
-EXPORTER = (
-    ("gpu_exporter_build_info", "gauge", "version, python_version", "Build information; value 1."),
-    ("gpu_exporter_up", "gauge", "", "0 until the first collection completes, then 1."),
-    ("gpu_exporter_backend_up", "gauge", "backend",
-     "1 if the backend is open and answering; the reason it is off is logged once and shown "
-     "by `gpu-exporter snapshot`."),
-    ("gpu_exporter_collection_duration_seconds", "histogram", "backend",
-     "Time one collection cycle took."),
-    ("gpu_exporter_collection_errors_total", "counter", "backend, reason",
-     "Values, devices or processes a collection dropped (parse, permission, vanished, ...)."),
-    ("gpu_exporter_last_collection_timestamp_seconds", "gauge", "backend",
-     "When the backend last completed a collection."),
-    ("gpu_exporter_processes_truncated_total", "counter", "",
-     "Per-process series cut by --max-processes-per-gpu."),
-    ("gpu_exporter_backend_cpu_seconds_total", "counter", "backend",
-     "CPU time of each backend's collector thread, and of `renderer` (renders, /snapshot) "
-     "and `server` (the HTTP event loop, password checks). Linux; absent where the platform "
-     "has no per-thread CPU clock."),
-    ("gpu_exporter_child_restarts_total", "counter", "backend",
-     "Child processes a backend restarted (the Apple backend's macmon)."),
-)
+from exporter.render.selfmetrics import EXPORTER
 
 
-def _kind(name: str) -> str:
-    return "counter" if name.endswith("_total") else "gauge"
+def _names(names: tuple[str, ...]) -> str:
+    return ", ".join(f"`{n}`" for n in names)
 
 
-def _labels(label: str | tuple[str, ...]) -> str:
-    names = (label,) if isinstance(label, str) else label
-    return ", ".join(f"`{n}`" for n in names if n)
+def _rows(spec: MetricSpec, labels: str | None = None, note: str | None = None) -> list[str]:
+    """One table row per family the spec serves: help served, then the spec's note."""
+    extra = _names(spec.labels) if labels is None else labels
+    note = spec.note if note is None else note
+    return [f"| `{name}` | {spec.kind.value} |{f' {extra}' if extra else ''} | "
+            f"{doc}{f' {note}' if note else ''} |" for name, doc in families_of(spec)]
 
 
 def generate() -> str:
-    gpu = ", ".join(f"`{label}`" for label in GPU_LABELS)
-    pods = ", ".join(f"`{label}`" for label in POD_LABELS)
+    gpu = _names(GPU_LABELS)
+    pods = _names(POD_LABELS)
     lines = [
         "# Metrics",
         "",
@@ -76,29 +60,22 @@ def generate() -> str:
         "",
         "| name | type | extra labels | help |",
         "|---|---|---|---|",
-        "| `gpu_info` | gauge | "
-        + ", ".join(f"`{x}`" for x in INFO_LABELS[len(GPU_LABELS):])
-        + f"; `partition`, `mig_mode` where the source knows them | {INFO_DOC} |",
-        f"| `gpu_up` | gauge | | {UP_DOC} |",
-        f"| `gpu_kubernetes_allocation_info` | gauge | {pods}, `resource` | {ALLOCATION_DOC} "
-        "Source `kubelet`. |",
+        *_rows(INFO, f"{_names(INFO.labels)}; {INFO.note.rstrip('.')}", ""),
+        *_rows(UP),
+        *_rows(ALLOCATION),
     ]
-    for name, _field, doc in SCALARS:
-        lines.append(f"| `{name}` | {_kind(name)} | | {doc} |")
-    for name, _field, label, doc in LABELLED:
-        lines.append(f"| `{name}` | {_kind(name)} | {_labels(label)} | {doc} |")
-    for key, doc in PROFILING.items():
-        lines.append(f"| `gpu_{key}_ratio` | gauge | | {doc} Source `nvml_gpm`. |")
+    for _, spec in DEVICE_SPECS:
+        lines += _rows(spec)
     lines += ["", "## Per process", "",
-              "Labels: " + ", ".join(f"`{x}`" for x in PROCESS_LABELS)
-              + f"; with Kubernetes attribution on, also {pods} (empty for a host process).",
+              f"Labels: {_names(PROCESS_LABELS)}; with Kubernetes attribution on, also {pods} "
+              "(empty for a host process).",
               "", "| name | type | extra labels | help |", "|---|---|---|---|"]
-    for name, _field, label, doc in PROCESS_FIELDS:
-        lines.append(f"| `{name}` | {_kind(name)} | {_labels(label)} | {doc} |")
+    for _, spec in PROCESS_SPECS:
+        lines += _rows(spec)
     lines += ["", "## The exporter itself", "", "| name | type | labels | help |",
               "|---|---|---|---|"]
-    for name, kind, labels, doc in EXPORTER:
-        lines.append(f"| `{name}` | {kind} | {labels} | {doc} |")
+    for spec in EXPORTER:
+        lines += _rows(spec)
     lines += ["", "prometheus-client's `process_*` and `python_*` families are also served.", ""]
     return "\n".join(lines)
 

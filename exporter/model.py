@@ -1,29 +1,91 @@
-"""What a backend reports: frozen dataclasses with the unit in every field name.
+"""What a backend reports, and the one table of what each value is served as.
 
-Backends build these and never touch prometheus-client; the renderer turns them
-into metric families and never touches a vendor library. ``None`` (or a key that
-is absent from a mapping) means "this source does not expose it" and produces
-no series: never 0, never NaN.
+Backends build these frozen dataclasses and never touch prometheus-client; the renderer
+turns them into metric families and never touches a vendor library. ``None`` (or a key
+that is absent from a mapping) means "this source does not expose it" and produces no
+series: never 0, never NaN.
 
-Mapping fields are keyed by the label value docs/metrics.md names for that family
-(``temperatures_celsius["junction"]``, ``clocks_hertz["sm"]``, ...).
+Every value field declares its metric once, in ``field(metadata=...)``: family name,
+help, type, unit and the label name(s) of a mapping's key (``MetricSpec``). Render,
+merge, docs/metrics.md (``exporter.metricsdoc``) and the dcgm mapping read that table
+(``value_specs``), so a new field is one declaration here. Mapping fields are keyed by
+the label value (``temperatures_celsius[Sensor.JUNCTION]``, ``clocks_hertz["sm"]``);
+the closed vocabularies are the enums of ``exporter.labels``.
+
+Readers build a ``DeviceValues`` (a typed partial sample, values only) and the backend
+wraps it with its identity: ``DeviceSample.of(info, source, values)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import Field, dataclass, field, fields, replace
+from enum import Enum
+from functools import cache
 from types import MappingProxyType
 from typing import Any
 
 EMPTY: Mapping[Any, Any] = MappingProxyType({})
+SPEC = "metric"  # the metadata key of a field's MetricSpec
 
-VENDORS = ("nvidia", "amd", "intel", "apple")
+
+class Kind(str, Enum):
+    """A family's Prometheus type."""
+
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    HISTOGRAM = "histogram"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How one value is served: declared once, read by render, merge, docs and dcgm."""
+
+    name: str  # the family as served; a counter's ends in _total. "": dcgm names only
+    help: str  # the HELP text served (and the docs/metrics.md help column)
+    kind: Kind = Kind.GAUGE
+    unit: str = ""  # a units.RANGES key ("" for states, flags, counts of things)
+    # A mapping field: the label name of its key (one per element of a tuple key).
+    # A gpu_exporter_* family: its labels.
+    labels: tuple[str, ...] = ()
+    note: str = ""  # said in docs/metrics.md after the help, never served
+    # One family per key instead of a label: ``name`` holds "{key}"; key -> help.
+    per_key: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    # Mapping fields whose keys are owned together in the merge (one engine, one owner).
+    group: str = ""
+
+    def family(self, key: str) -> str:
+        return self.name.format(key=key)
+
+
+def _value(name: str, help: str, kind: Kind = Kind.GAUGE, unit: str = "",
+           note: str = "") -> Any:
+    """A scalar field: None where the source does not expose it."""
+    return field(default=None, metadata={SPEC: MetricSpec(name, help, kind, unit, note=note)})
+
+
+def _mapping(name: str, help: str, *labels: str, kind: Kind = Kind.GAUGE, unit: str = "",
+             group: str = "", per_key: Mapping[str, str] = EMPTY, note: str = "") -> Any:
+    """A mapping field keyed by label value(s): empty where the source exposes none."""
+    spec = MetricSpec(name, help, kind, unit, labels, note, per_key, group)
+    return field(default_factory=lambda: EMPTY, metadata={SPEC: spec})
 
 
 def _empty() -> Any:
-    """A default for Mapping fields: one shared read-only empty mapping."""
+    """A default for Mapping fields that are not values: one shared read-only empty mapping."""
     return field(default_factory=lambda: EMPTY)
+
+
+def spec_of(f: Field[Any]) -> MetricSpec | None:
+    spec = f.metadata.get(SPEC)
+    return spec if isinstance(spec, MetricSpec) else None
+
+
+@cache
+def value_specs(cls: type) -> tuple[tuple[str, MetricSpec], ...]:
+    """(field name, spec) of every value field of a sample class, in declaration order:
+    the order families are served in."""
+    return tuple((f.name, spec) for f in fields(cls) if (spec := spec_of(f)) is not None)
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
@@ -42,7 +104,7 @@ def normalize_pci_bus_id(bus_id: str) -> str:
 class DeviceInfo:
     """Static identity of one GPU, known at discovery and refreshed on rediscovery."""
 
-    vendor: str  # one of VENDORS
+    vendor: str  # nvidia, amd, intel, apple
     pci_bus_id: str  # normalised "0000:03:00.0"; the key that joins backends
     uuid: str  # NVML UUID, AMD unique_id, else "pci-<pci_bus_id>"
     name: str = ""
@@ -78,11 +140,21 @@ class ProcessSample:
 
     pid: int
     process: str  # the kernel's comm, already decoded safely
-    memory_used_bytes: float | None = None  # device-local
-    shared_memory_used_bytes: float | None = None  # GTT / system memory charged to it
-    utilization_ratio: Mapping[str, float] = _empty()  # engine ("sm", "gfx", "render", ...) -> 0..1
-    engine_busy_seconds: Mapping[str, float] = _empty()  # engine -> counter, seconds
-    host_memory_bytes: float | None = None  # RSS
+    memory_used_bytes: float | None = _value(
+        "gpu_process_memory_used_bytes",
+        "Device-local memory used by the process on this GPU.", unit="bytes")
+    shared_memory_used_bytes: float | None = _value(  # GTT / system memory charged to it
+        "gpu_process_shared_memory_used_bytes",
+        "System (GTT) memory charged to the process for this GPU.", unit="bytes")
+    utilization_ratio: Mapping[str, float] = _mapping(  # engine -> 0..1
+        "gpu_process_utilization_ratio", "Fraction of time the process kept an engine busy.",
+        "engine", unit="ratio")
+    engine_busy_seconds: Mapping[str, float] = _mapping(  # engine -> counter
+        "gpu_process_engine_busy_seconds_total", "Engine time used by the process.", "engine",
+        kind=Kind.COUNTER, unit="seconds")
+    host_memory_bytes: float | None = _value(  # RSS
+        "gpu_process_host_memory_bytes", "Resident host memory (RSS) of the GPU process.",
+        unit="bytes")
     container: str | None = None
     pod: str | None = None
     namespace: str | None = None
@@ -109,8 +181,153 @@ class Allocation:
     resource: str
 
 
+_GPM = " (GPM)."
+
+
 @dataclass(frozen=True)
-class DeviceSample:
+class DeviceValues:
+    """The values of one GPU, any of them absent: what a reader returns (a typed partial
+    sample) and the value part of every ``DeviceSample``. Declared in the order served."""
+
+    utilization_ratio: float | None = _value(
+        "gpu_utilization_ratio", "Fraction of time the GPU was busy.", unit="ratio")
+    memory_utilization_ratio: float | None = _value(
+        "gpu_memory_utilization_ratio", "Fraction of time the memory controller was busy.",
+        unit="ratio")
+    memory_total_bytes: float | None = _value(
+        "gpu_memory_total_bytes", "Device-local memory in total.", unit="bytes")
+    memory_used_bytes: float | None = _value(
+        "gpu_memory_used_bytes", "Device-local memory in use.", unit="bytes")
+    memory_free_bytes: float | None = _value(
+        "gpu_memory_free_bytes", "Device-local memory free.", unit="bytes")
+    memory_reserved_bytes: float | None = _value(
+        "gpu_memory_reserved_bytes", "Device-local memory reserved by the driver.", unit="bytes")
+    shared_memory_total_bytes: float | None = _value(
+        "gpu_shared_memory_total_bytes", "System memory the GPU can map (GTT, unified memory).",
+        unit="bytes")
+    shared_memory_used_bytes: float | None = _value(
+        "gpu_shared_memory_used_bytes", "System memory mapped for the GPU in use.",
+        unit="bytes")
+    power_watts: float | None = _value(
+        "gpu_power_watts", "Current power draw.", unit="watts")
+    power_instant_watts: float | None = _value(  # where the source splits it from the average
+        "gpu_power_instant_watts",
+        "Instantaneous power draw, where the source splits it from the averaged one.",
+        unit="watts")
+    power_limit_watts: float | None = _value(
+        "gpu_power_limit_watts", "Enforced power limit.", unit="watts")
+    energy_joules: float | None = _value(  # counter since driver load
+        "gpu_energy_joules_total", "Energy consumed since the driver loaded.", Kind.COUNTER,
+        unit="joules")
+    performance_state: int | None = _value(
+        "gpu_performance_state", "Performance state (P-state number).")
+    pcie_link_generation: int | None = _value(
+        "gpu_pcie_link_generation", "Current PCIe link generation.")
+    pcie_link_width: int | None = _value(
+        "gpu_pcie_link_width", "Current PCIe link width (lanes).")
+    pcie_link_max_generation: int | None = _value(
+        "gpu_pcie_link_max_generation", "Maximum PCIe generation.")
+    pcie_link_max_width: int | None = _value(
+        "gpu_pcie_link_max_width", "Maximum PCIe link width (lanes).")
+    pcie_replay_errors: int | None = _value(
+        "gpu_pcie_replay_errors_total", "PCIe replay errors.", Kind.COUNTER, unit="count")
+    remap_failed: bool | None = _value(
+        "gpu_memory_remap_failed", "1 if a memory row remapping failed.")
+    remap_pending: bool | None = _value(  # a row remap waits for the next GPU reset
+        "gpu_memory_remap_pending", "1 while a memory row remap waits for the next GPU reset.")
+    xid_last_timestamp_seconds: float | None = _value(  # wall clock of the newest XID event
+        "gpu_xid_last_timestamp_seconds",
+        "When the most recent XID event happened (seconds since the epoch).")
+    # Code of the newest XID event; 0 for a GPU registered for XID events that has had none
+    # yet. Served only under dcgm-exporter's name (DCGM_FI_DEV_XID_ERRORS, a last-value gauge).
+    xid_last: int | None = _value("", "Code of the newest XID event (0: none since start).")
+
+    temperatures_celsius: Mapping[str, float] = _mapping(
+        "gpu_temperature_celsius", "Temperature by sensor.", "sensor", unit="celsius")
+    temperature_thresholds_celsius: Mapping[str, float] = _mapping(
+        "gpu_temperature_threshold_celsius", "Temperature thresholds.", "threshold",
+        unit="celsius")
+    fan_speed_ratio: Mapping[str, float] = _mapping(
+        "gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum.", "fan", unit="ratio")
+    clocks_hertz: Mapping[str, float] = _mapping(
+        "gpu_clock_hertz", "Current clock frequency.", "clock", unit="hertz")
+    clocks_max_hertz: Mapping[str, float] = _mapping(
+        "gpu_clock_max_hertz", "Maximum clock frequency.", "clock", unit="hertz")
+    throttle_reasons: Mapping[str, bool] = _mapping(  # reason -> active
+        "gpu_clock_throttle_active", "1 while this clock throttle reason is active.", "reason")
+    clock_event_seconds: Mapping[str, float] = _mapping(  # throttle reason -> counter
+        "gpu_clock_event_seconds_total", "Time the clocks were held back by this reason.",
+        "reason", kind=Kind.COUNTER, unit="seconds")
+    pcie_throughput_bytes_per_second: Mapping[str, float] = _mapping(  # tx / rx
+        "gpu_pcie_throughput_bytes_per_second", "PCIe throughput.", "direction",
+        unit="bytes_per_second")
+    engine_utilization_ratio: Mapping[str, float] = _mapping(  # engine -> 0..1
+        "gpu_engine_utilization_ratio", "Fraction of time an engine was busy.", "engine",
+        unit="ratio", group="engine")
+    engine_busy_seconds: Mapping[str, float] = _mapping(  # engine -> counter
+        "gpu_engine_busy_seconds_total", "Time an engine was busy.", "engine",
+        kind=Kind.COUNTER, unit="seconds", group="engine")
+    ecc_errors: Mapping[str, int] = _mapping(  # corrected / uncorrected -> counter
+        "gpu_ecc_errors_total", "ECC errors since the driver loaded.", "severity",
+        kind=Kind.COUNTER, unit="count")
+    remapped_rows: Mapping[str, int] = _mapping(
+        "gpu_memory_remapped_rows", "Memory rows remapped.", "severity", unit="count")
+    retired_pages: Mapping[str, int] = _mapping(  # single_bit / double_bit -> pages
+        "gpu_memory_retired_pages", "Memory pages retired (pre-Ampere page retirement).",
+        "cause", unit="count")
+    xid_errors: Mapping[int, int] = _mapping(  # XID code -> counter
+        "gpu_xid_errors_total", "NVIDIA XID error events by code.", "xid", kind=Kind.COUNTER,
+        unit="count")
+    memory_bandwidth_bytes_per_second: Mapping[str, float] = _mapping(  # read / write
+        "gpu_memory_bandwidth_bytes_per_second",
+        "Device memory bandwidth, where the source measures it.", "direction",
+        unit="bytes_per_second")
+    nvlink_up: Mapping[tuple[str, str], bool] = _mapping(
+        "gpu_nvlink_up", "1 if this NVLink link is up; remote is what it connects to.",
+        "link", "remote")
+    nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _mapping(
+        "gpu_nvlink_throughput_bytes_per_second", "NVLink throughput.", "link", "direction",
+        unit="bytes_per_second")
+    nvlink_errors: Mapping[tuple[str, str], int] = _mapping(
+        "gpu_nvlink_errors_total", "NVLink errors by type.", "link", "type", kind=Kind.COUNTER,
+        unit="count")
+    xgmi_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _mapping(
+        "gpu_xgmi_throughput_bytes_per_second", "AMD XGMI link throughput.", "link",
+        "direction", unit="bytes_per_second")
+    ras_errors: Mapping[tuple[str, str], int] = _mapping(
+        "gpu_ras_errors_total", "RAS / ECC errors by hardware block.", "block", "severity",
+        kind=Kind.COUNTER, unit="count")
+    profiling_ratio: Mapping[str, float] = _mapping(  # Profiling key -> 0..1, one family each
+        "gpu_{key}_ratio", "", unit="ratio", note="Source `nvml_gpm`.", per_key={
+            "sm_active": "Fraction of time at least one warp was active on an SM" + _GPM,
+            "sm_occupancy": "Fraction of the maximum warps resident on SMs" + _GPM,
+            "tensor_active": "Fraction of cycles the tensor pipes were active" + _GPM,
+            "dram_active": "Fraction of cycles the device memory interface was active" + _GPM,
+            "graphics_engine_active": "Fraction of time the graphics engine was active" + _GPM,
+            "fp16_active": "Fraction of cycles the FP16 pipes were active" + _GPM,
+            "fp32_active": "Fraction of cycles the FP32 pipes were active" + _GPM,
+            "fp64_active": "Fraction of cycles the FP64 pipes were active" + _GPM,
+        })
+
+    def present(self) -> dict[str, Any]:
+        """The values this fragment has (not None, not empty), by field name."""
+        out = {}
+        for name, _ in value_specs(DeviceValues):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, Mapping) and not value):
+                out[name] = value
+        return out
+
+    def overlay(self, *others: DeviceValues) -> DeviceValues:
+        """This fragment with every value the others have (the last one that has it wins)."""
+        changes: dict[str, Any] = {}
+        for other in others:
+            changes.update(other.present())
+        return replace(self, **changes) if changes else self
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSample(DeviceValues):
     """One backend's view of one GPU at one moment.
 
     ``source`` labels every value of this sample unless ``field_sources`` names
@@ -128,55 +345,14 @@ class DeviceSample:
     up: bool = True
     primary: bool = True
     field_sources: Mapping[Any, str] = _empty()  # field or (field, key) -> source
-
-    utilization_ratio: float | None = None
-    memory_utilization_ratio: float | None = None
-    memory_total_bytes: float | None = None
-    memory_used_bytes: float | None = None
-    memory_free_bytes: float | None = None
-    memory_reserved_bytes: float | None = None
-    shared_memory_total_bytes: float | None = None
-    shared_memory_used_bytes: float | None = None
-    temperatures_celsius: Mapping[str, float] = _empty()  # sensor -> °C
-    temperature_thresholds_celsius: Mapping[str, float] = _empty()  # threshold -> °C
-    power_watts: float | None = None
-    power_limit_watts: float | None = None
-    energy_joules: float | None = None  # counter since driver load
-    fan_speed_ratio: Mapping[str, float] = _empty()  # fan -> 0..1
-    clocks_hertz: Mapping[str, float] = _empty()  # clock -> Hz
-    clocks_max_hertz: Mapping[str, float] = _empty()
-    performance_state: int | None = None
-    throttle_reasons: Mapping[str, bool] = _empty()  # reason -> active
-    pcie_link_generation: int | None = None
-    pcie_link_width: int | None = None
-    pcie_link_max_generation: int | None = None
-    pcie_link_max_width: int | None = None
-    pcie_throughput_bytes_per_second: Mapping[str, float] = _empty()  # "tx" / "rx"
-    pcie_replay_errors: int | None = None  # counter
-    engine_utilization_ratio: Mapping[str, float] = _empty()  # engine -> 0..1
-    engine_busy_seconds: Mapping[str, float] = _empty()  # engine -> counter, seconds
-    ecc_errors: Mapping[str, int] = _empty()  # "corrected" / "uncorrected" -> counter
-    remapped_rows: Mapping[str, int] = _empty()  # severity -> rows
-    remap_failed: bool | None = None
-    xid_errors: Mapping[int, int] = _empty()  # XID code -> counter
-    profiling_ratio: Mapping[str, float] = _empty()  # "sm_active", "tensor_active", ... -> 0..1
-    nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _empty()  # (link, dir)
-    power_instant_watts: float | None = None  # where the source splits it from the average
-    clock_event_seconds: Mapping[str, float] = _empty()  # throttle reason -> counter, seconds
-    remap_pending: bool | None = None  # a row remap waits for the next GPU reset
-    retired_pages: Mapping[str, int] = _empty()  # "single_bit" / "double_bit" -> pages
-    xid_last_timestamp_seconds: float | None = None  # wall clock of the newest XID event
-    # Code of the newest XID event; 0 for a GPU registered for XID events that has had none
-    # yet (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS, a last-value gauge).
-    xid_last: int | None = None
-    memory_bandwidth_bytes_per_second: Mapping[str, float] = _empty()  # "read" / "write"
-    nvlink_up: Mapping[tuple[str, str], bool] = _empty()  # (link, remote) -> up
-    nvlink_errors: Mapping[tuple[str, str], int] = _empty()  # (link, type) -> counter
-    xgmi_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _empty()  # (link, dir)
-    ras_errors: Mapping[tuple[str, str], int] = _empty()  # (block, severity) -> counter
     processes: tuple[ProcessSample, ...] = ()
     # Filled by the collector after the merge (Kubernetes attribution), never by a backend.
     allocations: tuple[Allocation, ...] = ()
+
+    @classmethod
+    def of(cls, values: DeviceValues, **identity: Any) -> DeviceSample:
+        """A sample of ``values`` (a reader's typed fragment) with ``info``, ``source``, ..."""
+        return cls(**identity, **values.present())
 
     def source_of(self, field_name: str, key: Any = None) -> str:
         """The source of one field, or of one key of a mapping field."""
