@@ -37,7 +37,7 @@ from exporter.backends.nvidia.mig import MigReader
 from exporter.backends.nvidia.processes import ProcessReader
 from exporter.config import Config
 from exporter.fs import ProcFS
-from exporter.model import DeviceInfo, DeviceSample
+from exporter.model import DeviceInfo, DeviceSample, DeviceValues
 
 log = structlog.get_logger(__name__)
 
@@ -71,7 +71,7 @@ class _Gpu:
         self.procs = procs
         self.gpm = gpm
         self.mig = mig
-        self.slow: dict[str, Any] = {}
+        self.slow: DeviceValues | None = None  # not read yet
         self.profiling: dict[str, float] = {}
 
 
@@ -194,7 +194,7 @@ class NvidiaBackend:
         try:
             g.mig.refresh(errors)
             values = g.dev.read_fast(errors)
-            if slow or not g.slow:  # the first cycle fills the slow values too
+            if slow or g.slow is None:  # the first cycle fills the slow values too
                 g.slow = g.dev.read_slow(errors)
                 if not g.mig.enabled:
                     g.procs.read_utilization(errors)
@@ -206,13 +206,13 @@ class NvidiaBackend:
         except GpuLost:
             # Counted here; the change of state is logged once by the collector.
             errors["gpu_lost"] += 1
-            g.slow, g.profiling = {}, {}  # re-read in full once the GPU answers again
+            g.slow, g.profiling = None, {}  # re-read in full once the GPU answers again
             g.dev.nvlink.reset()
             return [DeviceSample(info=g.dev.info, source=SOURCE, up=False), *g.mig.down()]
         info = g.dev.info
-        values.update(g.slow)
         xids = self._xids.get(info.uuid)
-        parent = DeviceSample(
+        parent = DeviceSample.of(
+            values.overlay(g.slow),
             info=info,
             source=SOURCE,
             field_sources={"profiling_ratio": GPM_SOURCE} if g.profiling else {},
@@ -221,7 +221,6 @@ class NvidiaBackend:
             xid_last_timestamp_seconds=self._xid_last_at.get(info.uuid),
             xid_last=self._xid_last.get(info.uuid, 0 if xids is not None else None),
             processes=processes,
-            **values,
         )
         return [parent, *instances]
 

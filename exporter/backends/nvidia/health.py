@@ -26,6 +26,7 @@ from typing import Any
 
 from exporter.backends.nvidia.calls import Caller, u64
 from exporter.backends.nvidia.fields import FieldKey, FieldValue, field_id
+from exporter.model import DeviceValues
 from exporter.units import scaled
 
 VIOLATIONS = {"sw_power_cap": "NVML_PERF_POLICY_POWER",
@@ -73,8 +74,8 @@ class Health:
         """Requests for the slow-tier field batch."""
         return [(fid, 0) for fid in self.retired.values()]
 
-    def read(self, errors: Counter[str], values: dict[FieldKey, FieldValue]) -> dict[str, Any]:
-        """DeviceSample keyword arguments: clock_event_seconds, ras_errors, retired_pages."""
+    def read(self, errors: Counter[str], values: dict[FieldKey, FieldValue]) -> DeviceValues:
+        """clock_event_seconds, ras_errors, retired_pages."""
         g = self.call.get
         events = {}
         for reason, policy in self.violations.items():
@@ -96,4 +97,4 @@ class Health:
             pages = None if fv is None else u64(fv.value)
             if pages is not None:
                 retired[cause] = pages
-        return {"clock_event_seconds": events, "ras_errors": ras, "retired_pages": retired}
+        return DeviceValues(clock_event_seconds=events, ras_errors=ras, retired_pages=retired)

@@ -145,11 +145,10 @@ class MigReader:
             if slow:
                 inst.procs.read_utilization(errors)
             profiling = self.profiling.get(inst.gpu_instance_id, {})
-            out.append(DeviceSample(
-                info=inst.info, source=SOURCE,
+            out.append(DeviceSample.of(
+                read_memory(inst.call, errors), info=inst.info, source=SOURCE,
                 field_sources={"profiling_ratio": GPM_SOURCE} if profiling else {},
-                profiling_ratio=dict(profiling), processes=inst.procs.read(errors, slow),
-                **read_memory(inst.call, errors)))
+                profiling_ratio=dict(profiling), processes=inst.procs.read(errors, slow)))
         return out
 
     def down(self) -> list[DeviceSample]:
