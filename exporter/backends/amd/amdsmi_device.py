@@ -1,4 +1,4 @@
-"""What one amdsmi processor handle reports, as DeviceSample fields (amdsmi's units -> base units).
+"""What one amdsmi processor handle reports, as typed DeviceValues (amdsmi's units -> base units).
 
 Split from the backend so the mapping reads in one place. Units (amdsmi.h, and the
 Python package's ``amdsmi_interface.py`` dict keys): activity %, VRAM MiB, power W,
@@ -15,13 +15,14 @@ from typing import Any
 
 from exporter import units
 from exporter.backends.amd.amdsmi_calls import Caller, number, text
-from exporter.model import ProcessSample
+from exporter.labels import Clock, Sensor, Severity, Threshold
+from exporter.model import DeviceValues, ProcessSample
 
 MIB = 1 << 20
 # AmdSmiTemperatureType member -> docs/metrics.md sensor
-TEMPERATURES = (("EDGE", "edge"), ("HOTSPOT", "junction"), ("VRAM", "memory"))
-THRESHOLDS = (("CRITICAL", "critical"), ("EMERGENCY", "shutdown"))
-CLOCKS = (("GFX", "graphics"), ("MEM", "memory"))
+TEMPERATURES = (("EDGE", Sensor.EDGE), ("HOTSPOT", Sensor.JUNCTION), ("VRAM", Sensor.MEMORY))
+THRESHOLDS = (("CRITICAL", Threshold.CRITICAL), ("EMERGENCY", Threshold.SHUTDOWN))
+CLOCKS = (("GFX", Clock.GRAPHICS), ("MEM", Clock.MEMORY))
 # AmdSmiGpuBlock members read for per-block RAS counts (the label is the name, lower case).
 RAS_BLOCKS = ("UMC", "SDMA", "GFX", "MMHUB", "ATHUB", "PCIE_BIF", "HDP", "XGMI_WAFL", "DF",
               "SMN", "SEM", "MP0", "MP1", "FUSE", "MCA", "VCN", "JPEG", "IH", "MPIO")
@@ -29,55 +30,60 @@ XGMI_LINK_TYPE = 2  # AMDSMI_LINK_TYPE_XGMI (amdsmi_wrapper.py)
 ENGINES = (("gfx", "gfx"), ("enc", "encoder"))  # process engine_usage key -> docs/metrics.md engine
 
 
-def activity(call: Caller, errors: Counter[str]) -> dict[str, Any]:
+def activity(call: Caller, errors: Counter[str]) -> DeviceValues:
     a = call.get(errors, "amdsmi_get_gpu_activity") or {}
     util = units.ratio_from_percent(number(a.get("gfx_activity"), "count", 1, errors))
     mem = units.ratio_from_percent(number(a.get("umc_activity"), "count", 1, errors))
     mm = units.ratio_from_percent(number(a.get("mm_activity"), "count", 1, errors))
     engines = {k: v for k, v in (("gfx", util), ("video", mm)) if v is not None}
-    return {"utilization_ratio": util, "memory_utilization_ratio": mem,
-            "engine_utilization_ratio": engines}
+    return DeviceValues(utilization_ratio=util, memory_utilization_ratio=mem,
+                        engine_utilization_ratio=engines)
 
 
-def memory(call: Caller, errors: Counter[str]) -> dict[str, Any]:
+def memory(call: Caller, errors: Counter[str]) -> DeviceValues:
     v = call.get(errors, "amdsmi_get_gpu_vram_usage") or {}
     total = number(v.get("vram_total"), "bytes", MIB, errors)
     used = number(v.get("vram_used"), "bytes", MIB, errors)
     free = total - used if total is not None and used is not None and used <= total else None
-    return {"memory_total_bytes": total, "memory_used_bytes": used, "memory_free_bytes": free}
+    return DeviceValues(memory_total_bytes=total, memory_used_bytes=used, memory_free_bytes=free)
 
 
-def power(call: Caller, errors: Counter[str]) -> dict[str, Any]:
+def power(call: Caller, errors: Counter[str]) -> DeviceValues:
     p = call.get(errors, "amdsmi_get_power_info") or {}
     average = number(p.get("average_socket_power"), "watts", 1, errors)
-    out: dict[str, Any] = {
-        "power_watts": average if average is not None else
-        number(p.get("socket_power"), "watts", 1, errors),
-        "power_instant_watts": number(p.get("current_socket_power"), "watts", 1, errors),
-        "power_limit_watts": number(p.get("power_limit"), "watts", 1, errors),
-    }
+    if average is None:
+        average = number(p.get("socket_power"), "watts", 1, errors)
+    instant = number(p.get("current_socket_power"), "watts", 1, errors)
+    limit = number(p.get("power_limit"), "watts", 1, errors)
     e = call.get(errors, "amdsmi_get_energy_count") or {}
     acc, res = e.get("energy_accumulator"), e.get("counter_resolution")
+    energy = None
     if isinstance(acc, int) and isinstance(res, (int, float)) and acc not in (0, units.U64_MAX):
-        out["energy_joules"] = number(acc * res, "joules", 1e-6, errors)  # µJ
-    return out
+        energy = number(acc * res, "joules", 1e-6, errors)  # µJ
+    return DeviceValues(power_watts=average, power_instant_watts=instant,
+                        power_limit_watts=limit, energy_joules=energy)
 
 
-def temperatures(call: Caller, lib: Any, errors: Counter[str], slow: bool) -> dict[str, Any]:
+def temperatures(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
     kinds, metric = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
-    temps = {sensor: v for member, sensor in TEMPERATURES
-             if (v := number(call.get(errors, "amdsmi_get_temp_metric", kinds[member],
-                                      metric.CURRENT), "celsius", 1, errors)) is not None}
-    out: dict[str, Any] = {"temperatures_celsius": temps}
-    if slow:
-        out["temperature_thresholds_celsius"] = {
-            name: v for member, name in THRESHOLDS
-            if (v := number(call.get(errors, "amdsmi_get_temp_metric", kinds.HOTSPOT,
-                                     metric[member]), "celsius", 1, errors)) is not None}
-    return out
+    temps: dict[str, float] = {
+        sensor: v for member, sensor in TEMPERATURES
+        if (v := number(call.get(errors, "amdsmi_get_temp_metric", kinds[member],
+                                 metric.CURRENT), "celsius", 1, errors)) is not None}
+    return DeviceValues(temperatures_celsius=temps)
 
 
-def clocks(call: Caller, lib: Any, errors: Counter[str]) -> dict[str, Any]:
+def thresholds(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
+    """The junction sensor's limits (slow tier)."""
+    kinds, metric = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
+    limits: dict[str, float] = {
+        name: v for member, name in THRESHOLDS
+        if (v := number(call.get(errors, "amdsmi_get_temp_metric", kinds.HOTSPOT,
+                                 metric[member]), "celsius", 1, errors)) is not None}
+    return DeviceValues(temperature_thresholds_celsius=limits)
+
+
+def clocks(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
     current: dict[str, float] = {}
     top: dict[str, float] = {}
     for member, clock in CLOCKS:
@@ -86,10 +92,10 @@ def clocks(call: Caller, lib: Any, errors: Counter[str]) -> dict[str, Any]:
             current[clock] = hz
         if (hz := number(c.get("max_clk"), "hertz", 1_000_000, errors)) is not None:
             top[clock] = hz
-    return {"clocks_hertz": current, "clocks_max_hertz": top}
+    return DeviceValues(clocks_hertz=current, clocks_max_hertz=top)
 
 
-def pcie(call: Caller, errors: Counter[str]) -> dict[str, Any]:
+def pcie(call: Caller, errors: Counter[str]) -> DeviceValues:
     info = call.get(errors, "amdsmi_get_pcie_info") or {}
     static, metric = info.get("pcie_static") or {}, info.get("pcie_metric") or {}
 
@@ -101,14 +107,14 @@ def pcie(call: Caller, errors: Counter[str]) -> dict[str, Any]:
         return units.parse_link_width(str(lanes)) if lanes not in (None, "N/A") else None
 
     replay = number(metric.get("pcie_replay_count"), "count", 1, errors)
-    return {"pcie_link_generation": gen(metric.get("pcie_speed")),
-            "pcie_link_width": width(metric.get("pcie_width")),
-            "pcie_link_max_generation": gen(static.get("max_pcie_speed")),
-            "pcie_link_max_width": width(static.get("max_pcie_width")),
-            "pcie_replay_errors": None if replay is None else int(replay)}
+    return DeviceValues(pcie_link_generation=gen(metric.get("pcie_speed")),
+                        pcie_link_width=width(metric.get("pcie_width")),
+                        pcie_link_max_generation=gen(static.get("max_pcie_speed")),
+                        pcie_link_max_width=width(static.get("max_pcie_width")),
+                        pcie_replay_errors=None if replay is None else int(replay))
 
 
-def ras(call: Caller, lib: Any, errors: Counter[str]) -> dict[str, Any]:
+def ras(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
     """Per-block ECC counts (slow tier) and their sum as the device's ECC counters."""
     per_block: dict[tuple[str, str], int] = {}
     for member in RAS_BLOCKS:
@@ -116,14 +122,14 @@ def ras(call: Caller, lib: Any, errors: Counter[str]) -> dict[str, Any]:
         if block is None:
             continue
         c = call.get(errors, "amdsmi_get_gpu_ecc_count", block) or {}
-        for key, severity in (("correctable_count", "corrected"),
-                              ("uncorrectable_count", "uncorrected")):
+        for key, severity in (("correctable_count", Severity.CORRECTED),
+                              ("uncorrectable_count", Severity.UNCORRECTED)):
             if (n := number(c.get(key), "count", 1, errors)) is not None:
                 per_block[(member.lower(), severity)] = int(n)
     totals: dict[str, int] = {}
-    for (_, severity), n in per_block.items():
-        totals[severity] = totals.get(severity, 0) + n
-    return {"ras_errors": per_block, "ecc_errors": totals}
+    for (_, kind), n in per_block.items():
+        totals[kind] = totals.get(kind, 0) + n
+    return DeviceValues(ras_errors=per_block, ecc_errors=totals)
 
 
 def xgmi_links(call: Caller, errors: Counter[str]) -> tuple[dict[tuple[str, str], bool],
