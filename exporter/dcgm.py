@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
 
@@ -68,13 +68,18 @@ class Read:
 
     def value(self, d: DeviceValues) -> float | None:
         value = getattr(d, self.field)
-        if not isinstance(value, Mapping):
+        if not self.keys and not self.total:  # a scalar field
             return None if value is None else float(value)
         if not self.total:
             return next((float(value[k]) for k in self.keys if k in value), None)
-        items = [float(v) for k, v in value.items()
-                 if (not self.keys or k in self.keys) and (not self.last or k[-1] == self.last)]
-        return sum(items) if items else None  # never a made-up 0
+        if self.last:
+            last = self.last
+            items = [v for k, v in value.items() if k[-1] == last]
+        elif self.keys:
+            items = [value[k] for k in self.keys if k in value]
+        else:
+            items = list(value.values())
+        return float(sum(items)) if items else None  # never a made-up 0
 
 
 @dataclass(frozen=True)
@@ -91,17 +96,24 @@ class Field:
     # ``<name>_total``, and dashboards query the bare DCGM name. rate() works on either.
     counter: bool = False
 
+    # (read, factor from the table's unit into ``unit``), computed once
+    plan: tuple[tuple[Read, float], ...] = field(init=False, repr=False)
+
     def __post_init__(self) -> None:
+        plan = []
         for r in self.reads:  # a field renamed in the table, or a unit with no conversion
-            if (UNITS.get(r.field), self.unit) not in FACTORS:
+            factor = FACTORS.get((UNITS.get(r.field, "?"), self.unit))
+            if factor is None:
                 raise ValueError(f"{self.name}: no {r.field} in {UNITS.get(r.field)} -> "
                                  f"{self.unit}")
+            plan.append((r, factor))
+        object.__setattr__(self, "plan", tuple(plan))
 
     def value(self, d: DeviceValues) -> float | None:
-        for r in self.reads:
+        for r, factor in self.plan:
             value = r.value(d)
             if value is not None:
-                return _tidy(value * FACTORS[(UNITS[r.field], self.unit)])
+                return _tidy(value * factor)
         return None
 
 

@@ -8,7 +8,7 @@ key. The families are built fresh from an immutable Snapshot on every render (no
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
@@ -45,6 +45,13 @@ ALLOCATION = MetricSpec("gpu_kubernetes_allocation_info",
                         labels=(*POD_LABELS, "resource"), note="Source `kubelet`.")
 DEVICE_SPECS = value_specs(DeviceValues)
 PROCESS_SPECS = value_specs(ProcessSample)
+# The table split by shape once, so a render does no per-value type tests:
+# (field, spec) of scalars, of mappings keyed by label value(s), of one family per key.
+SCALARS = tuple((n, s) for n, s in DEVICE_SPECS if s.name and not s.labels and not s.per_key)
+LABELLED = tuple((n, s) for n, s in DEVICE_SPECS if s.labels)
+PER_KEY = tuple((n, s) for n, s in DEVICE_SPECS if s.per_key)
+PROCESS_SCALARS = tuple((n, s) for n, s in PROCESS_SPECS if not s.labels)
+PROCESS_LABELLED = tuple((n, s) for n, s in PROCESS_SPECS if s.labels)
 
 
 def families_of(spec: MetricSpec) -> tuple[tuple[str, str], ...]:
@@ -83,23 +90,6 @@ class _Families:
             family = self.by_name[name] = Metric(base, doc, kind.value)
         family.samples.append(Sample(name, labels, float(value)))
 
-    def values(self, spec: MetricSpec, value: Any, labels: Callable[..., dict[str, str]]
-               ) -> None:
-        """The series of one field's value: ``labels(key, **key_labels)`` labels each."""
-        if value is None:
-            return
-        if not isinstance(value, Mapping):
-            self.add(spec.name, spec.help, spec.kind, labels(None), value)
-            return
-        for key, v in value.items():
-            if spec.per_key:
-                if key in spec.per_key:
-                    self.add(spec.family(key), spec.per_key[key], spec.kind, labels(key), v)
-                continue
-            keys = key if isinstance(key, tuple) else (key,)
-            self.add(spec.name, spec.help, spec.kind, labels(key, **{
-                n: str(k) for n, k in zip(spec.labels, keys, strict=True)}), v)
-
 
 def _exclusive_pod(d: DeviceSample) -> PodRef | None:
     pods = {a.pod for a in d.allocations}
@@ -131,10 +121,23 @@ def _device_families(f: _Families, gpu: str, d: DeviceSample, opts: RenderOption
                 namespace=a.pod.namespace, resource=a.resource), 1)
     if not d.up:
         return
-    for name, spec in DEVICE_SPECS:
-        if spec.name:
-            f.values(spec, getattr(d, name), lambda key, n=name, **more: labels(
-                d.source_of(n, key), **more))
+    for field, spec in SCALARS:
+        value = getattr(d, field)
+        if value is not None:
+            f.add(spec.name, spec.help, spec.kind, labels(d.source_of(field)), value)
+    for field, spec in LABELLED:
+        names = spec.labels
+        for key, value in getattr(d, field).items():
+            keys = key if isinstance(key, tuple) else (key,)
+            f.add(spec.name, spec.help, spec.kind, labels(
+                d.source_of(field, key), **{n: str(k) for n, k in zip(names, keys, strict=True)}),
+                value)
+    for field, spec in PER_KEY:
+        docs = spec.per_key
+        for key, value in getattr(d, field).items():
+            if key in docs:
+                f.add(spec.family(key), docs[key], spec.kind, labels(d.source_of(field, key)),
+                      value)
     for p in d.processes:
         _process_families(f, labels, d, p, opts)
 
@@ -152,9 +155,17 @@ def _process_families(f: _Families, labels: Callable[..., dict[str, str]], d: De
             return base_source
         return p.field_sources.get((field, key)) or p.field_sources.get(field) or base_source
 
-    for name, spec in PROCESS_SPECS:
-        f.values(spec, getattr(p, name), lambda key, n=name, **more: labels(
-            source(n, key), pid=str(p.pid), process=p.process, **pod, **more))
+    pid = str(p.pid)
+    for field, spec in PROCESS_LABELLED:
+        (label,) = spec.labels
+        for key, v in getattr(p, field).items():
+            f.add(spec.name, spec.help, spec.kind, labels(
+                source(field, key), pid=pid, process=p.process, **pod, **{label: key}), v)
+    for field, spec in PROCESS_SCALARS:
+        value = getattr(p, field)
+        if value is not None:
+            f.add(spec.name, spec.help, spec.kind, labels(
+                source(field), pid=pid, process=p.process, **pod), value)
 
 
 # Families in this order in every output, whichever device happens to come first.
