@@ -110,6 +110,7 @@ class Remote(Vocabulary):
 
     GPU = "gpu"
     SWITCH = "switch"
+    CPU = "cpu"  # an IBM NPU
     UNKNOWN = "unknown"
 
 

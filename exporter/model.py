@@ -25,6 +25,8 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any
 
+from exporter.labels import Profiling
+
 EMPTY: Mapping[Any, Any] = MappingProxyType({})
 SPEC = "metric"  # the metadata key of a field's MetricSpec
 
@@ -299,14 +301,16 @@ class DeviceValues:
         kind=Kind.COUNTER, unit="count")
     profiling_ratio: Mapping[str, float] = _mapping(  # Profiling key -> 0..1, one family each
         "gpu_{key}_ratio", "", unit="ratio", note="Source `nvml_gpm`.", per_key={
-            "sm_active": "Fraction of time at least one warp was active on an SM" + _GPM,
-            "sm_occupancy": "Fraction of the maximum warps resident on SMs" + _GPM,
-            "tensor_active": "Fraction of cycles the tensor pipes were active" + _GPM,
-            "dram_active": "Fraction of cycles the device memory interface was active" + _GPM,
-            "graphics_engine_active": "Fraction of time the graphics engine was active" + _GPM,
-            "fp16_active": "Fraction of cycles the FP16 pipes were active" + _GPM,
-            "fp32_active": "Fraction of cycles the FP32 pipes were active" + _GPM,
-            "fp64_active": "Fraction of cycles the FP64 pipes were active" + _GPM,
+            Profiling.SM_ACTIVE: "Fraction of time at least one warp was active on an SM" + _GPM,
+            Profiling.SM_OCCUPANCY: "Fraction of the maximum warps resident on SMs" + _GPM,
+            Profiling.TENSOR_ACTIVE: "Fraction of cycles the tensor pipes were active" + _GPM,
+            Profiling.DRAM_ACTIVE:
+                "Fraction of cycles the device memory interface was active" + _GPM,
+            Profiling.GRAPHICS_ENGINE_ACTIVE:
+                "Fraction of time the graphics engine was active" + _GPM,
+            Profiling.FP16_ACTIVE: "Fraction of cycles the FP16 pipes were active" + _GPM,
+            Profiling.FP32_ACTIVE: "Fraction of cycles the FP32 pipes were active" + _GPM,
+            Profiling.FP64_ACTIVE: "Fraction of cycles the FP64 pipes were active" + _GPM,
         })
 
     def present(self) -> dict[str, Any]:

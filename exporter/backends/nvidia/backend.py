@@ -30,7 +30,7 @@ import structlog
 
 from exporter.backends.base import LIBRARY, BackendFailed, BackendUnavailable, Cycle
 from exporter.backends.nvidia.calls import GpuLost, text
-from exporter.backends.nvidia.device import NvmlDevice, read_info
+from exporter.backends.nvidia.device import SOURCE, NvmlDevice, nvml_sample, read_info
 from exporter.backends.nvidia.events import XidEvents
 from exporter.backends.nvidia.gpm import GpmSampler, GpmUnsupported
 from exporter.backends.nvidia.mig import MigReader
@@ -40,9 +40,6 @@ from exporter.fs import ProcFS
 from exporter.model import DeviceInfo, DeviceSample, DeviceValues
 
 log = structlog.get_logger(__name__)
-
-SOURCE = "nvml"
-GPM_SOURCE = "nvml_gpm"
 
 # TIERS. bench/nvml_calls.py on the lent NVIDIA H200 (Hopper, driver 580.159.04), median
 # of up to 200 calls, microseconds, under a matmul load:
@@ -211,12 +208,8 @@ class NvidiaBackend:
             return [DeviceSample(info=g.dev.info, source=SOURCE, up=False), *g.mig.down()]
         info = g.dev.info
         xids = self._xids.get(info.uuid)
-        parent = DeviceSample.of(
-            values.overlay(g.slow),
-            info=info,
-            source=SOURCE,
-            field_sources={"profiling_ratio": GPM_SOURCE} if g.profiling else {},
-            profiling_ratio=dict(g.profiling),
+        parent = nvml_sample(
+            info, values.overlay(g.slow), g.profiling,
             xid_errors={} if xids is None else dict(xids),
             xid_last_timestamp_seconds=self._xid_last_at.get(info.uuid),
             xid_last=self._xid_last.get(info.uuid, 0 if xids is not None else None),

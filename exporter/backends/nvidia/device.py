@@ -16,6 +16,7 @@ counters live in ``nvml_nvlink``, the slow health counters in ``nvml_health``.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from exporter.backends.nvidia.calls import Caller, text, u32, u64
@@ -23,7 +24,7 @@ from exporter.backends.nvidia.fields import FieldKey, FieldReader, field_id
 from exporter.backends.nvidia.health import Health
 from exporter.backends.nvidia.nvlink import NvLinks
 from exporter.labels import Clock, Direction, Sensor, Severity, Threshold, ThrottleReason
-from exporter.model import DeviceInfo, DeviceValues, normalize_pci_bus_id
+from exporter.model import DeviceInfo, DeviceSample, DeviceValues, normalize_pci_bus_id
 from exporter.units import ratio_from_percent as ratio
 from exporter.units import scaled
 
@@ -62,6 +63,8 @@ ENGINES = {
     "jpeg": "nvmlDeviceGetJpgUtilization",
     "ofa": "nvmlDeviceGetOfaUtilization",
 }
+SOURCE = "nvml"
+GPM_SOURCE = "nvml_gpm"  # GPM's profiling ratios, of a GPU or of a MIG GPU instance
 PSTATE_UNKNOWN = 32
 # NVML's "KB" in PCIe throughput is 1024 bytes (nvidia-smi prints it as KB/s).
 KIB = 1024
@@ -69,6 +72,15 @@ KIB = 1024
 # its own; instant power (mW) is the unaveraged draw next to nvmlDeviceGetPowerUsage.
 FAST_FIELDS = {"memory_temp": "NVML_FI_DEV_MEMORY_TEMP",
                "power_instant": "NVML_FI_DEV_POWER_INSTANT"}
+
+
+def nvml_sample(info: DeviceInfo, values: DeviceValues, profiling: Mapping[str, float],
+                **more: Any) -> DeviceSample:
+    """A GPU's or MIG device's sample: NVML's values, GPM's profiling ratios under their
+    own source."""
+    return DeviceSample.of(
+        values, info=info, source=SOURCE, profiling_ratio=dict(profiling),
+        field_sources={"profiling_ratio": GPM_SOURCE} if profiling else {}, **more)
 
 
 def gated(errors: Counter[str], value: float | int | None, scale: float, unit: str

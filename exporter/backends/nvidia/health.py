@@ -22,16 +22,19 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from exporter.backends.nvidia.calls import Caller, u64
 from exporter.backends.nvidia.fields import FieldKey, FieldValue, field_id
+from exporter.labels import RetireCause, Severity, ThrottleReason
 from exporter.model import DeviceValues
 from exporter.units import scaled
 
-VIOLATIONS = {"sw_power_cap": "NVML_PERF_POLICY_POWER",
-              "sw_thermal": "NVML_PERF_POLICY_THERMAL",
-              "sync_boost": "NVML_PERF_POLICY_SYNC_BOOST"}
+K = TypeVar("K")
+VIOLATIONS = {ThrottleReason.SW_POWER_CAP: "NVML_PERF_POLICY_POWER",
+              ThrottleReason.SW_THERMAL: "NVML_PERF_POLICY_THERMAL",
+              ThrottleReason.SYNC_BOOST: "NVML_PERF_POLICY_SYNC_BOOST"}
 # nvmlMemoryLocation_t -> block label; DEVICE_MEMORY and DRAM are the same value (2).
 LOCATIONS = {"NVML_MEMORY_LOCATION_L1_CACHE": "l1_cache",
              "NVML_MEMORY_LOCATION_L2_CACHE": "l2_cache",
@@ -41,14 +44,15 @@ LOCATIONS = {"NVML_MEMORY_LOCATION_L1_CACHE": "l1_cache",
              "NVML_MEMORY_LOCATION_TEXTURE_SHM": "texture_shm",
              "NVML_MEMORY_LOCATION_CBU": "cbu",
              "NVML_MEMORY_LOCATION_SRAM": "sram"}
-SEVERITIES = {"corrected": "NVML_MEMORY_ERROR_TYPE_CORRECTED",
-              "uncorrected": "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"}
-RETIRED_FIELDS = {"single_bit": "NVML_FI_DEV_RETIRED_SBE", "double_bit": "NVML_FI_DEV_RETIRED_DBE"}
+SEVERITIES = {Severity.CORRECTED: "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+              Severity.UNCORRECTED: "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"}
+RETIRED_FIELDS = {RetireCause.SINGLE_BIT: "NVML_FI_DEV_RETIRED_SBE",
+                  RetireCause.DOUBLE_BIT: "NVML_FI_DEV_RETIRED_DBE"}
 # Page retirement is what GPUs before Ampere do (nvml.h: row remapping replaced it).
 RETIRES_PAGES = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
 
 
-def _constants(nvml: Any, names: dict[str, str]) -> dict[str, Any]:
+def _constants(nvml: Any, names: Mapping[K, str]) -> dict[K, Any]:
     return {label: getattr(nvml, c) for label, c in names.items() if hasattr(nvml, c)}
 
 
@@ -77,13 +81,13 @@ class Health:
     def read(self, errors: Counter[str], values: dict[FieldKey, FieldValue]) -> DeviceValues:
         """clock_event_seconds, ras_errors, retired_pages."""
         g = self.call.get
-        events = {}
+        events: dict[str, float] = {}
         for reason, policy in self.violations.items():
             v = g(errors, "nvmlDeviceGetViolationStatus", policy)
             seconds = None if v is None else scaled(u64(v.violationTime), 1e-9, "seconds")
             if seconds is not None:
                 events[reason] = seconds
-        ras = {}
+        ras: dict[tuple[str, str], int] = {}
         if self.volatile is not None:
             for location, block in self.locations.items():
                 for severity, kind in self.severities.items():
@@ -91,7 +95,7 @@ class Health:
                               location))
                     if n is not None:
                         ras[(block, severity)] = n
-        retired = {}
+        retired: dict[str, int] = {}
         for cause, fid in self.retired.items():
             fv = values.get((fid, 0))
             pages = None if fv is None else u64(fv.value)
