@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
 
+from exporter.fieldspec import value_specs
 from exporter.labels import (
     Clock,
     Direction,
@@ -37,7 +38,7 @@ from exporter.labels import (
     Severity,
     ThrottleReason,
 )
-from exporter.model import DeviceInfo, DeviceSample, DeviceValues, PodRef, value_specs
+from exporter.model import DeviceInfo, DeviceSample, DeviceValues, PodRef
 
 MIB = float(1 << 20)
 # (unit of the DeviceValues field, in exporter.model's table; dcgm-exporter's unit) -> factor

@@ -36,7 +36,8 @@ from typing import Any
 import structlog
 
 from exporter.backends.base import Enricher
-from exporter.model import DeviceInfo, DeviceSample, DeviceValues, ProcessSample, value_specs
+from exporter.fieldspec import value_specs
+from exporter.model import DeviceInfo, DeviceSample, DeviceValues, ProcessSample
 
 log = structlog.get_logger(__name__)
 

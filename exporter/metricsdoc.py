@@ -9,7 +9,7 @@ when the committed file differs from what this prints.
 
 from __future__ import annotations
 
-from exporter.model import MetricSpec
+from exporter.fieldspec import MetricSpec
 from exporter.render.families import (
     ALLOCATION,
     DEVICE_SPECS,

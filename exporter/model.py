@@ -6,88 +6,25 @@ that is absent from a mapping) means "this source does not expose it" and produc
 series: never 0, never NaN.
 
 Every value field declares its metric once, in ``field(metadata=...)``: family name,
-help, type, unit and the label name(s) of a mapping's key (``MetricSpec``). Render,
-merge, docs/metrics.md (``exporter.metricsdoc``) and the dcgm mapping read that table
-(``value_specs``), so a new field is one declaration here. Mapping fields are keyed by
+help, type, unit and the label name(s) of a mapping's key (``MetricSpec``, see
+``exporter.fieldspec``). Render, merge, docs/metrics.md (``exporter.metricsdoc``) and
+the dcgm mapping read that table (``value_specs``), so a new field is one declaration
+here. Mapping fields are keyed by
 the label value (``temperatures_celsius[Sensor.JUNCTION]``, ``clocks_hertz["sm"]``);
 the closed vocabularies are the enums of ``exporter.labels``.
 
 Readers build a ``DeviceValues`` (a typed partial sample, values only) and the backend
-wraps it with its identity: ``DeviceSample.of(info, source, values)``.
+wraps it with its identity: ``DeviceSample.of(values, info=..., source=...)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import Field, dataclass, field, fields, replace
-from enum import Enum
-from functools import cache
-from types import MappingProxyType
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from exporter.fieldspec import Kind, empty, mapping, value, value_specs
 from exporter.labels import Profiling
-
-EMPTY: Mapping[Any, Any] = MappingProxyType({})
-SPEC = "metric"  # the metadata key of a field's MetricSpec
-
-
-class Kind(str, Enum):
-    """A family's Prometheus type."""
-
-    GAUGE = "gauge"
-    COUNTER = "counter"
-    HISTOGRAM = "histogram"
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """How one value is served: declared once, read by render, merge, docs and dcgm."""
-
-    name: str  # the family as served; a counter's ends in _total. "": dcgm names only
-    help: str  # the HELP text served (and the docs/metrics.md help column)
-    kind: Kind = Kind.GAUGE
-    unit: str = ""  # a units.RANGES key ("" for states, flags, counts of things)
-    # A mapping field: the label name of its key (one per element of a tuple key).
-    # A gpu_exporter_* family: its labels.
-    labels: tuple[str, ...] = ()
-    note: str = ""  # said in docs/metrics.md after the help, never served
-    # One family per key instead of a label: ``name`` holds "{key}"; key -> help.
-    per_key: Mapping[str, str] = field(default_factory=lambda: EMPTY)
-    # Mapping fields whose keys are owned together in the merge (one engine, one owner).
-    group: str = ""
-
-    def family(self, key: str) -> str:
-        return self.name.format(key=key)
-
-
-def _value(name: str, help: str, kind: Kind = Kind.GAUGE, unit: str = "",
-           note: str = "") -> Any:
-    """A scalar field: None where the source does not expose it."""
-    return field(default=None, metadata={SPEC: MetricSpec(name, help, kind, unit, note=note)})
-
-
-def _mapping(name: str, help: str, *labels: str, kind: Kind = Kind.GAUGE, unit: str = "",
-             group: str = "", per_key: Mapping[str, str] = EMPTY, note: str = "") -> Any:
-    """A mapping field keyed by label value(s): empty where the source exposes none."""
-    spec = MetricSpec(name, help, kind, unit, labels, note, per_key, group)
-    return field(default_factory=lambda: EMPTY, metadata={SPEC: spec})
-
-
-def _empty() -> Any:
-    """A default for Mapping fields that are not values: one shared read-only empty mapping."""
-    return field(default_factory=lambda: EMPTY)
-
-
-def spec_of(f: Field[Any]) -> MetricSpec | None:
-    spec = f.metadata.get(SPEC)
-    return spec if isinstance(spec, MetricSpec) else None
-
-
-@cache
-def value_specs(cls: type) -> tuple[tuple[str, MetricSpec], ...]:
-    """(field name, spec) of every value field of a sample class, in declaration order:
-    the order families are served in."""
-    return tuple((f.name, spec) for f in fields(cls) if (spec := spec_of(f)) is not None)
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
@@ -126,9 +63,9 @@ class DeviceInfo:
     parent_key: str = ""
     # Labels that identify a slice next to `gpu` (docs/metrics.md: gpu_instance_id,
     # compute_instance_id, mig_profile for NVIDIA MIG; partition_id for AMD).
-    slice_labels: Mapping[str, str] = _empty()
+    slice_labels: Mapping[str, str] = empty()
     # Extra gpu_info labels where the source knows them (docs/metrics.md: partition, mig_mode).
-    info_labels: Mapping[str, str] = _empty()
+    info_labels: Mapping[str, str] = empty()
 
     @property
     def key(self) -> str:
@@ -142,19 +79,19 @@ class ProcessSample:
 
     pid: int
     process: str  # the kernel's comm, already decoded safely
-    memory_used_bytes: float | None = _value(
+    memory_used_bytes: float | None = value(
         "gpu_process_memory_used_bytes",
         "Device-local memory used by the process on this GPU.", unit="bytes")
-    shared_memory_used_bytes: float | None = _value(  # GTT / system memory charged to it
+    shared_memory_used_bytes: float | None = value(  # GTT / system memory charged to it
         "gpu_process_shared_memory_used_bytes",
         "System (GTT) memory charged to the process for this GPU.", unit="bytes")
-    utilization_ratio: Mapping[str, float] = _mapping(  # engine -> 0..1
+    utilization_ratio: Mapping[str, float] = mapping(  # engine -> 0..1
         "gpu_process_utilization_ratio", "Fraction of time the process kept an engine busy.",
         "engine", unit="ratio")
-    engine_busy_seconds: Mapping[str, float] = _mapping(  # engine -> counter
+    engine_busy_seconds: Mapping[str, float] = mapping(  # engine -> counter
         "gpu_process_engine_busy_seconds_total", "Engine time used by the process.", "engine",
         kind=Kind.COUNTER, unit="seconds")
-    host_memory_bytes: float | None = _value(  # RSS
+    host_memory_bytes: float | None = value(  # RSS
         "gpu_process_host_memory_bytes", "Resident host memory (RSS) of the GPU process.",
         unit="bytes")
     container: str | None = None
@@ -163,7 +100,7 @@ class ProcessSample:
     # Set by the collector's merge: the source this process was reported by, and (as
     # DeviceSample.field_sources) where one of its fields came from another source.
     source: str = ""
-    field_sources: Mapping[Any, str] = _empty()
+    field_sources: Mapping[Any, str] = empty()
 
 
 @dataclass(frozen=True)
@@ -191,115 +128,115 @@ class DeviceValues:
     """The values of one GPU, any of them absent: what a reader returns (a typed partial
     sample) and the value part of every ``DeviceSample``. Declared in the order served."""
 
-    utilization_ratio: float | None = _value(
+    utilization_ratio: float | None = value(
         "gpu_utilization_ratio", "Fraction of time the GPU was busy.", unit="ratio")
-    memory_utilization_ratio: float | None = _value(
+    memory_utilization_ratio: float | None = value(
         "gpu_memory_utilization_ratio", "Fraction of time the memory controller was busy.",
         unit="ratio")
-    memory_total_bytes: float | None = _value(
+    memory_total_bytes: float | None = value(
         "gpu_memory_total_bytes", "Device-local memory in total.", unit="bytes")
-    memory_used_bytes: float | None = _value(
+    memory_used_bytes: float | None = value(
         "gpu_memory_used_bytes", "Device-local memory in use.", unit="bytes")
-    memory_free_bytes: float | None = _value(
+    memory_free_bytes: float | None = value(
         "gpu_memory_free_bytes", "Device-local memory free.", unit="bytes")
-    memory_reserved_bytes: float | None = _value(
+    memory_reserved_bytes: float | None = value(
         "gpu_memory_reserved_bytes", "Device-local memory reserved by the driver.", unit="bytes")
-    shared_memory_total_bytes: float | None = _value(
+    shared_memory_total_bytes: float | None = value(
         "gpu_shared_memory_total_bytes", "System memory the GPU can map (GTT, unified memory).",
         unit="bytes")
-    shared_memory_used_bytes: float | None = _value(
+    shared_memory_used_bytes: float | None = value(
         "gpu_shared_memory_used_bytes", "System memory mapped for the GPU in use.",
         unit="bytes")
-    power_watts: float | None = _value(
+    power_watts: float | None = value(
         "gpu_power_watts", "Current power draw.", unit="watts")
-    power_instant_watts: float | None = _value(  # where the source splits it from the average
+    power_instant_watts: float | None = value(  # where the source splits it from the average
         "gpu_power_instant_watts",
         "Instantaneous power draw, where the source splits it from the averaged one.",
         unit="watts")
-    power_limit_watts: float | None = _value(
+    power_limit_watts: float | None = value(
         "gpu_power_limit_watts", "Enforced power limit.", unit="watts")
-    energy_joules: float | None = _value(  # counter since driver load
+    energy_joules: float | None = value(  # counter since driver load
         "gpu_energy_joules_total", "Energy consumed since the driver loaded.", Kind.COUNTER,
         unit="joules")
-    performance_state: int | None = _value(
+    performance_state: int | None = value(
         "gpu_performance_state", "Performance state (P-state number).")
-    pcie_link_generation: int | None = _value(
+    pcie_link_generation: int | None = value(
         "gpu_pcie_link_generation", "Current PCIe link generation.")
-    pcie_link_width: int | None = _value(
+    pcie_link_width: int | None = value(
         "gpu_pcie_link_width", "Current PCIe link width (lanes).")
-    pcie_link_max_generation: int | None = _value(
+    pcie_link_max_generation: int | None = value(
         "gpu_pcie_link_max_generation", "Maximum PCIe generation.")
-    pcie_link_max_width: int | None = _value(
+    pcie_link_max_width: int | None = value(
         "gpu_pcie_link_max_width", "Maximum PCIe link width (lanes).")
-    pcie_replay_errors: int | None = _value(
+    pcie_replay_errors: int | None = value(
         "gpu_pcie_replay_errors_total", "PCIe replay errors.", Kind.COUNTER, unit="count")
-    remap_failed: bool | None = _value(
+    remap_failed: bool | None = value(
         "gpu_memory_remap_failed", "1 if a memory row remapping failed.")
-    remap_pending: bool | None = _value(  # a row remap waits for the next GPU reset
+    remap_pending: bool | None = value(  # a row remap waits for the next GPU reset
         "gpu_memory_remap_pending", "1 while a memory row remap waits for the next GPU reset.")
-    xid_last_timestamp_seconds: float | None = _value(  # wall clock of the newest XID event
+    xid_last_timestamp_seconds: float | None = value(  # wall clock of the newest XID event
         "gpu_xid_last_timestamp_seconds",
         "When the most recent XID event happened (seconds since the epoch).")
     # Code of the newest XID event; 0 for a GPU registered for XID events that has had none
     # yet. Served only under dcgm-exporter's name (DCGM_FI_DEV_XID_ERRORS, a last-value gauge).
-    xid_last: int | None = _value("", "Code of the newest XID event (0: none since start).")
+    xid_last: int | None = value("", "Code of the newest XID event (0: none since start).")
 
-    temperatures_celsius: Mapping[str, float] = _mapping(
+    temperatures_celsius: Mapping[str, float] = mapping(
         "gpu_temperature_celsius", "Temperature by sensor.", "sensor", unit="celsius")
-    temperature_thresholds_celsius: Mapping[str, float] = _mapping(
+    temperature_thresholds_celsius: Mapping[str, float] = mapping(
         "gpu_temperature_threshold_celsius", "Temperature thresholds.", "threshold",
         unit="celsius")
-    fan_speed_ratio: Mapping[str, float] = _mapping(
+    fan_speed_ratio: Mapping[str, float] = mapping(
         "gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum.", "fan", unit="ratio")
-    clocks_hertz: Mapping[str, float] = _mapping(
+    clocks_hertz: Mapping[str, float] = mapping(
         "gpu_clock_hertz", "Current clock frequency.", "clock", unit="hertz")
-    clocks_max_hertz: Mapping[str, float] = _mapping(
+    clocks_max_hertz: Mapping[str, float] = mapping(
         "gpu_clock_max_hertz", "Maximum clock frequency.", "clock", unit="hertz")
-    throttle_reasons: Mapping[str, bool] = _mapping(  # reason -> active
+    throttle_reasons: Mapping[str, bool] = mapping(  # reason -> active
         "gpu_clock_throttle_active", "1 while this clock throttle reason is active.", "reason")
-    clock_event_seconds: Mapping[str, float] = _mapping(  # throttle reason -> counter
+    clock_event_seconds: Mapping[str, float] = mapping(  # throttle reason -> counter
         "gpu_clock_event_seconds_total", "Time the clocks were held back by this reason.",
         "reason", kind=Kind.COUNTER, unit="seconds")
-    pcie_throughput_bytes_per_second: Mapping[str, float] = _mapping(  # tx / rx
+    pcie_throughput_bytes_per_second: Mapping[str, float] = mapping(  # tx / rx
         "gpu_pcie_throughput_bytes_per_second", "PCIe throughput.", "direction",
         unit="bytes_per_second")
-    engine_utilization_ratio: Mapping[str, float] = _mapping(  # engine -> 0..1
+    engine_utilization_ratio: Mapping[str, float] = mapping(  # engine -> 0..1
         "gpu_engine_utilization_ratio", "Fraction of time an engine was busy.", "engine",
         unit="ratio", group="engine")
-    engine_busy_seconds: Mapping[str, float] = _mapping(  # engine -> counter
+    engine_busy_seconds: Mapping[str, float] = mapping(  # engine -> counter
         "gpu_engine_busy_seconds_total", "Time an engine was busy.", "engine",
         kind=Kind.COUNTER, unit="seconds", group="engine")
-    ecc_errors: Mapping[str, int] = _mapping(  # corrected / uncorrected -> counter
+    ecc_errors: Mapping[str, int] = mapping(  # corrected / uncorrected -> counter
         "gpu_ecc_errors_total", "ECC errors since the driver loaded.", "severity",
         kind=Kind.COUNTER, unit="count")
-    remapped_rows: Mapping[str, int] = _mapping(
+    remapped_rows: Mapping[str, int] = mapping(
         "gpu_memory_remapped_rows", "Memory rows remapped.", "severity", unit="count")
-    retired_pages: Mapping[str, int] = _mapping(  # single_bit / double_bit -> pages
+    retired_pages: Mapping[str, int] = mapping(  # single_bit / double_bit -> pages
         "gpu_memory_retired_pages", "Memory pages retired (pre-Ampere page retirement).",
         "cause", unit="count")
-    xid_errors: Mapping[int, int] = _mapping(  # XID code -> counter
+    xid_errors: Mapping[int, int] = mapping(  # XID code -> counter
         "gpu_xid_errors_total", "NVIDIA XID error events by code.", "xid", kind=Kind.COUNTER,
         unit="count")
-    memory_bandwidth_bytes_per_second: Mapping[str, float] = _mapping(  # read / write
+    memory_bandwidth_bytes_per_second: Mapping[str, float] = mapping(  # read / write
         "gpu_memory_bandwidth_bytes_per_second",
         "Device memory bandwidth, where the source measures it.", "direction",
         unit="bytes_per_second")
-    nvlink_up: Mapping[tuple[str, str], bool] = _mapping(
+    nvlink_up: Mapping[tuple[str, str], bool] = mapping(
         "gpu_nvlink_up", "1 if this NVLink link is up; remote is what it connects to.",
         "link", "remote")
-    nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _mapping(
+    nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = mapping(
         "gpu_nvlink_throughput_bytes_per_second", "NVLink throughput.", "link", "direction",
         unit="bytes_per_second")
-    nvlink_errors: Mapping[tuple[str, str], int] = _mapping(
+    nvlink_errors: Mapping[tuple[str, str], int] = mapping(
         "gpu_nvlink_errors_total", "NVLink errors by type.", "link", "type", kind=Kind.COUNTER,
         unit="count")
-    xgmi_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _mapping(
+    xgmi_throughput_bytes_per_second: Mapping[tuple[str, str], float] = mapping(
         "gpu_xgmi_throughput_bytes_per_second", "AMD XGMI link throughput.", "link",
         "direction", unit="bytes_per_second")
-    ras_errors: Mapping[tuple[str, str], int] = _mapping(
+    ras_errors: Mapping[tuple[str, str], int] = mapping(
         "gpu_ras_errors_total", "RAS / ECC errors by hardware block.", "block", "severity",
         kind=Kind.COUNTER, unit="count")
-    profiling_ratio: Mapping[str, float] = _mapping(  # Profiling key -> 0..1, one family each
+    profiling_ratio: Mapping[str, float] = mapping(  # Profiling key -> 0..1, one family each
         "gpu_{key}_ratio", "", unit="ratio", note="Source `nvml_gpm`.", per_key={
             Profiling.SM_ACTIVE: "Fraction of time at least one warp was active on an SM" + _GPM,
             Profiling.SM_OCCUPANCY: "Fraction of the maximum warps resident on SMs" + _GPM,
@@ -348,7 +285,7 @@ class DeviceSample(DeviceValues):
     source: str
     up: bool = True
     primary: bool = True
-    field_sources: Mapping[Any, str] = _empty()  # field or (field, key) -> source
+    field_sources: Mapping[Any, str] = empty()  # field or (field, key) -> source
     processes: tuple[ProcessSample, ...] = ()
     # Filled by the collector after the merge (Kubernetes attribution), never by a backend.
     allocations: tuple[Allocation, ...] = ()

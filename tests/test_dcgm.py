@@ -22,13 +22,13 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.config import Config
 from exporter.dcgm import FIELDS, Field, Read, dcgm_bus_id, dcgm_families, hostname
+from exporter.fieldspec import value_specs
 from exporter.model import (
     Allocation,
     DeviceInfo,
     DeviceSample,
     DeviceValues,
     PodRef,
-    value_specs,
 )
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML
 

@@ -17,8 +17,9 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.fieldspec import Kind, MetricSpec, value_specs
 from exporter.labels import VOCABULARIES
-from exporter.model import DeviceSample, DeviceValues, Kind, MetricSpec, value_specs
+from exporter.model import DeviceSample, DeviceValues
 from exporter.render.families import (
     ALLOCATION,
     DEVICE_SPECS,

@@ -18,15 +18,8 @@ from prometheus_client.samples import Sample
 
 from exporter import dcgm
 from exporter.collector import Snapshot
-from exporter.model import (
-    DeviceSample,
-    DeviceValues,
-    Kind,
-    MetricSpec,
-    PodRef,
-    ProcessSample,
-    value_specs,
-)
+from exporter.fieldspec import Kind, MetricSpec, value_specs
+from exporter.model import DeviceSample, DeviceValues, PodRef, ProcessSample
 
 GPU_LABELS = ("gpu", "uuid", "vendor", "source")
 PROCESS_LABELS = (*GPU_LABELS, "pid", "process")

@@ -21,7 +21,7 @@ from prometheus_client.core import (
 
 from exporter import __version__
 from exporter.collector import DURATION_BUCKETS, Snapshot
-from exporter.model import Kind, MetricSpec
+from exporter.fieldspec import Kind, MetricSpec
 
 BUILD = MetricSpec("gpu_exporter_build_info", "Build information; value 1.",
                    labels=("version", "python_version"))
