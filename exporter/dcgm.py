@@ -31,6 +31,7 @@ from exporter.fieldspec import value_specs
 from exporter.labels import (
     Clock,
     Direction,
+    Engine,
     NvLinkError,
     Profiling,
     RetireCause,
@@ -157,9 +158,9 @@ FIELDS: tuple[Field, ...] = (
     _one("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory controller utilization (%).", "%",
          "memory_utilization_ratio"),
     _one("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (%).", "%", "engine_utilization_ratio",
-         "encoder"),
+         Engine.ENCODER),
     _one("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (%).", "%", "engine_utilization_ratio",
-         "decoder"),
+         Engine.DECODER),
     _one("DCGM_FI_DEV_XID_ERRORS", "Code of the last XID error (0: none since start).", "code",
          "xid_last"),
     _one("DCGM_FI_DEV_FB_FREE", "Device memory free (MiB).", "MiB", "memory_free_bytes"),
@@ -177,7 +178,7 @@ FIELDS: tuple[Field, ...] = (
     # GPM on NVIDIA; on AMD the GFX engine, which runs both graphics and compute queues.
     Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics/compute engine is busy.",
           "ratio", (Read("profiling_ratio", (Profiling.GRAPHICS_ENGINE_ACTIVE,)),
-                    Read("engine_utilization_ratio", ("gfx",)))),
+                    Read("engine_utilization_ratio", (Engine.GFX,)))),
     _profiling("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor pipes are busy.",
                Profiling.TENSOR_ACTIVE),
     _profiling("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the memory interface is busy.",

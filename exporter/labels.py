@@ -7,8 +7,9 @@ whose value is the label value served, so ``d.clocks_hertz["sm"]`` and
 ``d.clocks_hertz[Clock.SM]`` are the same key, and a sample built with plain strings
 (the kernel-file backends) merges with one built with members.
 
-Open vocabularies stay strings: fan indices, NVLink link numbers, XID codes, RAS blocks,
-and engine names read from DRM fdinfo (a driver names its own engines).
+Open vocabularies stay strings: fan indices, NVLink link numbers, XID codes, RAS blocks.
+``Engine`` names the engines readers map to, but stays open: DRM fdinfo passes a driver's
+own engine names through.
 """
 
 from __future__ import annotations
@@ -112,6 +113,24 @@ class Remote(Vocabulary):
     SWITCH = "switch"
     CPU = "cpu"  # an IBM NPU
     UNKNOWN = "unknown"
+
+
+class Engine(Vocabulary):
+    """``engine`` of the engine and per-process families: the names readers map their
+    engines to. Open: DRM fdinfo passes a driver's own engine names through."""
+
+    GFX = "gfx"
+    COMPUTE = "compute"
+    RENDER = "render"
+    COPY = "copy"
+    DMA = "dma"
+    VIDEO = "video"
+    VIDEO_ENHANCE = "video_enhance"
+    ENCODER = "encoder"
+    DECODER = "decoder"
+    JPEG = "jpeg"
+    OFA = "ofa"
+    SM = "sm"
 
 
 class Profiling(Vocabulary):

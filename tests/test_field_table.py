@@ -18,7 +18,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.fieldspec import Kind, MetricSpec, value_specs
-from exporter.labels import VOCABULARIES
+from exporter.labels import VOCABULARIES, Engine
 from exporter.model import DeviceSample, DeviceValues
 from exporter.render.families import (
     ALLOCATION,
@@ -117,4 +117,9 @@ def test_closed_label_vocabularies_cover_every_value_served(served: str) -> None
                         assert sample.labels[label] in {v.value for v in vocab}, (
                             family.name, label, sample.labels[label])
     assert {"sensor", "clock", "reason", "direction", "severity"} <= set(seen)
+    # Engine is open (fdinfo passes driver names through), but every engine the fixture
+    # machines show is one the readers map to.
+    engines = {s.labels["engine"] for text in goldens for family in _families(text)
+               for s in family.samples if "engine" in s.labels}
+    assert engines and engines <= {e.value for e in Engine}
 

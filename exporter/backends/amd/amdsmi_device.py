@@ -15,7 +15,7 @@ from typing import Any
 
 from exporter import units
 from exporter.backends.amd.amdsmi_calls import Caller, number, text
-from exporter.labels import Clock, Sensor, Severity, Threshold
+from exporter.labels import Clock, Direction, Engine, Remote, Sensor, Severity, Threshold
 from exporter.model import DeviceValues, ProcessSample
 
 MIB = 1 << 20
@@ -27,7 +27,8 @@ CLOCKS = (("GFX", Clock.GRAPHICS), ("MEM", Clock.MEMORY))
 RAS_BLOCKS = ("UMC", "SDMA", "GFX", "MMHUB", "ATHUB", "PCIE_BIF", "HDP", "XGMI_WAFL", "DF",
               "SMN", "SEM", "MP0", "MP1", "FUSE", "MCA", "VCN", "JPEG", "IH", "MPIO")
 XGMI_LINK_TYPE = 2  # AMDSMI_LINK_TYPE_XGMI (amdsmi_wrapper.py)
-ENGINES = (("gfx", "gfx"), ("enc", "encoder"))  # process engine_usage key -> docs/metrics.md engine
+# process engine_usage key -> docs/metrics.md engine
+ENGINES = (("gfx", Engine.GFX), ("enc", Engine.ENCODER))
 
 
 def activity(call: Caller, errors: Counter[str]) -> DeviceValues:
@@ -35,7 +36,8 @@ def activity(call: Caller, errors: Counter[str]) -> DeviceValues:
     util = units.ratio_from_percent(number(a.get("gfx_activity"), "count", 1, errors))
     mem = units.ratio_from_percent(number(a.get("umc_activity"), "count", 1, errors))
     mm = units.ratio_from_percent(number(a.get("mm_activity"), "count", 1, errors))
-    engines = {k: v for k, v in (("gfx", util), ("video", mm)) if v is not None}
+    engines: dict[str, float] = {
+        k: v for k, v in ((Engine.GFX, util), (Engine.VIDEO, mm)) if v is not None}
     return DeviceValues(utilization_ratio=util, memory_utilization_ratio=mem,
                         engine_utilization_ratio=engines)
 
@@ -144,8 +146,8 @@ def xgmi_links(call: Caller, errors: Counter[str]) -> tuple[dict[tuple[str, str]
         if not isinstance(link, Mapping) or link.get("link_type") != XGMI_LINK_TYPE:
             continue
         rate = number(link.get("bit_rate"), "count", 1, errors)
-        up[(str(i), "gpu")] = bool(rate)
-        for key, direction in (("read", "rx"), ("write", "tx")):
+        up[(str(i), Remote.GPU)] = bool(rate)
+        for key, direction in (("read", Direction.RX), ("write", Direction.TX)):
             if (b := number(link.get(key), "bytes", 1000, errors)) is not None:
                 counters[(str(i), direction)] = b
     return up, counters
@@ -160,8 +162,9 @@ def processes(call: Caller, errors: Counter[str]) -> tuple[ProcessSample, ...]:
             continue
         mem = p.get("memory_usage") or {}
         usage = p.get("engine_usage") or {}
-        busy = {engine: v for key, engine in ENGINES
-                if (v := number(usage.get(key), "seconds", 1e-9, errors)) is not None}
+        busy: dict[str, float] = {
+            engine: v for key, engine in ENGINES
+            if (v := number(usage.get(key), "seconds", 1e-9, errors)) is not None}
         out.append(ProcessSample(
             pid=pid, process=units.process_name(text(p.get("name"))),
             memory_used_bytes=number(mem.get("vram_mem"), "bytes", 1, errors),

@@ -23,7 +23,15 @@ from exporter.backends.nvidia.calls import Caller, text, u32, u64
 from exporter.backends.nvidia.fields import FieldKey, FieldReader, field_id
 from exporter.backends.nvidia.health import Health
 from exporter.backends.nvidia.nvlink import NvLinks
-from exporter.labels import Clock, Direction, Sensor, Severity, Threshold, ThrottleReason
+from exporter.labels import (
+    Clock,
+    Direction,
+    Engine,
+    Sensor,
+    Severity,
+    Threshold,
+    ThrottleReason,
+)
 from exporter.model import DeviceInfo, DeviceSample, DeviceValues, normalize_pci_bus_id
 from exporter.units import ratio_from_percent as ratio
 from exporter.units import scaled
@@ -58,10 +66,10 @@ THROTTLE_BITS = {
 ECC_TYPES = {Severity.CORRECTED: "NVML_MEMORY_ERROR_TYPE_CORRECTED",
              Severity.UNCORRECTED: "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"}
 ENGINES = {
-    "encoder": "nvmlDeviceGetEncoderUtilization",
-    "decoder": "nvmlDeviceGetDecoderUtilization",
-    "jpeg": "nvmlDeviceGetJpgUtilization",
-    "ofa": "nvmlDeviceGetOfaUtilization",
+    Engine.ENCODER: "nvmlDeviceGetEncoderUtilization",
+    Engine.DECODER: "nvmlDeviceGetDecoderUtilization",
+    Engine.JPEG: "nvmlDeviceGetJpgUtilization",
+    Engine.OFA: "nvmlDeviceGetOfaUtilization",
 }
 SOURCE = "nvml"
 GPM_SOURCE = "nvml_gpm"  # GPM's profiling ratios, of a GPU or of a MIG GPU instance
