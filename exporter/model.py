@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from exporter.fieldspec import Kind, empty, mapping, value, value_specs
+from exporter.fieldspec import EMPTY, Kind, empty, mapping, value, value_specs
 from exporter.labels import Profiling
 
 
@@ -291,9 +291,12 @@ class DeviceSample(DeviceValues):
     allocations: tuple[Allocation, ...] = ()
 
     @classmethod
-    def of(cls, values: DeviceValues, **identity: Any) -> DeviceSample:
-        """A sample of ``values`` (a reader's typed fragment) with ``info``, ``source``, ..."""
-        return cls(**identity, **values.present())
+    def of(cls, values: DeviceValues, *, info: DeviceInfo, source: str,
+           field_sources: Mapping[Any, str] = EMPTY,
+           processes: tuple[ProcessSample, ...] = ()) -> DeviceSample:
+        """A sample of ``values`` (a reader's typed fragment) with its identity."""
+        return cls(info=info, source=source, field_sources=field_sources, processes=processes,
+                   **values.present())
 
     def source_of(self, field_name: str, key: Any = None) -> str:
         """The source of one field, or of one key of a mapping field."""

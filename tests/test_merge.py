@@ -172,6 +172,6 @@ def test_device_values_fragments_overlay_and_wrap_into_a_sample() -> None:
     assert (merged.power_watts, merged.energy_joules) == (120.0, 5.0)
     assert merged.temperatures_celsius == {"gpu": 60.0}
     assert fast.overlay() is fast and fast.power_watts == 100.0  # frozen, untouched
-    d = DeviceSample.of(merged, info=info("nvml"), source="nvml", up=True)
+    d = DeviceSample.of(merged, info=info("nvml"), source="nvml")
     assert (d.source, d.power_watts, d.energy_joules) == ("nvml", 120.0, 5.0)
     assert d.clocks_hertz == {} and d.utilization_ratio is None

@@ -208,13 +208,11 @@ class NvidiaBackend:
             return [DeviceSample(info=g.dev.info, source=SOURCE, up=False), *g.mig.down()]
         info = g.dev.info
         xids = self._xids.get(info.uuid)
-        parent = nvml_sample(
-            info, values.overlay(g.slow), g.profiling,
+        xid = DeviceValues(
             xid_errors={} if xids is None else dict(xids),
             xid_last_timestamp_seconds=self._xid_last_at.get(info.uuid),
-            xid_last=self._xid_last.get(info.uuid, 0 if xids is not None else None),
-            processes=processes,
-        )
+            xid_last=self._xid_last.get(info.uuid, 0 if xids is not None else None))
+        parent = nvml_sample(info, values.overlay(g.slow, xid), g.profiling, processes)
         return [parent, *instances]
 
     def _gpm(self, g: _Gpu, errors: Counter[str]) -> dict[str, float]:

@@ -32,7 +32,13 @@ from exporter.labels import (
     Threshold,
     ThrottleReason,
 )
-from exporter.model import DeviceInfo, DeviceSample, DeviceValues, normalize_pci_bus_id
+from exporter.model import (
+    DeviceInfo,
+    DeviceSample,
+    DeviceValues,
+    ProcessSample,
+    normalize_pci_bus_id,
+)
 from exporter.units import ratio_from_percent as ratio
 from exporter.units import scaled
 
@@ -83,12 +89,13 @@ FAST_FIELDS = {"memory_temp": "NVML_FI_DEV_MEMORY_TEMP",
 
 
 def nvml_sample(info: DeviceInfo, values: DeviceValues, profiling: Mapping[str, float],
-                **more: Any) -> DeviceSample:
+                processes: tuple[ProcessSample, ...]) -> DeviceSample:
     """A GPU's or MIG device's sample: NVML's values, GPM's profiling ratios under their
     own source."""
     return DeviceSample.of(
-        values, info=info, source=SOURCE, profiling_ratio=dict(profiling),
-        field_sources={"profiling_ratio": GPM_SOURCE} if profiling else {}, **more)
+        values.overlay(DeviceValues(profiling_ratio=dict(profiling))), info=info,
+        source=SOURCE, field_sources={"profiling_ratio": GPM_SOURCE} if profiling else {},
+        processes=processes)
 
 
 def gated(errors: Counter[str], value: float | int | None, scale: float, unit: str

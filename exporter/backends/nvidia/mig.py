@@ -143,7 +143,7 @@ class MigReader:
                 inst.procs.read_utilization(errors)
             profiling = self.profiling.get(inst.gpu_instance_id, {})
             out.append(nvml_sample(inst.info, read_memory(inst.call, errors), profiling,
-                                   processes=inst.procs.read(errors, slow)))
+                                   inst.procs.read(errors, slow)))
         return out
 
     def down(self) -> list[DeviceSample]:
