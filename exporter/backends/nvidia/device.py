@@ -4,13 +4,13 @@ Each ``read_*`` method returns a ``DeviceValues`` (a typed partial sample) in ba
 units (mW -> W, mJ -> J, MHz -> Hz, KB/s -> B/s, percent -> ratio), every power,
 energy, clock and temperature through the ``units`` range gate (a value outside it is
 dropped and counted as ``parse``). A value the card does not expose is left out, so it
-produces no series. The tier of every
-call is justified by the timings in ``bench/nvml_calls.py`` (see nvidia.py).
+produces no series. The tier of every call is justified by the timings in
+``bench/nvml_calls.py`` (see backend.py TIERS).
 
 Readings that exist only as field values go in one ``nvmlDeviceGetFieldValues`` call
-per tier (``nvml_fields``): HBM temperature and instant power on the fast tier, the
+per tier (``fields``): HBM temperature and instant power on the fast tier, the
 NVLink throughput counters and retired-page counts on the slow one. NVLink state and
-counters live in ``nvml_nvlink``, the slow health counters in ``nvml_health``.
+counters live in ``nvlink``, the slow health counters in ``health``.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ class NvmlDevice:
         self.fans = u32(g(errors, "nvmlDeviceGetNumFans")) or 0
 
     def read_fast(self, errors: Counter[str]) -> DeviceValues:
-        """Cheap getters (1-30 us each, see nvidia.py TIERS), every --collector.interval."""
+        """Cheap getters (1-30 us each, see backend.py TIERS), every --collector.interval."""
         g = self.call.get
         if self.static is None:  # lost at open, or lost and back: limits not read yet
             self.read_static(errors)

@@ -6,7 +6,7 @@
   driver's thermal slowdown (``sw_thermal``), SYNC_BOOST ``sync_boost``: the reasons
   nvidia-smi -q lists under "Clocks Event Reasons Counters" that this API carries. The
   hardware slowdown and power-brake durations exist only as field ids that NVIDIA
-  renumbered between releases (see nvml_fields), so they are not exported.
+  renumbered between releases (see fields.py), so they are not exported.
 - ECC by location -> ``ras_errors[(block, severity)]``: ``nvmlDeviceGetMemoryErrorCounter``
   with the VOLATILE counter (since driver load, like ``gpu_ecc_errors_total``) for every
   nvmlMemoryLocation_t; a location this GPU does not split out answers NOT_SUPPORTED once
