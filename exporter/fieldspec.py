@@ -50,13 +50,13 @@ class MetricSpec:
 
 
 def value(name: str, help: str, kind: Kind = Kind.GAUGE, unit: str = "",
-           note: str = "") -> Any:
+          note: str = "") -> Any:
     """A scalar field: None where the source does not expose it."""
     return field(default=None, metadata={SPEC: MetricSpec(name, help, kind, unit, note=note)})
 
 
 def mapping(name: str, help: str, *labels: str, kind: Kind = Kind.GAUGE, unit: str = "",
-             group: str = "", per_key: Mapping[str, str] = EMPTY, note: str = "") -> Any:
+            group: str = "", per_key: Mapping[str, str] = EMPTY, note: str = "") -> Any:
     """A mapping field keyed by label value(s): empty where the source exposes none."""
     spec = MetricSpec(name, help, kind, unit, labels, note, per_key, group)
     return field(default_factory=lambda: EMPTY, metadata={SPEC: spec})
