@@ -11,157 +11,215 @@ types, units), ``internal/pkg/rendermetrics/render_metrics.go`` (labels),
 
 Dashboards and alerts written for dcgm-exporter query those names, so this table fills them
 from DeviceSample fields wherever the meaning is the same, for every vendor: one dashboard
-covers a mixed fleet. docs/dcgm-compat.md lists each field, its source, and the fields we
-cannot fill. Per-process and gpu_exporter_* families keep our names (render.py).
+covers a mixed fleet. Each family names the fields it reads (``Read``) and its own unit; the
+conversion comes from the unit those fields declare in the field table (exporter.model), so
+a field renamed or re-unitted there fails here at import. docs/dcgm-compat.md lists each
+field, its source, and the fields we cannot fill. Per-process and gpu_exporter_* families
+keep our names (exporter.render).
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
 
+from exporter.fieldspec import value_specs
 from exporter.health import Verdict
-from exporter.model import DeviceInfo, DeviceSample, PodRef
+from exporter.labels import (
+    Clock,
+    Direction,
+    Engine,
+    NvLinkError,
+    Profiling,
+    RetireCause,
+    Sensor,
+    Severity,
+    ThrottleReason,
+)
+from exporter.model import DeviceInfo, DeviceSample, DeviceValues, PodRef
 
 MIB = float(1 << 20)
-Value = Callable[[DeviceSample], float | None]
+# (unit of the DeviceValues field, in exporter.model's table; dcgm-exporter's unit) -> factor
+FACTORS: Mapping[tuple[str, str], float] = {
+    ("hertz", "MHz"): 1e-6, ("celsius", "C"): 1, ("watts", "W"): 1, ("joules", "mJ"): 1000,
+    ("count", "count"): 1, ("ratio", "%"): 100, ("ratio", "ratio"): 1, ("bytes", "MiB"): 1 / MIB,
+    ("bytes_per_second", "B/s"): 1,
+    # DCGM reports NVLink throughput in KiB/s / 1000.
+    ("bytes_per_second", "~MB/s"): 1 / 1024 / 1000,
+    ("seconds", "ns"): 1e9, ("", "code"): 1, ("", "0/1"): 1,
+}
+UNITS = {name: spec.unit for name, spec in value_specs(DeviceValues)}
+
+
+@dataclass(frozen=True)
+class Read:
+    """Where a dcgm value comes from: one DeviceValues field (by its name in the field table).
+
+    A scalar field is read as is. A mapping gives the value of the first of ``keys`` it has,
+    or with ``total`` the sum of its values (of ``keys`` only, where given; of the tuple keys
+    whose last element is ``last``, where given). None where the device has none of it.
+    """
+
+    field: str
+    keys: tuple[str, ...] = ()
+    total: bool = False
+    last: str = ""
+
+    def value(self, d: DeviceValues) -> float | None:
+        value = getattr(d, self.field)
+        if not self.keys and not self.total:  # a scalar field
+            return None if value is None else float(value)
+        if not self.total:
+            return next((float(value[k]) for k in self.keys if k in value), None)
+        if self.last:
+            last = self.last
+            items = [v for k, v in value.items() if k[-1] == last]
+        elif self.keys:
+            items = [value[k] for k in self.keys if k in value]
+        else:
+            items = list(value.values())
+        return float(sum(items)) if items else None  # never a made-up 0
 
 
 @dataclass(frozen=True)
 class Field:
-    """One dcgm-exporter family: its name, help, how to fill it, and its declared type."""
+    """One dcgm-exporter family: its name, help, unit, and the fields it is filled from (the
+    first that has a value wins), converted from the field table's unit into ``unit``."""
 
     name: str
     doc: str
-    value: Value
+    unit: str
+    reads: tuple[Read, ...]
     # dcgm-exporter declares it a counter. Exposed untyped (``unknown`` in OpenMetrics): a
     # counter family of prometheus-client (and of OpenMetrics) must name its samples
     # ``<name>_total``, and dashboards query the bare DCGM name. rate() works on either.
     counter: bool = False
 
+    # (read, factor from the table's unit into ``unit``), computed once
+    plan: tuple[tuple[Read, float], ...] = field(init=False, repr=False)
 
-def _tidy(value: float | int | None) -> float | None:
+    def __post_init__(self) -> None:
+        plan = []
+        for r in self.reads:  # a field renamed in the table, or a unit with no conversion
+            factor = FACTORS.get((UNITS.get(r.field, "?"), self.unit))
+            if factor is None:
+                raise ValueError(f"{self.name}: no {r.field} in {UNITS.get(r.field)} -> "
+                                 f"{self.unit}")
+            plan.append((r, factor))
+        object.__setattr__(self, "plan", tuple(plan))
+
+    def value(self, d: DeviceValues) -> float | None:
+        for r, factor in self.plan:
+            value = r.value(d)
+            if value is not None:
+                return _tidy(value * factor)
+        return None
+
+
+def _tidy(value: float) -> float:
     """12 significant digits: 22.000000000000004 % (0.22 * 100) is 22 %. Monotonic, so a
     counter stays a counter."""
-    return None if value is None else float(f"{float(value):.12g}")
+    return float(f"{value:.12g}")
 
 
-def _first(values: Mapping[str, float], *keys: str) -> float | None:
-    return next((values[k] for k in keys if k in values), None)
+def _one(name: str, doc: str, unit: str, field: str, *keys: str, counter: bool = False
+         ) -> Field:
+    """A family filled from one field (from the first of ``keys`` a mapping has)."""
+    return Field(name, doc, unit, (Read(field, keys),), counter)
 
 
-def _times(value: float | int | None, factor: float) -> float | None:
-    return _tidy(None if value is None else value * factor)
+def _nvlink_errors(name: str, doc: str, kind: str) -> Field:
+    return Field(name, doc, "count", (Read("nvlink_errors", total=True, last=kind),), True)
 
 
-def _flag(value: bool | None) -> float | None:
-    return None if value is None else float(value)
-
-
-def _total(values: Iterable[float]) -> float | None:
-    """The sum of a mapping's values, or None when it has none (never a made-up 0)."""
-    items = list(values)
-    return _tidy(sum(items)) if items else None
-
-
-def _nvlink_errors(kind: str) -> Value:
-    return lambda d: _total(v for (_, t), v in d.nvlink_errors.items() if t == kind)
-
-
-def _profiling(key: str) -> Value:
-    return lambda d: _tidy(d.profiling_ratio.get(key))
+def _profiling(name: str, doc: str, key: str) -> Field:
+    return _one(name, doc, "ratio", "profiling_ratio", key)
 
 
 # Every field of dcgm-exporter's default-counters.csv we can fill, then the fields that
 # the cited dashboards and alerts use beyond it (docs/dcgm-compat.md says which is which).
 FIELDS: tuple[Field, ...] = (
-    Field("DCGM_FI_DEV_SM_CLOCK", "SM clock (MHz); the shader clock on AMD and Intel.",
-          lambda d: _times(_first(d.clocks_hertz, "sm", "graphics"), 1e-6)),
-    Field("DCGM_FI_DEV_MEM_CLOCK", "Memory clock (MHz).",
-          lambda d: _times(d.clocks_hertz.get("memory"), 1e-6)),
-    Field("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (C).",
-          lambda d: _first(d.temperatures_celsius, "memory", "vram")),
-    Field("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (C): die, AMD edge, Intel package.",
-          lambda d: _first(d.temperatures_celsius, "gpu", "edge", "package")),
-    Field("DCGM_FI_DEV_POWER_USAGE", "Power draw (W).", lambda d: d.power_watts),
-    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Energy since the driver loaded (mJ).",
-          lambda d: _times(d.energy_joules, 1000), counter=True),
-    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "PCIe replays.",
-          lambda d: _tidy(d.pcie_replay_errors), counter=True),
-    Field("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%).",
-          lambda d: _times(d.utilization_ratio, 100)),
-    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory controller utilization (%).",
-          lambda d: _times(d.memory_utilization_ratio, 100)),
-    Field("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (%).",
-          lambda d: _times(d.engine_utilization_ratio.get("encoder"), 100)),
-    Field("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (%).",
-          lambda d: _times(d.engine_utilization_ratio.get("decoder"), 100)),
-    Field("DCGM_FI_DEV_XID_ERRORS", "Code of the last XID error (0: none since start).",
-          lambda d: _tidy(d.xid_last)),
-    Field("DCGM_FI_DEV_FB_FREE", "Device memory free (MiB).",
-          lambda d: _times(d.memory_free_bytes, 1 / MIB)),
-    Field("DCGM_FI_DEV_FB_USED", "Device memory used (MiB).",
-          lambda d: _times(d.memory_used_bytes, 1 / MIB)),
-    Field("DCGM_FI_DEV_FB_RESERVED", "Device memory reserved by the driver (MiB).",
-          lambda d: _times(d.memory_reserved_bytes, 1 / MIB)),
-    # DCGM reports NVLink throughput summed over links and directions, in KiB/s / 1000.
+    _one("DCGM_FI_DEV_SM_CLOCK", "SM clock (MHz); the shader clock on AMD and Intel.", "MHz",
+         "clocks_hertz", Clock.SM, Clock.GRAPHICS),
+    _one("DCGM_FI_DEV_MEM_CLOCK", "Memory clock (MHz).", "MHz", "clocks_hertz", Clock.MEMORY),
+    _one("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (C).", "C", "temperatures_celsius",
+         Sensor.MEMORY, Sensor.VRAM),
+    _one("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (C): die, AMD edge, Intel package.", "C",
+         "temperatures_celsius", Sensor.GPU, Sensor.EDGE, Sensor.PACKAGE),
+    _one("DCGM_FI_DEV_POWER_USAGE", "Power draw (W).", "W", "power_watts"),
+    _one("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Energy since the driver loaded (mJ).", "mJ",
+         "energy_joules", counter=True),
+    _one("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "PCIe replays.", "count", "pcie_replay_errors",
+         counter=True),
+    _one("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (%).", "%", "utilization_ratio"),
+    _one("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory controller utilization (%).", "%",
+         "memory_utilization_ratio"),
+    _one("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (%).", "%", "engine_utilization_ratio",
+         Engine.ENCODER),
+    _one("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (%).", "%", "engine_utilization_ratio",
+         Engine.DECODER),
+    _one("DCGM_FI_DEV_XID_ERRORS", "Code of the last XID error (0: none since start).", "code",
+         "xid_last"),
+    _one("DCGM_FI_DEV_FB_FREE", "Device memory free (MiB).", "MiB", "memory_free_bytes"),
+    _one("DCGM_FI_DEV_FB_USED", "Device memory used (MiB).", "MiB", "memory_used_bytes"),
+    _one("DCGM_FI_DEV_FB_RESERVED", "Device memory reserved by the driver (MiB).", "MiB",
+         "memory_reserved_bytes"),
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "NVLink throughput, all links, tx+rx (~MB/s).",
-          lambda d: _times(_total(d.nvlink_throughput_bytes_per_second.values()),
-                           1 / 1024 / 1000)),
-    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Rows remapped for uncorrectable errors.",
-          lambda d: _tidy(d.remapped_rows.get("uncorrectable")), counter=True),
-    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Rows remapped for correctable errors.",
-          lambda d: _tidy(d.remapped_rows.get("correctable")), counter=True),
-    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "1 if a row remapping failed.",
-          lambda d: _flag(d.remap_failed)),
+          "~MB/s", (Read("nvlink_throughput_bytes_per_second", total=True),)),
+    _one("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Rows remapped for uncorrectable errors.",
+         "count", "remapped_rows", Severity.UNCORRECTABLE, counter=True),
+    _one("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Rows remapped for correctable errors.",
+         "count", "remapped_rows", Severity.CORRECTABLE, counter=True),
+    _one("DCGM_FI_DEV_ROW_REMAP_FAILURE", "1 if a row remapping failed.", "0/1",
+         "remap_failed"),
     # GPM on NVIDIA; on AMD the GFX engine, which runs both graphics and compute queues.
     Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics/compute engine is busy.",
-          lambda d: _tidy(d.profiling_ratio.get("graphics_engine_active",
-                                                d.engine_utilization_ratio.get("gfx")))),
-    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor pipes are busy.",
-          _profiling("tensor_active")),
-    Field("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the memory interface is busy.",
-          _profiling("dram_active")),
-    Field("DCGM_FI_PROF_PCIE_TX_BYTES", "PCIe transmit rate (B/s).",
-          lambda d: _tidy(d.pcie_throughput_bytes_per_second.get("tx"))),
-    Field("DCGM_FI_PROF_PCIE_RX_BYTES", "PCIe receive rate (B/s).",
-          lambda d: _tidy(d.pcie_throughput_bytes_per_second.get("rx"))),
+          "ratio", (Read("profiling_ratio", (Profiling.GRAPHICS_ENGINE_ACTIVE,)),
+                    Read("engine_utilization_ratio", (Engine.GFX,)))),
+    _profiling("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor pipes are busy.",
+               Profiling.TENSOR_ACTIVE),
+    _profiling("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the memory interface is busy.",
+               Profiling.DRAM_ACTIVE),
+    _one("DCGM_FI_PROF_PCIE_TX_BYTES", "PCIe transmit rate (B/s).", "B/s",
+         "pcie_throughput_bytes_per_second", Direction.TX),
+    _one("DCGM_FI_PROF_PCIE_RX_BYTES", "PCIe receive rate (B/s).", "B/s",
+         "pcie_throughput_bytes_per_second", Direction.RX),
     # -- beyond default-counters.csv ----------------------------------------------------
-    Field("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has a warp assigned.",
-          _profiling("sm_active")),
-    Field("DCGM_FI_PROF_SM_OCCUPANCY", "Ratio of resident warps to the SMs' maximum.",
-          _profiling("sm_occupancy")),
-    Field("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "Ratio of cycles the FP64 pipes are busy.",
-          _profiling("fp64_active")),
-    Field("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "Ratio of cycles the FP32 pipes are busy.",
-          _profiling("fp32_active")),
-    Field("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "Ratio of cycles the FP16 pipes are busy.",
-          _profiling("fp16_active")),
-    Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Corrected ECC errors since the driver loaded.",
-          lambda d: _tidy(d.ecc_errors.get("corrected")), counter=True),
-    Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Uncorrected ECC errors since the driver loaded.",
-          lambda d: _tidy(d.ecc_errors.get("uncorrected")), counter=True),
-    Field("DCGM_FI_DEV_RETIRED_SBE", "Pages retired for single-bit errors.",
-          lambda d: _tidy(d.retired_pages.get("single_bit")), counter=True),
-    Field("DCGM_FI_DEV_RETIRED_DBE", "Pages retired for double-bit errors.",
-          lambda d: _tidy(d.retired_pages.get("double_bit")), counter=True),
-    Field("DCGM_FI_DEV_POWER_VIOLATION", "Time clocks were held back by the power cap (ns).",
-          lambda d: _times(d.clock_event_seconds.get("sw_power_cap"), 1e9), counter=True),
-    Field("DCGM_FI_DEV_THERMAL_VIOLATION", "Time clocks were held back for heat (ns).",
-          lambda d: _times(_total(v for k, v in d.clock_event_seconds.items()
-                                  if k in ("sw_thermal", "hw_thermal")), 1e9), counter=True),
-    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "NVLink flow-control CRC errors.",
-          _nvlink_errors("crc_flit"), counter=True),
-    Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "NVLink data CRC errors.",
-          _nvlink_errors("crc_data"), counter=True),
-    Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "NVLink replays.",
-          _nvlink_errors("replay"), counter=True),
-    Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "NVLink recoveries.",
-          _nvlink_errors("recovery"), counter=True),
+    _profiling("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has a warp assigned.",
+               Profiling.SM_ACTIVE),
+    _profiling("DCGM_FI_PROF_SM_OCCUPANCY", "Ratio of resident warps to the SMs' maximum.",
+               Profiling.SM_OCCUPANCY),
+    _profiling("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "Ratio of cycles the FP64 pipes are busy.",
+               Profiling.FP64_ACTIVE),
+    _profiling("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "Ratio of cycles the FP32 pipes are busy.",
+               Profiling.FP32_ACTIVE),
+    _profiling("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "Ratio of cycles the FP16 pipes are busy.",
+               Profiling.FP16_ACTIVE),
+    _one("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Corrected ECC errors since the driver loaded.",
+         "count", "ecc_errors", Severity.CORRECTED, counter=True),
+    _one("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Uncorrected ECC errors since the driver loaded.",
+         "count", "ecc_errors", Severity.UNCORRECTED, counter=True),
+    _one("DCGM_FI_DEV_RETIRED_SBE", "Pages retired for single-bit errors.", "count",
+         "retired_pages", RetireCause.SINGLE_BIT, counter=True),
+    _one("DCGM_FI_DEV_RETIRED_DBE", "Pages retired for double-bit errors.", "count",
+         "retired_pages", RetireCause.DOUBLE_BIT, counter=True),
+    _one("DCGM_FI_DEV_POWER_VIOLATION", "Time clocks were held back by the power cap (ns).",
+         "ns", "clock_event_seconds", ThrottleReason.SW_POWER_CAP, counter=True),
+    Field("DCGM_FI_DEV_THERMAL_VIOLATION", "Time clocks were held back for heat (ns).", "ns",
+          (Read("clock_event_seconds", (ThrottleReason.SW_THERMAL, ThrottleReason.HW_THERMAL),
+                total=True),), counter=True),
+    _nvlink_errors("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                   "NVLink flow-control CRC errors.", NvLinkError.CRC_FLIT),
+    _nvlink_errors("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "NVLink data CRC errors.",
+                   NvLinkError.CRC_DATA),
+    _nvlink_errors("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "NVLink replays.",
+                   NvLinkError.REPLAY),
+    _nvlink_errors("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "NVLink recoveries.",
+                   NvLinkError.RECOVERY),
 )
 
 

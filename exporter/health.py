@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from exporter.fieldspec import MetricSpec
 from exporter.model import DeviceSample
 
 HEALTHY, DEGRADED, FAILED = 0, 1, 2
@@ -232,16 +233,21 @@ def verdicts(devices: Sequence[tuple[str, DeviceSample]], now: float,
                  if not d.info.parent_key)
 
 
-STATUS_DOC = "Health verdict of the GPU: 0 healthy, 1 degraded, 2 failed (the worst check)."
-CHECK_DOC = "One health check of the GPU: 0 healthy, 1 degraded, 2 failed."
+STATUS = MetricSpec("gpu_health_status",
+                    "Health verdict of the GPU: 0 healthy, 1 degraded, 2 failed (the worst check).",
+                    note="Source `health`; the reasons are in `/snapshot` and on `/` "
+                    "(see health.md).")
+CHECK = MetricSpec("gpu_health_check_status",
+                   "One health check of the GPU: 0 healthy, 1 degraded, 2 failed.",
+                   labels=("check",), note="`check` is " + ", ".join(f"`{c}`" for c in CHECKS)
+                   + "; a check is served where the GPU has its inputs.")
 LABELS = ("gpu", "uuid", "vendor", "source")
 
 
 def families(entries: Iterable[tuple[str, DeviceSample, Verdict]]) -> list[Metric]:
     """``gpu_health_status`` and ``gpu_health_check_status`` of a snapshot's verdicts."""
-    status = GaugeMetricFamily("gpu_health_status", STATUS_DOC, labels=list(LABELS))
-    checks = GaugeMetricFamily("gpu_health_check_status", CHECK_DOC,
-                               labels=[*LABELS, "check"])
+    status = GaugeMetricFamily(STATUS.name, STATUS.help, labels=list(LABELS))
+    checks = GaugeMetricFamily(CHECK.name, CHECK.help, labels=[*LABELS, *CHECK.labels])
     for gpu, d, verdict in entries:
         labels = [gpu, d.info.uuid, d.info.vendor, SOURCE]
         status.add_metric(labels, verdict.status)

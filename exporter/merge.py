@@ -38,22 +38,19 @@ from typing import Any
 import structlog
 
 from exporter.backends.base import Enricher
-from exporter.model import DeviceInfo, DeviceSample, ProcessSample
+from exporter.fieldspec import value_specs
+from exporter.model import DeviceInfo, DeviceSample, DeviceValues, ProcessSample
 
 log = structlog.get_logger(__name__)
 
-# DeviceSample fields that are not values to merge.
-_NOT_VALUES = frozenset({"info", "source", "up", "primary", "field_sources", "processes",
-                         "allocations"})
-VALUE_FIELDS = tuple(f.name for f in fields(DeviceSample) if f.name not in _NOT_VALUES)
-PROCESS_VALUE_FIELDS = tuple(
-    f.name for f in fields(ProcessSample)
-    if f.name not in ("pid", "process", "field_sources", "source", "container", "pod",
-                      "namespace"))
+# The values to merge: the fields that declare a metric (exporter.model's field table).
+VALUE_FIELDS = tuple(name for name, _ in value_specs(DeviceValues))
+PROCESS_VALUE_FIELDS = tuple(name for name, _ in value_specs(ProcessSample))
 INFO_FIELDS = tuple(f.name for f in fields(DeviceInfo))
 # Mapping fields whose keys are owned together (one engine, one owner).
-KEY_GROUPS: Mapping[str, str] = {"engine_utilization_ratio": "engine",
-                                 "engine_busy_seconds": "engine"}
+KEY_GROUPS: Mapping[str, str] = {
+    name: spec.group for name, spec in (*value_specs(DeviceValues), *value_specs(ProcessSample))
+    if spec.group}
 
 
 @dataclass(frozen=True)

@@ -1,29 +1,30 @@
-"""What a backend reports: frozen dataclasses with the unit in every field name.
+"""What a backend reports, and the one table of what each value is served as.
 
-Backends build these and never touch prometheus-client; the renderer turns them
-into metric families and never touches a vendor library. ``None`` (or a key that
-is absent from a mapping) means "this source does not expose it" and produces
-no series: never 0, never NaN.
+Backends build these frozen dataclasses and never touch prometheus-client; the renderer
+turns them into metric families and never touches a vendor library. ``None`` (or a key
+that is absent from a mapping) means "this source does not expose it" and produces no
+series: never 0, never NaN.
 
-Mapping fields are keyed by the label value docs/metrics.md names for that family
-(``temperatures_celsius["junction"]``, ``clocks_hertz["sm"]``, ...).
+Every value field declares its metric once, in ``field(metadata=...)``: family name,
+help, type, unit and the label name(s) of a mapping's key (``MetricSpec``, see
+``exporter.fieldspec``). Render, merge, docs/metrics.md (``exporter.metricsdoc``) and
+the dcgm mapping read that table (``value_specs``), so a new field is one declaration
+here. Mapping fields are keyed by
+the label value (``temperatures_celsius[Sensor.JUNCTION]``, ``clocks_hertz["sm"]``);
+the closed vocabularies are the enums of ``exporter.labels``.
+
+Readers build a ``DeviceValues`` (a typed partial sample, values only) and the backend
+wraps it with its identity: ``DeviceSample.of(values, info=..., source=...)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from typing import Any
 
-EMPTY: Mapping[Any, Any] = MappingProxyType({})
-
-VENDORS = ("nvidia", "amd", "intel", "apple")
-
-
-def _empty() -> Any:
-    """A default for Mapping fields: one shared read-only empty mapping."""
-    return field(default_factory=lambda: EMPTY)
+from exporter.fieldspec import EMPTY, Kind, empty, mapping, value, value_specs
+from exporter.labels import Profiling
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
@@ -42,7 +43,7 @@ def normalize_pci_bus_id(bus_id: str) -> str:
 class DeviceInfo:
     """Static identity of one GPU, known at discovery and refreshed on rediscovery."""
 
-    vendor: str  # one of VENDORS
+    vendor: str  # nvidia, amd, intel, apple
     pci_bus_id: str  # normalised "0000:03:00.0"; the key that joins backends
     uuid: str  # NVML UUID, AMD unique_id, else "pci-<pci_bus_id>"
     name: str = ""
@@ -62,9 +63,9 @@ class DeviceInfo:
     parent_key: str = ""
     # Labels that identify a slice next to `gpu` (docs/metrics.md: gpu_instance_id,
     # compute_instance_id, mig_profile for NVIDIA MIG; partition_id for AMD).
-    slice_labels: Mapping[str, str] = _empty()
+    slice_labels: Mapping[str, str] = empty()
     # Extra gpu_info labels where the source knows them (docs/metrics.md: partition, mig_mode).
-    info_labels: Mapping[str, str] = _empty()
+    info_labels: Mapping[str, str] = empty()
 
     @property
     def key(self) -> str:
@@ -78,18 +79,28 @@ class ProcessSample:
 
     pid: int
     process: str  # the kernel's comm, already decoded safely
-    memory_used_bytes: float | None = None  # device-local
-    shared_memory_used_bytes: float | None = None  # GTT / system memory charged to it
-    utilization_ratio: Mapping[str, float] = _empty()  # engine ("sm", "gfx", "render", ...) -> 0..1
-    engine_busy_seconds: Mapping[str, float] = _empty()  # engine -> counter, seconds
-    host_memory_bytes: float | None = None  # RSS
+    memory_used_bytes: float | None = value(
+        "gpu_process_memory_used_bytes",
+        "Device-local memory used by the process on this GPU.", unit="bytes")
+    shared_memory_used_bytes: float | None = value(  # GTT / system memory charged to it
+        "gpu_process_shared_memory_used_bytes",
+        "System (GTT) memory charged to the process for this GPU.", unit="bytes")
+    utilization_ratio: Mapping[str, float] = mapping(  # engine -> 0..1
+        "gpu_process_utilization_ratio", "Fraction of time the process kept an engine busy.",
+        "engine", unit="ratio")
+    engine_busy_seconds: Mapping[str, float] = mapping(  # engine -> counter
+        "gpu_process_engine_busy_seconds_total", "Engine time used by the process.", "engine",
+        kind=Kind.COUNTER, unit="seconds")
+    host_memory_bytes: float | None = value(  # RSS
+        "gpu_process_host_memory_bytes", "Resident host memory (RSS) of the GPU process.",
+        unit="bytes")
     container: str | None = None
     pod: str | None = None
     namespace: str | None = None
     # Set by the collector's merge: the source this process was reported by, and (as
     # DeviceSample.field_sources) where one of its fields came from another source.
     source: str = ""
-    field_sources: Mapping[Any, str] = _empty()
+    field_sources: Mapping[Any, str] = empty()
 
 
 @dataclass(frozen=True)
@@ -112,8 +123,167 @@ class Allocation:
     claim: str = ""  # "<namespace>/<name>" of the DRA ResourceClaim; empty for device plugins
 
 
+_GPM = " (GPM)."
+
+
 @dataclass(frozen=True)
-class DeviceSample:
+class DeviceValues:
+    """The values of one GPU, any of them absent: what a reader returns (a typed partial
+    sample) and the value part of every ``DeviceSample``. Declared in the order served."""
+
+    utilization_ratio: float | None = value(
+        "gpu_utilization_ratio", "Fraction of time the GPU was busy.", unit="ratio")
+    memory_utilization_ratio: float | None = value(
+        "gpu_memory_utilization_ratio", "Fraction of time the memory controller was busy.",
+        unit="ratio")
+    memory_total_bytes: float | None = value(
+        "gpu_memory_total_bytes", "Device-local memory in total.", unit="bytes")
+    memory_used_bytes: float | None = value(
+        "gpu_memory_used_bytes", "Device-local memory in use.", unit="bytes")
+    memory_free_bytes: float | None = value(
+        "gpu_memory_free_bytes", "Device-local memory free.", unit="bytes")
+    memory_reserved_bytes: float | None = value(
+        "gpu_memory_reserved_bytes", "Device-local memory reserved by the driver.", unit="bytes")
+    shared_memory_total_bytes: float | None = value(
+        "gpu_shared_memory_total_bytes", "System memory the GPU can map (GTT, unified memory).",
+        unit="bytes")
+    shared_memory_used_bytes: float | None = value(
+        "gpu_shared_memory_used_bytes", "System memory mapped for the GPU in use.",
+        unit="bytes")
+    power_watts: float | None = value(
+        "gpu_power_watts", "Current power draw.", unit="watts")
+    power_instant_watts: float | None = value(  # where the source splits it from the average
+        "gpu_power_instant_watts",
+        "Instantaneous power draw, where the source splits it from the averaged one.",
+        unit="watts")
+    power_limit_watts: float | None = value(
+        "gpu_power_limit_watts", "Enforced power limit.", unit="watts")
+    energy_joules: float | None = value(  # counter since driver load
+        "gpu_energy_joules_total", "Energy consumed since the driver loaded.", Kind.COUNTER,
+        unit="joules")
+    performance_state: int | None = value(
+        "gpu_performance_state", "Performance state (P-state number).")
+    pcie_link_generation: int | None = value(
+        "gpu_pcie_link_generation", "Current PCIe link generation.")
+    pcie_link_width: int | None = value(
+        "gpu_pcie_link_width", "Current PCIe link width (lanes).")
+    pcie_link_max_generation: int | None = value(
+        "gpu_pcie_link_max_generation", "Maximum PCIe generation.")
+    pcie_link_max_width: int | None = value(
+        "gpu_pcie_link_max_width", "Maximum PCIe link width (lanes).")
+    pcie_replay_errors: int | None = value(
+        "gpu_pcie_replay_errors_total", "PCIe replay errors.", Kind.COUNTER, unit="count")
+    remap_failed: bool | None = value(
+        "gpu_memory_remap_failed", "1 if a memory row remapping failed.")
+    remap_pending: bool | None = value(  # a row remap waits for the next GPU reset
+        "gpu_memory_remap_pending", "1 while a memory row remap waits for the next GPU reset.")
+    xid_last_timestamp_seconds: float | None = value(  # wall clock of the newest XID event
+        "gpu_xid_last_timestamp_seconds",
+        "When the most recent XID event happened (seconds since the epoch).")
+    # Code of the newest XID event; 0 for a GPU registered for XID events that has had none
+    # yet. Served only under dcgm-exporter's name (DCGM_FI_DEV_XID_ERRORS, a last-value gauge).
+    xid_last: int | None = value("", "Code of the newest XID event (0: none since start).")
+
+    temperatures_celsius: Mapping[str, float] = mapping(
+        "gpu_temperature_celsius", "Temperature by sensor.", "sensor", unit="celsius")
+    temperature_thresholds_celsius: Mapping[str, float] = mapping(
+        "gpu_temperature_threshold_celsius", "Temperature thresholds.", "threshold",
+        unit="celsius")
+    fan_speed_ratio: Mapping[str, float] = mapping(
+        "gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum.", "fan", unit="ratio")
+    clocks_hertz: Mapping[str, float] = mapping(
+        "gpu_clock_hertz", "Current clock frequency.", "clock", unit="hertz")
+    clocks_max_hertz: Mapping[str, float] = mapping(
+        "gpu_clock_max_hertz", "Maximum clock frequency.", "clock", unit="hertz")
+    throttle_reasons: Mapping[str, bool] = mapping(  # reason -> active
+        "gpu_clock_throttle_active", "1 while this clock throttle reason is active.", "reason")
+    clock_event_seconds: Mapping[str, float] = mapping(  # throttle reason -> counter
+        "gpu_clock_event_seconds_total", "Time the clocks were held back by this reason.",
+        "reason", kind=Kind.COUNTER, unit="seconds")
+    pcie_throughput_bytes_per_second: Mapping[str, float] = mapping(  # tx / rx
+        "gpu_pcie_throughput_bytes_per_second", "PCIe throughput.", "direction",
+        unit="bytes_per_second")
+    engine_utilization_ratio: Mapping[str, float] = mapping(  # engine -> 0..1
+        "gpu_engine_utilization_ratio", "Fraction of time an engine was busy.", "engine",
+        unit="ratio", group="engine")
+    engine_busy_seconds: Mapping[str, float] = mapping(  # engine -> counter
+        "gpu_engine_busy_seconds_total", "Time an engine was busy.", "engine",
+        kind=Kind.COUNTER, unit="seconds", group="engine")
+    ecc_errors: Mapping[str, int] = mapping(  # corrected / uncorrected -> counter
+        "gpu_ecc_errors_total", "ECC errors since the driver loaded.", "severity",
+        kind=Kind.COUNTER, unit="count")
+    remapped_rows: Mapping[str, int] = mapping(
+        "gpu_memory_remapped_rows", "Memory rows remapped.", "severity", unit="count")
+    retired_pages: Mapping[str, int] = mapping(  # single_bit / double_bit -> pages
+        "gpu_memory_retired_pages", "Memory pages retired (pre-Ampere page retirement).",
+        "cause", unit="count")
+    xid_errors: Mapping[int, int] = mapping(  # XID code -> counter
+        "gpu_xid_errors_total", "NVIDIA XID error events by code.", "xid", kind=Kind.COUNTER,
+        unit="count")
+    memory_bandwidth_bytes_per_second: Mapping[str, float] = mapping(  # read / write
+        "gpu_memory_bandwidth_bytes_per_second",
+        "Device memory bandwidth, where the source measures it.", "direction",
+        unit="bytes_per_second")
+    nvlink_up: Mapping[tuple[str, str], bool] = mapping(
+        "gpu_nvlink_up", "1 if this NVLink link is up; remote is what it connects to.",
+        "link", "remote")
+    nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = mapping(
+        "gpu_nvlink_throughput_bytes_per_second", "NVLink throughput.", "link", "direction",
+        unit="bytes_per_second")
+    nvlink_errors: Mapping[tuple[str, str], int] = mapping(
+        "gpu_nvlink_errors_total", "NVLink errors by type.", "link", "type", kind=Kind.COUNTER,
+        unit="count")
+    xgmi_throughput_bytes_per_second: Mapping[tuple[str, str], float] = mapping(
+        "gpu_xgmi_throughput_bytes_per_second", "AMD XGMI link throughput.", "link",
+        "direction", unit="bytes_per_second")
+    ras_errors: Mapping[tuple[str, str], int] = mapping(
+        "gpu_ras_errors_total", "RAS / ECC errors by hardware block.", "block", "severity",
+        kind=Kind.COUNTER, unit="count")
+    profiling_ratio: Mapping[str, float] = mapping(  # Profiling key -> 0..1, one family each
+        "gpu_{key}_ratio", "", unit="ratio", note="Source `nvml_gpm`.", per_key={
+            Profiling.SM_ACTIVE: "Fraction of time at least one warp was active on an SM" + _GPM,
+            Profiling.SM_OCCUPANCY: "Fraction of the maximum warps resident on SMs" + _GPM,
+            Profiling.TENSOR_ACTIVE: "Fraction of cycles the tensor pipes were active" + _GPM,
+            Profiling.DRAM_ACTIVE:
+                "Fraction of cycles the device memory interface was active" + _GPM,
+            Profiling.GRAPHICS_ENGINE_ACTIVE:
+                "Fraction of time the graphics engine was active" + _GPM,
+            Profiling.FP16_ACTIVE: "Fraction of cycles the FP16 pipes were active" + _GPM,
+            Profiling.FP32_ACTIVE: "Fraction of cycles the FP32 pipes were active" + _GPM,
+            Profiling.FP64_ACTIVE: "Fraction of cycles the FP64 pipes were active" + _GPM,
+        })
+
+    # Health inputs (exporter.health), not families of their own.
+    recovery_action: str | None = value(  # nvmlDeviceGpuRecoveryAction_t as a word
+        "", "NVML's GPU recovery action: none, gpu_reset, node_reboot, drain_p2p, ...")
+    retired_pages_pending: bool | None = value(
+        "", "A page retirement waits for the next GPU reset (before Ampere).")
+    xid_seen_seconds: Mapping[int, float] = mapping(  # XID code -> wall clock of its newest
+        "", "When each XID code last happened.")
+    # (sensor, threshold) -> °C where each sensor has thresholds of its own (amdgpu hwmon
+    # tempN_crit / tempN_emergency for edge, junction and memory alike).
+    temperature_limits_celsius: Mapping[tuple[str, str], float] = mapping(
+        "", "Each sensor's own temperature thresholds.", unit="celsius")
+
+    def present(self) -> dict[str, Any]:
+        """The values this fragment has (not None, not empty), by field name."""
+        out = {}
+        for name, _ in value_specs(DeviceValues):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, Mapping) and not value):
+                out[name] = value
+        return out
+
+    def overlay(self, *others: DeviceValues) -> DeviceValues:
+        """This fragment with every value the others have (the last one that has it wins)."""
+        changes: dict[str, Any] = {}
+        for other in others:
+            changes.update(other.present())
+        return replace(self, **changes) if changes else self
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSample(DeviceValues):
     """One backend's view of one GPU at one moment.
 
     ``source`` labels every value of this sample unless ``field_sources`` names
@@ -130,65 +300,18 @@ class DeviceSample:
     source: str
     up: bool = True
     primary: bool = True
-    field_sources: Mapping[Any, str] = _empty()  # field or (field, key) -> source
-
-    utilization_ratio: float | None = None
-    memory_utilization_ratio: float | None = None
-    memory_total_bytes: float | None = None
-    memory_used_bytes: float | None = None
-    memory_free_bytes: float | None = None
-    memory_reserved_bytes: float | None = None
-    shared_memory_total_bytes: float | None = None
-    shared_memory_used_bytes: float | None = None
-    temperatures_celsius: Mapping[str, float] = _empty()  # sensor -> °C
-    temperature_thresholds_celsius: Mapping[str, float] = _empty()  # threshold -> °C
-    power_watts: float | None = None
-    power_limit_watts: float | None = None
-    energy_joules: float | None = None  # counter since driver load
-    fan_speed_ratio: Mapping[str, float] = _empty()  # fan -> 0..1
-    clocks_hertz: Mapping[str, float] = _empty()  # clock -> Hz
-    clocks_max_hertz: Mapping[str, float] = _empty()
-    performance_state: int | None = None
-    throttle_reasons: Mapping[str, bool] = _empty()  # reason -> active
-    pcie_link_generation: int | None = None
-    pcie_link_width: int | None = None
-    pcie_link_max_generation: int | None = None
-    pcie_link_max_width: int | None = None
-    pcie_throughput_bytes_per_second: Mapping[str, float] = _empty()  # "tx" / "rx"
-    pcie_replay_errors: int | None = None  # counter
-    engine_utilization_ratio: Mapping[str, float] = _empty()  # engine -> 0..1
-    engine_busy_seconds: Mapping[str, float] = _empty()  # engine -> counter, seconds
-    ecc_errors: Mapping[str, int] = _empty()  # "corrected" / "uncorrected" -> counter
-    remapped_rows: Mapping[str, int] = _empty()  # severity -> rows
-    remap_failed: bool | None = None
-    xid_errors: Mapping[int, int] = _empty()  # XID code -> counter
-    profiling_ratio: Mapping[str, float] = _empty()  # "sm_active", "tensor_active", ... -> 0..1
-    nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _empty()  # (link, dir)
-    power_instant_watts: float | None = None  # where the source splits it from the average
-    clock_event_seconds: Mapping[str, float] = _empty()  # throttle reason -> counter, seconds
-    remap_pending: bool | None = None  # a row remap waits for the next GPU reset
-    retired_pages: Mapping[str, int] = _empty()  # "single_bit" / "double_bit" -> pages
-    xid_last_timestamp_seconds: float | None = None  # wall clock of the newest XID event
-    # Code of the newest XID event; 0 for a GPU registered for XID events that has had none
-    # yet (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS, a last-value gauge).
-    xid_last: int | None = None
-    memory_bandwidth_bytes_per_second: Mapping[str, float] = _empty()  # "read" / "write"
-    nvlink_up: Mapping[tuple[str, str], bool] = _empty()  # (link, remote) -> up
-    nvlink_errors: Mapping[tuple[str, str], int] = _empty()  # (link, type) -> counter
-    xgmi_throughput_bytes_per_second: Mapping[tuple[str, str], float] = _empty()  # (link, dir)
-    ras_errors: Mapping[tuple[str, str], int] = _empty()  # (block, severity) -> counter
-    # Health inputs (exporter.health), not families of their own: NVML's GPU recovery action
-    # (nvmlDeviceGpuRecoveryAction_t as "none", "gpu_reset", "node_reboot", ...), a page
-    # retirement waiting for a reset (before Ampere), and when each XID code last happened.
-    recovery_action: str | None = None
-    retired_pages_pending: bool | None = None
-    xid_seen_seconds: Mapping[int, float] = _empty()  # XID code -> wall clock of its newest
-    # (sensor, threshold) -> °C where each sensor has thresholds of its own (amdgpu hwmon
-    # tempN_crit / tempN_emergency for edge, junction and memory alike).
-    temperature_limits_celsius: Mapping[tuple[str, str], float] = _empty()
+    field_sources: Mapping[Any, str] = empty()  # field or (field, key) -> source
     processes: tuple[ProcessSample, ...] = ()
     # Filled by the collector after the merge (Kubernetes attribution), never by a backend.
     allocations: tuple[Allocation, ...] = ()
+
+    @classmethod
+    def of(cls, values: DeviceValues, *, info: DeviceInfo, source: str,
+           field_sources: Mapping[Any, str] = EMPTY,
+           processes: tuple[ProcessSample, ...] = ()) -> DeviceSample:
+        """A sample of ``values`` (a reader's typed fragment) with its identity."""
+        return cls(info=info, source=source, field_sources=field_sources, processes=processes,
+                   **values.present())
 
     def source_of(self, field_name: str, key: Any = None) -> str:
         """The source of one field, or of one key of a mapping field."""

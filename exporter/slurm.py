@@ -30,13 +30,16 @@ import structlog
 
 from exporter.backends.base import DERIVED, Cycle
 from exporter.config import Config
+from exporter.fieldspec import MetricSpec
 from exporter.joins import Row
 from exporter.model import DeviceInfo, DeviceSample
 
 log = structlog.get_logger(__name__)
 
-FAMILY = "gpu_slurm_job_info"
-DOC = "A Slurm job on this GPU (--slurm.job-mapping-dir, dcgm-exporter's layout); value 1."
+SPEC = MetricSpec("gpu_slurm_job_info",
+                  "A Slurm job on this GPU (--slurm.job-mapping-dir, dcgm-exporter's layout); "
+                  "value 1.", labels=("gpu", "uuid", "job", "source"), note="Source `slurm`.")
+FAMILY, DOC = SPEC.name, SPEC.help
 MAX_FILE_BYTES = 64 * 1024
 MAX_JOB_CHARS = 128
 _INDEX = re.compile(r"\d+")

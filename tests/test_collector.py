@@ -174,7 +174,7 @@ def test_fdinfo_engine_sums_yield_to_the_driver_s_own_engines() -> None:
 
 
 def test_render_ahead_only_for_formats_asked_for_and_only_near_the_next_scrape() -> None:
-    from exporter.render import _Demand
+    from exporter.render.exposition import _Demand
 
     d = _Demand()
     assert not d.due(0.0, lead=2.0)  # never asked for: rendered on the first request only

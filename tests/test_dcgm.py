@@ -21,8 +21,15 @@ from prometheus_client.registry import CollectorRegistry
 
 from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.config import Config
-from exporter.dcgm import FIELDS, HEALTH_FAMILY, dcgm_bus_id, dcgm_families, hostname
-from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef
+from exporter.dcgm import FIELDS, HEALTH_FAMILY, Field, Read, dcgm_bus_id, dcgm_families, hostname
+from exporter.fieldspec import value_specs
+from exporter.model import (
+    Allocation,
+    DeviceInfo,
+    DeviceSample,
+    DeviceValues,
+    PodRef,
+)
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,6 +59,31 @@ def only(found: Series, name: str, **labels: str) -> float:
 
 
 # -- the contract: every default counter mapped or said to be missing -------------------
+
+
+def test_each_field_is_filled_from_fields_of_the_table_and_the_doc_names_their_families(
+) -> None:
+    """dcgm.py reads DeviceValues fields by their name in the field table, converts from
+    the unit the table declares, and docs/dcgm-compat.md names each family it is filled
+    from (the family the table serves that field as)."""
+    specs = dict(value_specs(DeviceValues))
+    rows = {name: row for row in DOC.splitlines() if row.startswith("| `DCGM_")
+            for name in re.findall(r"`(DCGM_[A-Z0-9_]+)`", row.split("|")[1])}
+    for f in FIELDS:
+        for r in f.reads:
+            spec = specs[r.field]
+            families = [spec.family(k) for k in r.keys] if spec.per_key else [spec.name]
+            for family in filter(None, families):  # xid_last: served under dcgm's name only
+                assert family in rows[f.name], (f.name, family)
+
+
+def test_a_read_of_a_field_not_in_the_table_or_of_another_unit_fails_at_import() -> None:
+    with pytest.raises(ValueError, match="power_watt"):
+        Field("DCGM_X", "x", "W", (Read("power_watt"),))
+    with pytest.raises(ValueError, match="clocks_hertz in hertz -> MiB"):
+        Field("DCGM_X", "x", "MiB", (Read("clocks_hertz", ("sm",)),))
+    assert Field("DCGM_X", "x", "MHz", (Read("clocks_hertz", ("sm",)),)).value(
+        DeviceValues(clocks_hertz={"sm": 1.98e9})) == 1980.0
 
 NOT_PROVIDED = {"DCGM_FI_DEV_VGPU_LICENSE_STATUS"}  # docs/dcgm-compat.md says why
 

@@ -5,8 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from exporter.backends.base import DERIVED, KERNEL, LIBRARY
+from exporter.labels import Clock, Sensor
 from exporter.merge import View, enrich, merge
-from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef, ProcessSample
+from exporter.model import (
+    Allocation,
+    DeviceInfo,
+    DeviceSample,
+    DeviceValues,
+    PodRef,
+    ProcessSample,
+)
 
 BUS = "0000:03:00.0"
 
@@ -135,3 +143,35 @@ def test_enrich_labels_devices_and_processes_and_survives_a_failing_enricher() -
     assert [(p.pid, p.pod) for p in out.processes] == [(10, "trainer-0"), (11, None)]
     [out] = enrich([d], Kubelet(fail=True))
     assert out.allocations == () and len(out.processes) == 2
+
+
+def test_a_vocabulary_member_and_its_string_are_one_key_in_the_merge_and_the_output() -> None:
+    """Library readers key mappings with exporter.labels members, kernel-file readers with
+    plain strings: one label value either way, so one series, owned by the priority winner."""
+    library = DeviceSample(info=info("amdsmi"), source="amdsmi",
+                           temperatures_celsius={Sensor.EDGE: 50.0},
+                           clocks_hertz={Clock.MEMORY: 1.0e9})
+    sysfs = DeviceSample(info=info("sysfs"), source="sysfs",
+                         temperatures_celsius={"edge": 99.0, "junction": 60.0},
+                         clocks_hertz={"memory": 2.0e9, "graphics": 2.5e9})
+    d = only(merge([view(KERNEL, sysfs), view(LIBRARY, library)], {}))
+    assert d.temperatures_celsius == {"edge": 50.0, "junction": 60.0}
+    assert d.clocks_hertz == {"memory": 1.0e9, "graphics": 2.5e9}
+    assert d.source_of("clocks_hertz", "memory") == "amdsmi"
+    assert [f"{k}" for k in d.temperatures_celsius] == ["edge", "junction"]
+    assert [str(k) for k in d.clocks_hertz] == ["memory", "graphics"]
+
+
+def test_device_values_fragments_overlay_and_wrap_into_a_sample() -> None:
+    """Readers' typed partial samples: a later fragment's values win, an absent (None or
+    empty) value never hides one that is there."""
+    fast = DeviceValues(power_watts=100.0, temperatures_celsius={"gpu": 60.0})
+    slow = DeviceValues(energy_joules=5.0, power_watts=None, temperatures_celsius={})
+    newer = DeviceValues(power_watts=120.0)
+    merged = fast.overlay(slow, newer)
+    assert (merged.power_watts, merged.energy_joules) == (120.0, 5.0)
+    assert merged.temperatures_celsius == {"gpu": 60.0}
+    assert fast.overlay() is fast and fast.power_watts == 100.0  # frozen, untouched
+    d = DeviceSample.of(merged, info=info("nvml"), source="nvml")
+    assert (d.source, d.power_watts, d.energy_joules) == ("nvml", 120.0, 5.0)
+    assert d.clocks_hertz == {} and d.utilization_ratio is None

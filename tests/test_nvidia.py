@@ -160,6 +160,26 @@ def test_sentinel_values_are_filtered() -> None:
     assert d.processes[0].pid == 77 and d.processes[0].memory_used_bytes is None
 
 
+def test_values_outside_the_units_range_gate_are_dropped_and_counted() -> None:
+    """NVML's power, energy, clocks and temperatures pass units' range gate, as every
+    other source does: 4000 C, 200 kW or 200 GHz is garbage on every GPU made."""
+    gpu = FakeGPU(temperature_gpu=4000, temperature_memory=3000, power_mw=200_000_000,
+                  power_limit_mw=650000, clocks_mhz={"graphics": 200_000, "sm": 1975,
+                                                     "memory": 2619, "video": 1545},
+                  thresholds={"shutdown": 5000, "slowdown": 90},
+                  max_clocks_mhz={"graphics": 300_000, "sm": 1980, "memory": 2619,
+                                  "video": 1545})
+    sample = backend(FakeNVML([gpu])).sample(slow=True)
+    d = sample.devices[0]
+    assert d.temperatures_celsius == {}
+    assert d.power_watts is None and d.power_limit_watts == 650.0
+    assert d.clocks_hertz == {"sm": 1975e6, "memory": 2619e6, "video": 1545e6}
+    assert "graphics" not in d.clocks_max_hertz and d.clocks_max_hertz["sm"] == 1980e6
+    assert d.temperature_thresholds_celsius == {"slowdown": 90.0}
+    # thresholds and max clocks are read at open (not this cycle's count)
+    assert sample.errors["parse"] == 4  # gpu and HBM temperature, power, graphics clock
+
+
 def test_memory_info_v1_fallback_without_reserved() -> None:
     gpu = FakeGPU(memory_used_bytes=1000 * MIB, not_supported={"nvmlDeviceGetMemoryInfo_v2"})
     d = one(FakeNVML([gpu]))

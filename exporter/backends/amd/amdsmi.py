@@ -36,7 +36,13 @@ from exporter.backends.amd.amdsmi_calls import Caller, GpuLost, text
 from exporter.backends.amd.rates import AccumulatorRates
 from exporter.backends.base import LIBRARY, BackendUnavailable, Cycle
 from exporter.config import Config
-from exporter.model import DeviceInfo, DeviceSample, normalize_pci_bus_id
+from exporter.model import (
+    DeviceInfo,
+    DeviceSample,
+    DeviceValues,
+    ProcessSample,
+    normalize_pci_bus_id,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -49,7 +55,7 @@ class _Device:
     call: Caller
     role: str  # "gpu" (unpartitioned), "parent" (device-wide values), "slice"
     xgmi: AccumulatorRates[tuple[str, str]] = field(default_factory=AccumulatorRates)
-    slow_values: dict[str, Any] = field(default_factory=dict)
+    slow_values: DeviceValues = field(default_factory=DeviceValues)
 
 
 def _physical(bdf: str) -> str:
@@ -182,30 +188,32 @@ class AmdSmiBackend:
         out: list[DeviceSample] = []
         for d in self._devices:
             try:
-                out.append(DeviceSample(info=d.info, source=SOURCE, **self._read(d, errors, slow)))
+                values, processes = self._read(d, errors, slow)
+                out.append(DeviceSample.of(values, info=d.info, source=SOURCE,
+                                           processes=processes))
             except GpuLost as e:
                 errors["gpu_lost"] += 1
                 log.debug("amdsmi device lost", device=d.info.key, reason=str(e))
                 out.append(DeviceSample(info=d.info, source=SOURCE, up=False))
         return Cycle(devices=out, errors={k: n for k, n in errors.items() if n})
 
-    def _read(self, d: _Device, errors: Counter[str], slow: bool) -> dict[str, Any]:
-        values: dict[str, Any] = {}
+    def _read(self, d: _Device, errors: Counter[str], slow: bool
+              ) -> tuple[DeviceValues, tuple[ProcessSample, ...]]:
+        parts: list[DeviceValues] = []
+        processes: tuple[ProcessSample, ...] = ()
         if d.role in ("gpu", "slice"):  # per partition
-            values.update(dev.activity(d.call, errors))
-            values.update(dev.memory(d.call, errors))
-            values["processes"] = dev.processes(d.call, errors)
+            parts += [dev.activity(d.call, errors), dev.memory(d.call, errors)]
+            processes = dev.processes(d.call, errors)
         if d.role in ("gpu", "parent"):  # device-wide
-            values.update(dev.power(d.call, errors))
-            values.update(dev.temperatures(d.call, self.lib, errors, slow))
-            values.update(dev.clocks(d.call, self.lib, errors))
+            parts += [dev.power(d.call, errors), dev.temperatures(d.call, self.lib, errors),
+                      dev.clocks(d.call, self.lib, errors)]
             up, counters = dev.xgmi_links(d.call, errors)
-            values["nvlink_up"] = up
-            values["xgmi_throughput_bytes_per_second"] = d.xgmi.update(time.monotonic(), counters)
+            parts.append(DeviceValues(
+                nvlink_up=up,
+                xgmi_throughput_bytes_per_second=d.xgmi.update(time.monotonic(), counters)))
             if slow:  # thresholds, PCIe and RAS: kept between slow cycles
-                d.slow_values = {**dev.pcie(d.call, errors), **dev.ras(d.call, self.lib, errors),
-                                 "temperature_thresholds_celsius":
-                                     values.pop("temperature_thresholds_celsius", {})}
-            values.update(d.slow_values)
-        return values
+                d.slow_values = dev.thresholds(d.call, self.lib, errors).overlay(
+                    dev.pcie(d.call, errors), dev.ras(d.call, self.lib, errors))
+            parts.append(d.slow_values)
+        return DeviceValues().overlay(*parts), processes
 

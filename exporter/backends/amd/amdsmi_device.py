@@ -1,4 +1,4 @@
-"""What one amdsmi processor handle reports, as DeviceSample fields (amdsmi's units -> base units).
+"""What one amdsmi processor handle reports, as typed DeviceValues (amdsmi's units -> base units).
 
 Split from the backend so the mapping reads in one place. Units (amdsmi.h, and the
 Python package's ``amdsmi_interface.py`` dict keys): activity %, VRAM bytes (MiB from
@@ -16,31 +16,34 @@ from typing import Any
 
 from exporter import units
 from exporter.backends.amd.amdsmi_calls import Caller, number, text
-from exporter.model import ProcessSample
+from exporter.labels import Clock, Direction, Engine, Remote, Sensor, Severity, Threshold
+from exporter.model import DeviceValues, ProcessSample
 
 MIB = 1 << 20
 # AmdSmiTemperatureType member -> docs/metrics.md sensor
-TEMPERATURES = (("EDGE", "edge"), ("HOTSPOT", "junction"), ("VRAM", "memory"))
-THRESHOLDS = (("CRITICAL", "critical"), ("EMERGENCY", "shutdown"))
-CLOCKS = (("GFX", "graphics"), ("MEM", "memory"))
+TEMPERATURES = (("EDGE", Sensor.EDGE), ("HOTSPOT", Sensor.JUNCTION), ("VRAM", Sensor.MEMORY))
+THRESHOLDS = (("CRITICAL", Threshold.CRITICAL), ("EMERGENCY", Threshold.SHUTDOWN))
+CLOCKS = (("GFX", Clock.GRAPHICS), ("MEM", Clock.MEMORY))
 # AmdSmiGpuBlock members read for per-block RAS counts (the label is the name, lower case).
 RAS_BLOCKS = ("UMC", "SDMA", "GFX", "MMHUB", "ATHUB", "PCIE_BIF", "HDP", "XGMI_WAFL", "DF",
               "SMN", "SEM", "MP0", "MP1", "FUSE", "MCA", "VCN", "JPEG", "IH", "MPIO")
 XGMI_LINK_TYPE = 2  # AMDSMI_LINK_TYPE_XGMI (amdsmi_wrapper.py)
-ENGINES = (("gfx", "gfx"), ("enc", "encoder"))  # process engine_usage key -> docs/metrics.md engine
+# process engine_usage key -> docs/metrics.md engine
+ENGINES = (("gfx", Engine.GFX), ("enc", Engine.ENCODER))
 
 
-def activity(call: Caller, errors: Counter[str]) -> dict[str, Any]:
+def activity(call: Caller, errors: Counter[str]) -> DeviceValues:
     a = call.get(errors, "amdsmi_get_gpu_activity") or {}
     util = units.ratio_from_percent(number(a.get("gfx_activity"), "count", 1, errors))
     mem = units.ratio_from_percent(number(a.get("umc_activity"), "count", 1, errors))
     mm = units.ratio_from_percent(number(a.get("mm_activity"), "count", 1, errors))
-    engines = {k: v for k, v in (("gfx", util), ("video", mm)) if v is not None}
-    return {"utilization_ratio": util, "memory_utilization_ratio": mem,
-            "engine_utilization_ratio": engines}
+    engines: dict[str, float] = {
+        k: v for k, v in ((Engine.GFX, util), (Engine.VIDEO, mm)) if v is not None}
+    return DeviceValues(utilization_ratio=util, memory_utilization_ratio=mem,
+                        engine_utilization_ratio=engines)
 
 
-def memory(call: Caller, errors: Counter[str]) -> dict[str, Any]:
+def memory(call: Caller, errors: Counter[str]) -> DeviceValues:
     """VRAM in exact bytes (``amdsmi_get_gpu_memory_total`` / ``_usage``, ``uint64_t`` bytes
     in amdsmi.h); ``amdsmi_get_gpu_vram_usage`` (whole MiB, truncated: 283 MiB where the
     GPU holds 297,771,008 B) only where the byte getters are missing or not supported."""
@@ -54,40 +57,45 @@ def memory(call: Caller, errors: Counter[str]) -> dict[str, Any]:
         total = total if total is not None else number(v.get("vram_total"), "bytes", MIB, errors)
         used = used if used is not None else number(v.get("vram_used"), "bytes", MIB, errors)
     free = total - used if total is not None and used is not None and used <= total else None
-    return {"memory_total_bytes": total, "memory_used_bytes": used, "memory_free_bytes": free}
+    return DeviceValues(memory_total_bytes=total, memory_used_bytes=used, memory_free_bytes=free)
 
 
-def power(call: Caller, errors: Counter[str]) -> dict[str, Any]:
+def power(call: Caller, errors: Counter[str]) -> DeviceValues:
     p = call.get(errors, "amdsmi_get_power_info") or {}
     average = number(p.get("average_socket_power"), "watts", 1, errors)
-    out: dict[str, Any] = {
-        "power_watts": average if average is not None else
-        number(p.get("socket_power"), "watts", 1, errors),
-        "power_instant_watts": number(p.get("current_socket_power"), "watts", 1, errors),
-        "power_limit_watts": number(p.get("power_limit"), "watts", 1, errors),
-    }
+    if average is None:
+        average = number(p.get("socket_power"), "watts", 1, errors)
+    instant = number(p.get("current_socket_power"), "watts", 1, errors)
+    limit = number(p.get("power_limit"), "watts", 1, errors)
     e = call.get(errors, "amdsmi_get_energy_count") or {}
     acc, res = e.get("energy_accumulator"), e.get("counter_resolution")
+    energy = None
     if isinstance(acc, int) and isinstance(res, (int, float)) and acc not in (0, units.U64_MAX):
-        out["energy_joules"] = number(acc * res, "joules", 1e-6, errors)  # µJ
-    return out
+        energy = number(acc * res, "joules", 1e-6, errors)  # µJ
+    return DeviceValues(power_watts=average, power_instant_watts=instant,
+                        power_limit_watts=limit, energy_joules=energy)
 
 
-def temperatures(call: Caller, lib: Any, errors: Counter[str], slow: bool) -> dict[str, Any]:
+def temperatures(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
     kinds, metric = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
-    temps = {sensor: v for member, sensor in TEMPERATURES
-             if (v := number(call.get(errors, "amdsmi_get_temp_metric", kinds[member],
-                                      metric.CURRENT), "celsius", 1, errors)) is not None}
-    out: dict[str, Any] = {"temperatures_celsius": temps}
-    if slow:
-        out["temperature_thresholds_celsius"] = {
-            name: v for member, name in THRESHOLDS
-            if (v := number(call.get(errors, "amdsmi_get_temp_metric", kinds.HOTSPOT,
-                                     metric[member]), "celsius", 1, errors)) is not None}
-    return out
+    temps: dict[str, float] = {
+        sensor: v for member, sensor in TEMPERATURES
+        if (v := number(call.get(errors, "amdsmi_get_temp_metric", kinds[member],
+                                 metric.CURRENT), "celsius", 1, errors)) is not None}
+    return DeviceValues(temperatures_celsius=temps)
 
 
-def clocks(call: Caller, lib: Any, errors: Counter[str]) -> dict[str, Any]:
+def thresholds(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
+    """The junction sensor's limits (slow tier)."""
+    kinds, metric = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
+    limits: dict[str, float] = {
+        name: v for member, name in THRESHOLDS
+        if (v := number(call.get(errors, "amdsmi_get_temp_metric", kinds.HOTSPOT,
+                                 metric[member]), "celsius", 1, errors)) is not None}
+    return DeviceValues(temperature_thresholds_celsius=limits)
+
+
+def clocks(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
     current: dict[str, float] = {}
     top: dict[str, float] = {}
     for member, clock in CLOCKS:
@@ -96,10 +104,10 @@ def clocks(call: Caller, lib: Any, errors: Counter[str]) -> dict[str, Any]:
             current[clock] = hz
         if (hz := number(c.get("max_clk"), "hertz", 1_000_000, errors)) is not None:
             top[clock] = hz
-    return {"clocks_hertz": current, "clocks_max_hertz": top}
+    return DeviceValues(clocks_hertz=current, clocks_max_hertz=top)
 
 
-def pcie(call: Caller, errors: Counter[str]) -> dict[str, Any]:
+def pcie(call: Caller, errors: Counter[str]) -> DeviceValues:
     info = call.get(errors, "amdsmi_get_pcie_info") or {}
     static, metric = info.get("pcie_static") or {}, info.get("pcie_metric") or {}
 
@@ -111,14 +119,14 @@ def pcie(call: Caller, errors: Counter[str]) -> dict[str, Any]:
         return units.parse_link_width(str(lanes)) if lanes not in (None, "N/A") else None
 
     replay = number(metric.get("pcie_replay_count"), "count", 1, errors)
-    return {"pcie_link_generation": gen(metric.get("pcie_speed")),
-            "pcie_link_width": width(metric.get("pcie_width")),
-            "pcie_link_max_generation": gen(static.get("max_pcie_speed")),
-            "pcie_link_max_width": width(static.get("max_pcie_width")),
-            "pcie_replay_errors": None if replay is None else int(replay)}
+    return DeviceValues(pcie_link_generation=gen(metric.get("pcie_speed")),
+                        pcie_link_width=width(metric.get("pcie_width")),
+                        pcie_link_max_generation=gen(static.get("max_pcie_speed")),
+                        pcie_link_max_width=width(static.get("max_pcie_width")),
+                        pcie_replay_errors=None if replay is None else int(replay))
 
 
-def ras(call: Caller, lib: Any, errors: Counter[str]) -> dict[str, Any]:
+def ras(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
     """Per-block ECC counts (slow tier) and their sum as the device's ECC counters."""
     per_block: dict[tuple[str, str], int] = {}
     for member in RAS_BLOCKS:
@@ -126,14 +134,14 @@ def ras(call: Caller, lib: Any, errors: Counter[str]) -> dict[str, Any]:
         if block is None:
             continue
         c = call.get(errors, "amdsmi_get_gpu_ecc_count", block) or {}
-        for key, severity in (("correctable_count", "corrected"),
-                              ("uncorrectable_count", "uncorrected")):
+        for key, severity in (("correctable_count", Severity.CORRECTED),
+                              ("uncorrectable_count", Severity.UNCORRECTED)):
             if (n := number(c.get(key), "count", 1, errors)) is not None:
                 per_block[(member.lower(), severity)] = int(n)
     totals: dict[str, int] = {}
-    for (_, severity), n in per_block.items():
-        totals[severity] = totals.get(severity, 0) + n
-    return {"ras_errors": per_block, "ecc_errors": totals}
+    for (_, kind), n in per_block.items():
+        totals[kind] = totals.get(kind, 0) + n
+    return DeviceValues(ras_errors=per_block, ecc_errors=totals)
 
 
 def xgmi_links(call: Caller, errors: Counter[str]) -> tuple[dict[tuple[str, str], bool],
@@ -148,8 +156,8 @@ def xgmi_links(call: Caller, errors: Counter[str]) -> tuple[dict[tuple[str, str]
         if not isinstance(link, Mapping) or link.get("link_type") != XGMI_LINK_TYPE:
             continue
         rate = number(link.get("bit_rate"), "count", 1, errors)
-        up[(str(i), "gpu")] = bool(rate)
-        for key, direction in (("read", "rx"), ("write", "tx")):
+        up[(str(i), Remote.GPU)] = bool(rate)
+        for key, direction in (("read", Direction.RX), ("write", Direction.TX)):
             if (b := number(link.get(key), "bytes", 1000, errors)) is not None:
                 counters[(str(i), direction)] = b
     return up, counters
@@ -164,8 +172,9 @@ def processes(call: Caller, errors: Counter[str]) -> tuple[ProcessSample, ...]:
             continue
         mem = p.get("memory_usage") or {}
         usage = p.get("engine_usage") or {}
-        busy = {engine: v for key, engine in ENGINES
-                if (v := number(usage.get(key), "seconds", 1e-9, errors)) is not None}
+        busy: dict[str, float] = {
+            engine: v for key, engine in ENGINES
+            if (v := number(usage.get(key), "seconds", 1e-9, errors)) is not None}
         out.append(ProcessSample(
             pid=pid, process=units.process_name(text(p.get("name"))),
             memory_used_bytes=number(mem.get("vram_mem"), "bytes", 1, errors),

@@ -30,19 +30,16 @@ import structlog
 
 from exporter.backends.base import LIBRARY, BackendFailed, BackendUnavailable, Cycle
 from exporter.backends.nvidia.calls import GpuLost, text
-from exporter.backends.nvidia.device import NvmlDevice, read_info
+from exporter.backends.nvidia.device import SOURCE, NvmlDevice, nvml_sample, read_info
 from exporter.backends.nvidia.events import XidEvents
 from exporter.backends.nvidia.gpm import GpmSampler, GpmUnsupported
 from exporter.backends.nvidia.mig import MigReader
 from exporter.backends.nvidia.processes import ProcessReader
 from exporter.config import Config
 from exporter.fs import ProcFS
-from exporter.model import DeviceInfo, DeviceSample
+from exporter.model import DeviceInfo, DeviceSample, DeviceValues
 
 log = structlog.get_logger(__name__)
-
-SOURCE = "nvml"
-GPM_SOURCE = "nvml_gpm"
 
 # TIERS. bench/nvml_calls.py on the lent NVIDIA H200 (Hopper, driver 580.159.04), median
 # of up to 200 calls, microseconds, under a matmul load:
@@ -71,7 +68,7 @@ class _Gpu:
         self.procs = procs
         self.gpm = gpm
         self.mig = mig
-        self.slow: dict[str, Any] = {}
+        self.slow: DeviceValues | None = None  # not read yet
         self.profiling: dict[str, float] = {}
 
 
@@ -207,7 +204,7 @@ class NvidiaBackend:
         try:
             g.mig.refresh(errors)
             values = g.dev.read_fast(errors)
-            if slow or not g.slow:  # the first cycle fills the slow values too
+            if slow or g.slow is None:  # the first cycle fills the slow values too
                 g.slow = g.dev.read_slow(errors)
                 if not g.mig.enabled:
                     g.procs.read_utilization(errors)
@@ -219,24 +216,17 @@ class NvidiaBackend:
         except GpuLost:
             # Counted here; the change of state is logged once by the collector.
             errors["gpu_lost"] += 1
-            g.slow, g.profiling = {}, {}  # re-read in full once the GPU answers again
+            g.slow, g.profiling = None, {}  # re-read in full once the GPU answers again
             g.dev.nvlink.reset()
             return [DeviceSample(info=g.dev.info, source=SOURCE, up=False), *g.mig.down()]
         info = g.dev.info
-        values.update(g.slow)
         xids = self._xids.get(info.uuid)
-        parent = DeviceSample(
-            info=info,
-            source=SOURCE,
-            field_sources={"profiling_ratio": GPM_SOURCE} if g.profiling else {},
-            profiling_ratio=dict(g.profiling),
+        xid = DeviceValues(
             xid_errors={} if xids is None else dict(xids),
             xid_last_timestamp_seconds=self._xid_last_at.get(info.uuid),
             xid_last=self._xid_last.get(info.uuid, 0 if xids is not None else None),
-            xid_seen_seconds=dict(self._xid_seen.get(info.uuid, {})),
-            processes=processes,
-            **values,
-        )
+            xid_seen_seconds=dict(self._xid_seen.get(info.uuid, {})))
+        parent = nvml_sample(info, values.overlay(g.slow, xid), g.profiling, processes)
         return [parent, *instances]
 
     def _gpm(self, g: _Gpu, errors: Counter[str]) -> dict[str, float]:

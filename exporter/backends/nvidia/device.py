@@ -1,26 +1,44 @@
 """One NVIDIA GPU read through NVML: static facts, fast-tier and slow-tier values.
 
-Each ``read_*`` method returns a dict of DeviceSample keyword arguments in base
-units (mW -> W, mJ -> J, MHz -> Hz, KB/s -> B/s, percent -> ratio). A value the
-card does not expose is left out, so it produces no series. The tier of every
-call is justified by the timings in ``bench/nvml_calls.py`` (see nvidia.py).
+Each ``read_*`` method returns a ``DeviceValues`` (a typed partial sample) in base
+units (mW -> W, mJ -> J, MHz -> Hz, KB/s -> B/s, percent -> ratio), every power,
+energy, clock and temperature through the ``units`` range gate (a value outside it is
+dropped and counted as ``parse``). A value the card does not expose is left out, so it
+produces no series. The tier of every call is justified by the timings in
+``bench/nvml_calls.py`` (see backend.py TIERS).
 
 Readings that exist only as field values go in one ``nvmlDeviceGetFieldValues`` call
-per tier (``nvml_fields``): HBM temperature and instant power on the fast tier, the
+per tier (``fields``): HBM temperature and instant power on the fast tier, the
 NVLink throughput counters and retired-page counts on the slow one. NVLink state and
-counters live in ``nvml_nvlink``, the slow health counters in ``nvml_health``.
+counters live in ``nvlink``, the slow health counters in ``health``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from exporter.backends.nvidia.calls import Caller, text, u32, u64
 from exporter.backends.nvidia.fields import FieldKey, FieldReader, field_id
 from exporter.backends.nvidia.health import Health
 from exporter.backends.nvidia.nvlink import NvLinks
-from exporter.model import DeviceInfo, normalize_pci_bus_id
+from exporter.labels import (
+    Clock,
+    Direction,
+    Engine,
+    Sensor,
+    Severity,
+    Threshold,
+    ThrottleReason,
+)
+from exporter.model import (
+    DeviceInfo,
+    DeviceSample,
+    DeviceValues,
+    ProcessSample,
+    normalize_pci_bus_id,
+)
 from exporter.units import ratio_from_percent as ratio
 from exporter.units import scaled
 
@@ -36,25 +54,31 @@ ARCHITECTURES = {
     "NVML_DEVICE_ARCH_BLACKWELL": "blackwell",
     "NVML_DEVICE_ARCH_RUBIN": "rubin",
 }
-CLOCKS = {"graphics": "NVML_CLOCK_GRAPHICS", "sm": "NVML_CLOCK_SM",
-          "memory": "NVML_CLOCK_MEM", "video": "NVML_CLOCK_VIDEO"}
+CLOCKS = {Clock.GRAPHICS: "NVML_CLOCK_GRAPHICS", Clock.SM: "NVML_CLOCK_SM",
+          Clock.MEMORY: "NVML_CLOCK_MEM", Clock.VIDEO: "NVML_CLOCK_VIDEO"}
 THRESHOLDS = {
-    "shutdown": "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",
-    "slowdown": "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
-    "max_operating": "NVML_TEMPERATURE_THRESHOLD_GPU_MAX",
-    "memory_max_operating": "NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
+    Threshold.SHUTDOWN: "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",
+    Threshold.SLOWDOWN: "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
+    Threshold.MAX_OPERATING: "NVML_TEMPERATURE_THRESHOLD_GPU_MAX",
+    Threshold.MEMORY_MAX_OPERATING: "NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
 }
 # clocks_event_reasons bits (nvml.h nvmlClocksEventReason*; older name: ThrottleReason)
 THROTTLE_BITS = {
-    "idle": 0x1, "sw_power_cap": 0x4, "hw_slowdown": 0x8, "sync_boost": 0x10,
-    "sw_thermal": 0x20, "hw_thermal": 0x40, "hw_power_brake": 0x80, "display_clocks": 0x100,
+    ThrottleReason.IDLE: 0x1, ThrottleReason.SW_POWER_CAP: 0x4,
+    ThrottleReason.HW_SLOWDOWN: 0x8, ThrottleReason.SYNC_BOOST: 0x10,
+    ThrottleReason.SW_THERMAL: 0x20, ThrottleReason.HW_THERMAL: 0x40,
+    ThrottleReason.HW_POWER_BRAKE: 0x80, ThrottleReason.DISPLAY_CLOCKS: 0x100,
 }
+ECC_TYPES = {Severity.CORRECTED: "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+             Severity.UNCORRECTED: "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"}
 ENGINES = {
-    "encoder": "nvmlDeviceGetEncoderUtilization",
-    "decoder": "nvmlDeviceGetDecoderUtilization",
-    "jpeg": "nvmlDeviceGetJpgUtilization",
-    "ofa": "nvmlDeviceGetOfaUtilization",
+    Engine.ENCODER: "nvmlDeviceGetEncoderUtilization",
+    Engine.DECODER: "nvmlDeviceGetDecoderUtilization",
+    Engine.JPEG: "nvmlDeviceGetJpgUtilization",
+    Engine.OFA: "nvmlDeviceGetOfaUtilization",
 }
+SOURCE = "nvml"
+GPM_SOURCE = "nvml_gpm"  # GPM's profiling ratios, of a GPU or of a MIG GPU instance
 PSTATE_UNKNOWN = 32
 # NVML's "KB" in PCIe throughput is 1024 bytes (nvidia-smi prints it as KB/s).
 KIB = 1024
@@ -62,6 +86,26 @@ KIB = 1024
 # its own; instant power (mW) is the unaveraged draw next to nvmlDeviceGetPowerUsage.
 FAST_FIELDS = {"memory_temp": "NVML_FI_DEV_MEMORY_TEMP",
                "power_instant": "NVML_FI_DEV_POWER_INSTANT"}
+
+
+def nvml_sample(info: DeviceInfo, values: DeviceValues, profiling: Mapping[str, float],
+                processes: tuple[ProcessSample, ...]) -> DeviceSample:
+    """A GPU's or MIG device's sample: NVML's values, GPM's profiling ratios under their
+    own source."""
+    return DeviceSample.of(
+        values.overlay(DeviceValues(profiling_ratio=dict(profiling))), info=info,
+        source=SOURCE, field_sources={"profiling_ratio": GPM_SOURCE} if profiling else {},
+        processes=processes)
+
+
+def gated(errors: Counter[str], value: float | int | None, scale: float, unit: str
+          ) -> float | None:
+    """``value`` (in NVML's unit) scaled into ``unit`` and through the range gate; a value
+    NVML gave that falls outside it is dropped and counted (reason ``parse``)."""
+    out = scaled(value, scale, unit)
+    if out is None and value is not None:
+        errors["parse"] += 1
+    return out
 
 
 def read_info(nvml: Any, handle: Any, driver_version: str) -> DeviceInfo:
@@ -105,7 +149,7 @@ class NvmlDevice:
         self.index = index
         self.info = info
         self.call = Caller(nvml, handle, index)
-        self.static: dict[str, Any] = {}
+        self.static: DeviceValues | None = None
         self.fans = 0
         self.fields = FieldReader(self.call)
         self.fast_fields = {k: (fid, 0) for k, n in FAST_FIELDS.items()
@@ -125,95 +169,103 @@ class NvmlDevice:
     def read_static(self, errors: Counter[str]) -> None:
         """Limits that do not change while the driver is loaded: thresholds, max clocks/link."""
         g = self.call.get
-        thresholds = {}
+        thresholds: dict[str, float] = {}
         for key, const in THRESHOLDS.items():
             if hasattr(self.nvml, const):
                 v = u32(g(errors, "nvmlDeviceGetTemperatureThreshold", self.c(const)))
-                if v:  # 0 means "no such threshold" on cards that answer instead of failing
-                    thresholds[key] = float(v)
-        max_clocks = {}
-        for key, const in CLOCKS.items():
+                # 0 means "no such threshold" on cards that answer instead of failing
+                if v and (t := gated(errors, v, 1, "celsius")) is not None:
+                    thresholds[key] = t
+        max_clocks: dict[str, float] = {}
+        for clock, const in CLOCKS.items():
             v = u32(g(errors, "nvmlDeviceGetMaxClockInfo", self.c(const)))
-            if v:
-                max_clocks[key] = v * 1e6
-        self.static = {
-            "temperature_thresholds_celsius": thresholds,
-            "clocks_max_hertz": max_clocks,
-            "pcie_link_max_generation": u32(g(errors, "nvmlDeviceGetMaxPcieLinkGeneration")),
-            "pcie_link_max_width": u32(g(errors, "nvmlDeviceGetMaxPcieLinkWidth")),
-        }
+            if v and (hz := gated(errors, v, 1e6, "hertz")) is not None:
+                max_clocks[clock] = hz
+        self.static = DeviceValues(
+            temperature_thresholds_celsius=thresholds,
+            clocks_max_hertz=max_clocks,
+            pcie_link_max_generation=u32(g(errors, "nvmlDeviceGetMaxPcieLinkGeneration")),
+            pcie_link_max_width=u32(g(errors, "nvmlDeviceGetMaxPcieLinkWidth")),
+        )
         self.fans = u32(g(errors, "nvmlDeviceGetNumFans")) or 0
 
-    def read_fast(self, errors: Counter[str]) -> dict[str, Any]:
-        """Cheap getters (1-30 us each, see nvidia.py TIERS), every --collector.interval."""
+    def read_fast(self, errors: Counter[str]) -> DeviceValues:
+        """Cheap getters (1-30 us each, see backend.py TIERS), every --collector.interval."""
         g = self.call.get
-        if not self.static:  # lost at open, or lost and back: limits not read yet
+        if self.static is None:  # lost at open, or lost and back: limits not read yet
             self.read_static(errors)
-        out: dict[str, Any] = dict(self.static)
         util = g(errors, "nvmlDeviceGetUtilizationRates")
-        if util is not None:
-            out["utilization_ratio"] = ratio(u32(util.gpu))
-            out["memory_utilization_ratio"] = ratio(u32(util.memory))
-        out.update(self._memory(errors))
+        temps: dict[str, float] = {}
         temp = u32(g(errors, "nvmlDeviceGetTemperature", self.c("NVML_TEMPERATURE_GPU")))
-        out["temperatures_celsius"] = {} if temp is None else {"gpu": float(temp)}
+        if (celsius := gated(errors, temp, 1, "celsius")) is not None:
+            temps[Sensor.GPU] = celsius
         power = u32(g(errors, "nvmlDeviceGetPowerUsage"))
-        out["power_watts"] = None if power is None else power / 1000.0
         limit = u32(g(errors, "nvmlDeviceGetEnforcedPowerLimit"))
-        out["power_limit_watts"] = None if not limit else limit / 1000.0
         fans = {}
         for fan in range(self.fans):
             r = ratio(u32(g(errors, "nvmlDeviceGetFanSpeed_v2", fan)))
             if r is not None:
                 fans[str(fan)] = r
-        out["fan_speed_ratio"] = fans
-        clocks = {}
-        for key, const in CLOCKS.items():
+        clocks: dict[str, float] = {}
+        for clock, const in CLOCKS.items():
             mhz = u32(g(errors, "nvmlDeviceGetClockInfo", self.c(const)))
-            if mhz is not None:
-                clocks[key] = mhz * 1e6
-        out["clocks_hertz"] = clocks
+            if (hz := gated(errors, mhz, 1e6, "hertz")) is not None:
+                clocks[clock] = hz
         pstate = u32(g(errors, "nvmlDeviceGetPerformanceState"))
-        out["performance_state"] = None if pstate is None or pstate >= PSTATE_UNKNOWN else pstate
-        out["throttle_reasons"] = self._throttle(errors)
-        out["pcie_link_generation"] = u32(g(errors, "nvmlDeviceGetCurrPcieLinkGeneration"))
-        out["pcie_link_width"] = u32(g(errors, "nvmlDeviceGetCurrPcieLinkWidth"))
+        gen = u32(g(errors, "nvmlDeviceGetCurrPcieLinkGeneration"))
+        width = u32(g(errors, "nvmlDeviceGetCurrPcieLinkWidth"))
         fv = self.fields.read(errors, self.fast_fields.values())
         mem_temp = self._field(fv, "memory_temp")
-        if mem_temp:  # 0 is what cards without an HBM sensor answer instead of failing
-            out["temperatures_celsius"]["memory"] = float(mem_temp)
-        out["power_instant_watts"] = scaled(self._field(fv, "power_instant"), 1e-3, "watts")
-        out["nvlink_up"] = self.nvlink.read_state(errors)
-        engines = {}
-        for key, fn in ENGINES.items():
+        # 0 is what cards without an HBM sensor answer instead of failing
+        if mem_temp and (celsius := gated(errors, mem_temp, 1, "celsius")) is not None:
+            temps[Sensor.MEMORY] = celsius
+        instant = gated(errors, self._field(fv, "power_instant"), 1e-3, "watts")
+        nvlink_up = self.nvlink.read_state(errors)
+        engines: dict[str, float] = {}
+        for engine, fn in ENGINES.items():
             r = g(errors, fn)
-            if r is not None and ratio(u32(r[0])) is not None:
-                engines[key] = ratio(u32(r[0]))
-        out["engine_utilization_ratio"] = engines
-        ecc = {}
-        for key, const in (("corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
-                           ("uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED")):
+            if r is not None and (busy := ratio(u32(r[0]))) is not None:
+                engines[engine] = busy
+        ecc: dict[str, int] = {}
+        for severity, const in ECC_TYPES.items():
             v = u64(g(errors, "nvmlDeviceGetTotalEccErrors", self.c(const),
                       self.c("NVML_VOLATILE_ECC")))
             if v is not None:
-                ecc[key] = v
-        out["ecc_errors"] = ecc
-        rows = g(errors, "nvmlDeviceGetRemappedRows")
-        if rows is not None:
-            corr, unc, pending, failure = (u32(x) for x in rows)
-            out["remapped_rows"] = {k: v for k, v in (("correctable", corr),
-                                                       ("uncorrectable", unc)) if v is not None}
-            out["remap_pending"] = None if pending is None else bool(pending)
-            out["remap_failed"] = None if failure is None else bool(failure)
-        return out
+                ecc[severity] = v
+        assert self.static is not None
+        return self.static.overlay(DeviceValues(
+            utilization_ratio=None if util is None else ratio(u32(util.gpu)),
+            memory_utilization_ratio=None if util is None else ratio(u32(util.memory)),
+            temperatures_celsius=temps,
+            power_watts=gated(errors, power, 1e-3, "watts"),
+            power_limit_watts=gated(errors, limit, 1e-3, "watts") if limit else None,
+            fan_speed_ratio=fans,
+            clocks_hertz=clocks,
+            performance_state=None if pstate is None or pstate >= PSTATE_UNKNOWN else pstate,
+            throttle_reasons=self._throttle(errors),
+            pcie_link_generation=gen,
+            pcie_link_width=width,
+            power_instant_watts=instant,
+            nvlink_up=nvlink_up,
+            engine_utilization_ratio=engines,
+            ecc_errors=ecc,
+        ), read_memory(self.call, errors), self._remapped(errors))
+
+    def _remapped(self, errors: Counter[str]) -> DeviceValues:
+        rows = self.call.get(errors, "nvmlDeviceGetRemappedRows")
+        if rows is None:
+            return DeviceValues()
+        corr, unc, pending, failure = (u32(x) for x in rows)
+        return DeviceValues(
+            remapped_rows={k: v for k, v in ((Severity.CORRECTABLE, corr),
+                                             (Severity.UNCORRECTABLE, unc)) if v is not None},
+            remap_pending=None if pending is None else bool(pending),
+            remap_failed=None if failure is None else bool(failure))
 
     def _field(self, values: dict[FieldKey, Any], name: str) -> float | int | None:
         key = self.fast_fields.get(name)
         fv = None if key is None else values.get(key)
         return None if fv is None else u32(fv.value)
-
-    def _memory(self, errors: Counter[str]) -> dict[str, Any]:
-        return read_memory(self.call, errors)
 
     def _throttle(self, errors: Counter[str]) -> dict[str, bool]:
         mask = u64(self.call.get(errors, "nvmlDeviceGetCurrentClocksEventReasons"))
@@ -223,26 +275,27 @@ class NvmlDevice:
             return {}
         return {reason: bool(mask & bit) for reason, bit in THROTTLE_BITS.items()}
 
-    def read_slow(self, errors: Counter[str]) -> dict[str, Any]:
+    def read_slow(self, errors: Counter[str]) -> DeviceValues:
         """Expensive getters (milliseconds each), every --collector.slow-interval."""
         g = self.call.get
-        out: dict[str, Any] = {}
         energy = u64(g(errors, "nvmlDeviceGetTotalEnergyConsumption"))
-        out["energy_joules"] = None if energy is None else energy / 1000.0
-        out["pcie_replay_errors"] = u32(g(errors, "nvmlDeviceGetPcieReplayCounter"))
-        pcie = {}
-        for key, const in (("tx", "NVML_PCIE_UTIL_TX_BYTES"), ("rx", "NVML_PCIE_UTIL_RX_BYTES")):
+        pcie: dict[str, float] = {}
+        for key, const in ((Direction.TX, "NVML_PCIE_UTIL_TX_BYTES"),
+                           (Direction.RX, "NVML_PCIE_UTIL_RX_BYTES")):
             kb = u32(g(errors, "nvmlDeviceGetPcieThroughput", self.c(const)))
-            if kb is not None:
-                pcie[key] = float(kb * KIB)
-        out["pcie_throughput_bytes_per_second"] = pcie
+            if (rate := gated(errors, kb, KIB, "bytes_per_second")) is not None:
+                pcie[key] = rate
+        replays = u32(g(errors, "nvmlDeviceGetPcieReplayCounter"))
         throughput_due, errors_due = self.nvlink.next_slow_cycle()
         values = self._slow_fields(errors, throughput_due)
-        out["nvlink_throughput_bytes_per_second"] = self.nvlink.throughput(
-            errors, values, self.fields.dropped, throughput_due)
-        out["nvlink_errors"] = self.nvlink.read_errors(errors, errors_due)
-        out.update(self.health.read(errors, values))
-        return out
+        return DeviceValues(
+            energy_joules=gated(errors, energy, 1e-3, "joules"),
+            pcie_replay_errors=replays,
+            pcie_throughput_bytes_per_second=pcie,
+            nvlink_throughput_bytes_per_second=self.nvlink.throughput(
+                errors, values, self.fields.dropped, throughput_due),
+            nvlink_errors=self.nvlink.read_errors(errors, errors_due),
+        ).overlay(self.health.read(errors, values))
 
     def _slow_fields(self, errors: Counter[str], nvlink: bool = True) -> dict[FieldKey, Any]:
         return self.fields.read(errors, self.health.fields()
@@ -256,16 +309,17 @@ class NvmlDevice:
             self.nvlink.throughput(errors, self._slow_fields(errors), self.fields.dropped)
 
 
-def read_memory(call: Caller, errors: Counter[str]) -> dict[str, Any]:
+def read_memory(call: Caller, errors: Counter[str]) -> DeviceValues:
     """Device memory of a GPU or MIG device handle, v2 (with the reservation) where it answers."""
     v2 = getattr(call.nvml, "nvmlMemory_v2", None)
     mem = None if v2 is None else call.get(errors, "nvmlDeviceGetMemoryInfo", version=v2)
     if mem is not None:
         # v2 splits off the driver-reserved memory; its `used` is what nvidia-smi shows.
-        return {"memory_total_bytes": u64(mem.total), "memory_used_bytes": u64(mem.used),
-                "memory_free_bytes": u64(mem.free), "memory_reserved_bytes": u64(mem.reserved)}
+        return DeviceValues(memory_total_bytes=u64(mem.total), memory_used_bytes=u64(mem.used),
+                            memory_free_bytes=u64(mem.free),
+                            memory_reserved_bytes=u64(mem.reserved))
     mem = call.get(errors, "nvmlDeviceGetMemoryInfo")
     if mem is None:
-        return {}
-    return {"memory_total_bytes": u64(mem.total), "memory_used_bytes": u64(mem.used),
-            "memory_free_bytes": u64(mem.free)}
+        return DeviceValues()
+    return DeviceValues(memory_total_bytes=u64(mem.total), memory_used_bytes=u64(mem.used),
+                        memory_free_bytes=u64(mem.free))

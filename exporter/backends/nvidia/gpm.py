@@ -14,18 +14,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from exporter.labels import Profiling
 from exporter.units import ratio_from_percent
 
 # profiling_ratio key -> NVML_GPM_METRIC_* (nvml.h, "0.0 - 100.0" percent metrics)
 GPM_METRICS = {
-    "graphics_engine_active": "NVML_GPM_METRIC_GRAPHICS_UTIL",
-    "sm_active": "NVML_GPM_METRIC_SM_UTIL",
-    "sm_occupancy": "NVML_GPM_METRIC_SM_OCCUPANCY",
-    "tensor_active": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
-    "dram_active": "NVML_GPM_METRIC_DRAM_BW_UTIL",
-    "fp64_active": "NVML_GPM_METRIC_FP64_UTIL",
-    "fp32_active": "NVML_GPM_METRIC_FP32_UTIL",
-    "fp16_active": "NVML_GPM_METRIC_FP16_UTIL",
+    Profiling.GRAPHICS_ENGINE_ACTIVE: "NVML_GPM_METRIC_GRAPHICS_UTIL",
+    Profiling.SM_ACTIVE: "NVML_GPM_METRIC_SM_UTIL",
+    Profiling.SM_OCCUPANCY: "NVML_GPM_METRIC_SM_OCCUPANCY",
+    Profiling.TENSOR_ACTIVE: "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    Profiling.DRAM_ACTIVE: "NVML_GPM_METRIC_DRAM_BW_UTIL",
+    Profiling.FP64_ACTIVE: "NVML_GPM_METRIC_FP64_UTIL",
+    Profiling.FP32_ACTIVE: "NVML_GPM_METRIC_FP32_UTIL",
+    Profiling.FP16_ACTIVE: "NVML_GPM_METRIC_FP16_UTIL",
 }
 
 
@@ -82,7 +83,7 @@ class GpmSampler:
         mg.sample2 = self._cur
         self._prev, self._cur = self._cur, self._prev
         nvml.nvmlGpmMetricsGet(mg)
-        out = {}
+        out: dict[str, float] = {}
         for i, (key, _metric_id) in enumerate(self.metrics):
             m = mg.metrics[i]
             if m.nvmlReturn != nvml.NVML_SUCCESS or not math.isfinite(m.value):

@@ -6,7 +6,7 @@
   driver's thermal slowdown (``sw_thermal``), SYNC_BOOST ``sync_boost``: the reasons
   nvidia-smi -q lists under "Clocks Event Reasons Counters" that this API carries. The
   hardware slowdown and power-brake durations exist only as field ids that NVIDIA
-  renumbered between releases (see nvml_fields), so they are not exported.
+  renumbered between releases (see fields.py), so they are not exported.
 - ECC by location -> ``ras_errors[(block, severity)]``: ``nvmlDeviceGetMemoryErrorCounter``
   with the VOLATILE counter (since driver load, like ``gpu_ecc_errors_total``) for every
   nvmlMemoryLocation_t; a location this GPU does not split out answers NOT_SUPPORTED once
@@ -27,15 +27,19 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from exporter.backends.nvidia.calls import Caller, u64
 from exporter.backends.nvidia.fields import FieldKey, FieldValue, field_id
+from exporter.labels import RetireCause, Severity, ThrottleReason
+from exporter.model import DeviceValues
 from exporter.units import scaled
 
-VIOLATIONS = {"sw_power_cap": "NVML_PERF_POLICY_POWER",
-              "sw_thermal": "NVML_PERF_POLICY_THERMAL",
-              "sync_boost": "NVML_PERF_POLICY_SYNC_BOOST"}
+K = TypeVar("K")
+VIOLATIONS = {ThrottleReason.SW_POWER_CAP: "NVML_PERF_POLICY_POWER",
+              ThrottleReason.SW_THERMAL: "NVML_PERF_POLICY_THERMAL",
+              ThrottleReason.SYNC_BOOST: "NVML_PERF_POLICY_SYNC_BOOST"}
 # nvmlMemoryLocation_t -> block label; DEVICE_MEMORY and DRAM are the same value (2).
 LOCATIONS = {"NVML_MEMORY_LOCATION_L1_CACHE": "l1_cache",
              "NVML_MEMORY_LOCATION_L2_CACHE": "l2_cache",
@@ -45,9 +49,10 @@ LOCATIONS = {"NVML_MEMORY_LOCATION_L1_CACHE": "l1_cache",
              "NVML_MEMORY_LOCATION_TEXTURE_SHM": "texture_shm",
              "NVML_MEMORY_LOCATION_CBU": "cbu",
              "NVML_MEMORY_LOCATION_SRAM": "sram"}
-SEVERITIES = {"corrected": "NVML_MEMORY_ERROR_TYPE_CORRECTED",
-              "uncorrected": "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"}
-RETIRED_FIELDS = {"single_bit": "NVML_FI_DEV_RETIRED_SBE", "double_bit": "NVML_FI_DEV_RETIRED_DBE"}
+SEVERITIES = {Severity.CORRECTED: "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+              Severity.UNCORRECTED: "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"}
+RETIRED_FIELDS = {RetireCause.SINGLE_BIT: "NVML_FI_DEV_RETIRED_SBE",
+                  RetireCause.DOUBLE_BIT: "NVML_FI_DEV_RETIRED_DBE"}
 PENDING_FIELD = "NVML_FI_DEV_RETIRED_PENDING"
 RECOVERY_FIELD = "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"
 # nvml.h nvmlDeviceGpuRecoveryAction_t -> the name exporter.health classifies.
@@ -58,7 +63,7 @@ RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
 RETIRES_PAGES = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
 
 
-def _constants(nvml: Any, names: dict[str, str]) -> dict[str, Any]:
+def _constants(nvml: Any, names: Mapping[K, str]) -> dict[K, Any]:
     return {label: getattr(nvml, c) for label, c in names.items() if hasattr(nvml, c)}
 
 
@@ -87,17 +92,17 @@ class Health:
         extra = (fid for fid in (self.pending, self.recovery) if fid is not None)
         return [(fid, 0) for fid in (*self.retired.values(), *extra)]
 
-    def read(self, errors: Counter[str], values: dict[FieldKey, FieldValue]) -> dict[str, Any]:
-        """DeviceSample keyword arguments: clock_event_seconds, ras_errors, retired_pages,
-        retired_pages_pending, recovery_action."""
+    def read(self, errors: Counter[str], values: dict[FieldKey, FieldValue]) -> DeviceValues:
+        """clock_event_seconds, ras_errors, retired_pages, retired_pages_pending,
+        recovery_action."""
         g = self.call.get
-        events = {}
+        events: dict[str, float] = {}
         for reason, policy in self.violations.items():
             v = g(errors, "nvmlDeviceGetViolationStatus", policy)
             seconds = None if v is None else scaled(u64(v.violationTime), 1e-9, "seconds")
             if seconds is not None:
                 events[reason] = seconds
-        ras = {}
+        ras: dict[tuple[str, str], int] = {}
         if self.volatile is not None:
             for location, block in self.locations.items():
                 for severity, kind in self.severities.items():
@@ -105,24 +110,21 @@ class Health:
                               location))
                     if n is not None:
                         ras[(block, severity)] = n
-        retired = {}
+        retired: dict[str, int] = {}
         for cause, fid in self.retired.items():
             pages = self._value(values, fid)
             if pages is not None:
                 retired[cause] = pages
-        out: dict[str, Any] = {"clock_event_seconds": events, "ras_errors": ras,
-                               "retired_pages": retired}
         pending = self._value(values, self.pending)
-        if pending is not None:
-            out["retired_pages_pending"] = pending != 0
         action = self._value(values, self.recovery)
+        recovery = None
         if action is not None:
-            name = RECOVERY_ACTIONS.get(action)
-            if name is None:
+            recovery = RECOVERY_ACTIONS.get(action)
+            if recovery is None:
                 errors["parse"] += 1
-            else:
-                out["recovery_action"] = name
-        return out
+        return DeviceValues(clock_event_seconds=events, ras_errors=ras, retired_pages=retired,
+                            retired_pages_pending=None if pending is None else pending != 0,
+                            recovery_action=recovery)
 
     @staticmethod
     def _value(values: dict[FieldKey, FieldValue], fid: int | None) -> int | None:

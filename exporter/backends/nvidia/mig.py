@@ -30,16 +30,13 @@ from typing import Any
 import structlog
 
 from exporter.backends.nvidia.calls import Caller, text, u32
-from exporter.backends.nvidia.device import NvmlDevice, read_memory
+from exporter.backends.nvidia.device import SOURCE, NvmlDevice, nvml_sample, read_memory
 from exporter.backends.nvidia.gpm import GpmSampler, GpmUnsupported
 from exporter.backends.nvidia.processes import ProcessReader
 from exporter.fs import ProcFS
 from exporter.model import DeviceInfo, DeviceSample
 
 log = structlog.get_logger(__name__)
-
-SOURCE = "nvml"
-GPM_SOURCE = "nvml_gpm"
 
 
 @dataclass
@@ -145,11 +142,8 @@ class MigReader:
             if slow:
                 inst.procs.read_utilization(errors)
             profiling = self.profiling.get(inst.gpu_instance_id, {})
-            out.append(DeviceSample(
-                info=inst.info, source=SOURCE,
-                field_sources={"profiling_ratio": GPM_SOURCE} if profiling else {},
-                profiling_ratio=dict(profiling), processes=inst.procs.read(errors, slow),
-                **read_memory(inst.call, errors)))
+            out.append(nvml_sample(inst.info, read_memory(inst.call, errors), profiling,
+                                   inst.procs.read(errors, slow)))
         return out
 
     def down(self) -> list[DeviceSample]:

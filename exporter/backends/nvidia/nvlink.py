@@ -38,18 +38,20 @@ from collections import Counter
 
 from exporter.backends.nvidia.calls import Caller, u32, u64
 from exporter.backends.nvidia.fields import FieldKey, FieldValue, field_id
+from exporter.labels import Direction, NvLinkError, Remote
 from exporter.units import bounded
 
 KIB = 1024
-UNKNOWN_REMOTE = "unknown"
-REMOTES = {"NVML_NVLINK_DEVICE_TYPE_GPU": "gpu", "NVML_NVLINK_DEVICE_TYPE_SWITCH": "switch",
-           "NVML_NVLINK_DEVICE_TYPE_IBMNPU": "cpu"}
-ERROR_COUNTERS = {"replay": "NVML_NVLINK_ERROR_DL_REPLAY",
-                  "recovery": "NVML_NVLINK_ERROR_DL_RECOVERY",
-                  "crc_flit": "NVML_NVLINK_ERROR_DL_CRC_FLIT",
-                  "crc_data": "NVML_NVLINK_ERROR_DL_CRC_DATA"}
-THROUGHPUT_FIELDS = {"tx": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
-                     "rx": "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"}
+UNKNOWN_REMOTE = Remote.UNKNOWN
+REMOTES = {"NVML_NVLINK_DEVICE_TYPE_GPU": Remote.GPU,
+           "NVML_NVLINK_DEVICE_TYPE_SWITCH": Remote.SWITCH,
+           "NVML_NVLINK_DEVICE_TYPE_IBMNPU": Remote.CPU}
+ERROR_COUNTERS = {NvLinkError.REPLAY: "NVML_NVLINK_ERROR_DL_REPLAY",
+                  NvLinkError.RECOVERY: "NVML_NVLINK_ERROR_DL_RECOVERY",
+                  NvLinkError.CRC_FLIT: "NVML_NVLINK_ERROR_DL_CRC_FLIT",
+                  NvLinkError.CRC_DATA: "NVML_NVLINK_ERROR_DL_CRC_DATA"}
+THROUGHPUT_FIELDS = {Direction.TX: "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
+                     Direction.RX: "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"}
 DEFAULT_MAX_LINKS = 18  # nvml.h NVML_NVLINK_MAX_LINKS before it grew to 36
 THROUGHPUT_EVERY = 3  # slow cycles between throughput reads (see the module docstring)
 ERRORS_EVERY = 6  # slow cycles between error-counter reads
@@ -65,7 +67,7 @@ class NvLinks:
         self.remote_names = {getattr(nvml, k): v for k, v in REMOTES.items() if hasattr(nvml, k)}
         self.errors_by_type = {k: getattr(nvml, c) for k, c in ERROR_COUNTERS.items()
                                if hasattr(nvml, c)}
-        self.fields = {d: fid for d, n in THROUGHPUT_FIELDS.items()
+        self.fields: dict[str, int] = {d: fid for d, n in THROUGHPUT_FIELDS.items()
                        if (fid := field_id(nvml, n)) is not None}
         self.bytes_unit = getattr(nvml, "NVML_NVLINK_COUNTER_UNIT_BYTES", None)
         self.remote: dict[int, str] = {}  # link -> remote type, for links seen active

@@ -1,0 +1,81 @@
+"""The field table's vocabulary: how a sample field declares the metric it is served as.
+
+A value field of ``exporter.model``'s samples is declared with ``value(...)`` or
+``mapping(...)``, which put a ``MetricSpec`` in the field's metadata; ``value_specs(cls)``
+reads them back, in declaration order. Render, merge, ``metricsdoc`` and ``dcgm`` read
+the table through ``value_specs``; the ``gpu_exporter_*`` families declare their specs in
+``exporter.render.selfmetrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields
+from enum import Enum
+from functools import cache
+from types import MappingProxyType
+from typing import Any
+
+EMPTY: Mapping[Any, Any] = MappingProxyType({})
+SPEC = "metric"  # the metadata key of a field's MetricSpec
+
+
+class Kind(str, Enum):
+    """A family's Prometheus type."""
+
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    HISTOGRAM = "histogram"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How one value is served: declared once, read by render, merge, docs and dcgm."""
+
+    name: str  # the family as served; a counter's ends in _total. "": dcgm names only
+    help: str  # the HELP text served (and the docs/metrics.md help column)
+    kind: Kind = Kind.GAUGE
+    unit: str = ""  # a units.RANGES key ("" for states, flags, counts of things)
+    # A mapping field: the label name of its key (one per element of a tuple key).
+    # A gpu_exporter_* family: its labels.
+    labels: tuple[str, ...] = ()
+    note: str = ""  # said in docs/metrics.md after the help, never served
+    # One family per key instead of a label: ``name`` holds "{key}"; key -> help.
+    per_key: Mapping[str, str] = field(default_factory=lambda: EMPTY)
+    # Mapping fields whose keys are owned together in the merge (one engine, one owner).
+    group: str = ""
+
+    def family(self, key: str) -> str:
+        return self.name.format(key=key)
+
+
+def value(name: str, help: str, kind: Kind = Kind.GAUGE, unit: str = "",
+          note: str = "") -> Any:
+    """A scalar field: None where the source does not expose it."""
+    return field(default=None, metadata={SPEC: MetricSpec(name, help, kind, unit, note=note)})
+
+
+def mapping(name: str, help: str, *labels: str, kind: Kind = Kind.GAUGE, unit: str = "",
+            group: str = "", per_key: Mapping[str, str] = EMPTY, note: str = "") -> Any:
+    """A mapping field keyed by label value(s): empty where the source exposes none."""
+    spec = MetricSpec(name, help, kind, unit, labels, note, per_key, group)
+    return field(default_factory=lambda: EMPTY, metadata={SPEC: spec})
+
+
+def empty() -> Any:
+    """A default for Mapping fields that are not values: one shared read-only empty mapping."""
+    return field(default_factory=lambda: EMPTY)
+
+
+def spec_of(f: Field[Any]) -> MetricSpec | None:
+    spec = f.metadata.get(SPEC)
+    return spec if isinstance(spec, MetricSpec) else None
+
+
+@cache
+def value_specs(cls: type) -> tuple[tuple[str, MetricSpec], ...]:
+    """(field name, spec) of every value field of a sample class, in declaration order:
+    the order families are served in."""
+    return tuple((f.name, spec) for f in fields(cls) if (spec := spec_of(f)) is not None)
+
+

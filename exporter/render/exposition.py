@@ -1,0 +1,259 @@
+"""Snapshot -> cached exposition bytes: the renderer's thread, its cache and its schedule.
+
+The exposition is rendered on the renderer's thread, for text 0.0.4 and OpenMetrics and
+their gzip forms, at most once per snapshot and format and only for formats someone
+scrapes; ``/metrics`` returns bytes. The families come from ``render.families`` (the
+devices) and ``render.selfmetrics`` (the exporter itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from prometheus_client import exposition as text_format
+from prometheus_client.core import Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.openmetrics import exposition as om_format
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import CollectorRegistry
+
+from exporter.collector import Snapshot
+from exporter.joins import join_families
+from exporter.render.families import RenderOptions, device_families
+from exporter.render.selfmetrics import exporter_families
+
+TEXT_CONTENT_TYPE = getattr(text_format, "CONTENT_TYPE_PLAIN_0_0_4",
+                            "text/plain; version=0.0.4; charset=utf-8")
+OPENMETRICS_CONTENT_TYPE = om_format.CONTENT_TYPE_LATEST
+T = TypeVar("T")
+ESCAPING = "allow-utf-8"  # prometheus_client's ALLOWUTF8
+
+
+def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,
+                      threads: Mapping[str, Sequence[threading.Thread]] | None = None
+                      ) -> Iterator[Metric]:
+    yield from device_families(s, opts or RenderOptions())
+    yield from join_families(s)
+    yield from exporter_families(s, threads or {})
+
+
+class _SnapshotCollector:
+    def __init__(self, options: RenderOptions,
+                 threads: Mapping[str, Sequence[threading.Thread]]) -> None:
+        self.snapshot: Snapshot | None = None
+        self.options = options
+        self.threads = threads
+
+    def describe(self) -> list[Metric]:
+        return []  # so registering never calls collect()
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.snapshot
+        if s is not None:
+            threads = {**{name: (t,) for name, t in s.threads.items()}, **self.threads}
+            yield from snapshot_families(s, self.options, threads)
+
+
+VARIANTS = ("text", "text+gzip", "openmetrics", "openmetrics+gzip")
+WANT_TTL = 300.0  # a format nobody asked for in 5 minutes is no longer rendered ahead
+
+
+class _Demand:
+    """When one format was last asked for, and the gap before that: the scrape cadence.
+
+    Prometheus scrapes on a fixed cadence, usually much slower than the collection
+    interval; rendering every snapshot ahead of time would render fifteen to serve one.
+    So at most one snapshot is rendered ahead per expected scrape, the first one that
+    comes within ``lead`` seconds of it. A scrape that comes early, or after a newer
+    snapshot, still gets the newest snapshot, rendered on the spot.
+    """
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.period: float | None = None
+        self.ahead = False  # a snapshot was rendered ahead since the last request
+
+    def asked(self, now: float) -> None:
+        if self.last is not None:
+            self.period = now - self.last
+        self.last = now
+        self.ahead = False
+
+    def due(self, now: float, lead: float) -> bool:
+        """Render ahead only once the scrape cadence is known (two requests), once per
+        expected scrape: before that a snapshot rendered ahead is almost always replaced
+        before anyone asks."""
+        if self.last is None or self.period is None or self.ahead or \
+                now - self.last > WANT_TTL:
+            return False
+        return now - self.last >= self.period - lead
+
+
+class Exposition:
+    """The bytes of one snapshot in every format, rendered on demand and kept."""
+
+    def __init__(self, snapshot: Snapshot, render: Callable[[bool], bytes]) -> None:
+        self.snapshot = snapshot
+        self._render = render
+        self._bodies: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def cached(self, variant: str) -> bytes | None:
+        return self._bodies.get(variant)
+
+    def body(self, variant: str) -> bytes:
+        cached = self._bodies.get(variant)
+        if cached is not None:
+            return cached
+        with self._lock:
+            if variant not in self._bodies:
+                fmt, _, zipped = variant.partition("+")
+                raw = self._bodies.get(fmt)
+                if raw is None:
+                    raw = self._bodies[fmt] = self._render(fmt == "openmetrics")
+                if zipped:
+                    self._bodies[variant] = gzip.compress(raw, compresslevel=6)
+            return self._bodies[variant]
+
+
+class Worker:
+    """One named thread that runs what it is given, in order: the renderer's.
+
+    Renders (ahead of a scrape, or cold for a scrape that came early) and the
+    ``/snapshot`` JSON run here, never on the HTTP server's event loop, and their CPU
+    time is this thread's (``gpu_exporter_backend_cpu_seconds_total{backend="renderer"}``).
+    Started on first use.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.thread: threading.Thread | None = None
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = \
+            queue.SimpleQueue()
+        self._lock = threading.Lock()
+
+    def call(self, fn: Callable[[], T]) -> Future[T]:
+        with self._lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self.thread.start()
+        future: Future[T] = Future()
+        self._queue.put((fn, future))
+        return future
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fn, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
+                future.set_exception(e)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+
+class Renderer:
+    """Receives snapshots (from the Hub), renders them off the request path, serves bytes.
+
+    Rendering runs on the renderer's own thread (``Worker``), so snapshots published in
+    quick succession by several backends coalesce into one render, and only formats that
+    scrapers ask for are rendered, shortly before they are expected to ask (see _Demand).
+    A snapshot nobody scrapes is never rendered.
+    """
+
+    def __init__(self, lead: float = 2.0, options: RenderOptions | None = None) -> None:
+        self.lead = lead  # render ahead when a scrape is due within this many seconds
+        self.options = options or RenderOptions()
+        self.worker = Worker("renderer")
+        # label -> threads whose CPU time is reported under it (the server adds its own)
+        self.cpu_threads: dict[str, list[threading.Thread]] = {}
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._collector = _SnapshotCollector(self.options, self.cpu_threads)
+        self.registry.register(self._collector)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self._demand = {variant: _Demand() for variant in VARIANTS}
+        self._pending: Snapshot | None = None
+        self._scheduled = False
+        self._lock = threading.Lock()
+        self._render_lock = threading.Lock()
+        self.current: Exposition | None = None
+        self.coalesce = 0.02  # let backends that tick together land in one render
+
+    def _render_bytes(self, snapshot: Snapshot, openmetrics: bool) -> bytes:
+        with self._render_lock:  # the registry's collector holds one snapshot at a time
+            if self.worker.thread is not None:
+                self.cpu_threads["renderer"] = [self.worker.thread]
+            self._collector.snapshot = snapshot
+            # Every name here is a legacy Prometheus name, so "allow-utf-8" writes the
+            # same bytes as the default "underscores", which checks each label name
+            # character by character: 40 % of an OpenMetrics render (bench on H100).
+            if openmetrics:
+                body: bytes = om_format.generate_latest(  # type: ignore[no-untyped-call]
+                    self.registry, escaping=ESCAPING)
+                return body
+            return text_format.generate_latest(self.registry, escaping=ESCAPING)
+
+    def render_now(self, snapshot: Snapshot) -> Exposition:
+        """Make ``snapshot`` current, rendering it in the formats due to be asked for soon."""
+        exposition = Exposition(snapshot, lambda om: self._render_bytes(snapshot, om))
+        now = time.monotonic()
+        for variant, demand in self._demand.items():
+            if demand.due(now, self.lead):
+                demand.ahead = True
+                exposition.body(variant)
+        current = self.current
+        if current is None or snapshot.generation >= current.snapshot.generation:
+            self.current = exposition
+        return exposition
+
+    def body(self, variant: str) -> tuple[bytes, Snapshot]:
+        """The current snapshot's bytes, rendered on the calling thread if not cached."""
+        self._demand[variant].asked(time.monotonic())
+        exposition = self.current
+        assert exposition is not None, "Renderer.body() before the first snapshot"
+        return exposition.body(variant), exposition.snapshot
+
+    async def body_async(self, variant: str) -> tuple[bytes, Snapshot]:
+        """As body(), for the event loop: a cold render runs on the renderer's thread."""
+        self._demand[variant].asked(time.monotonic())
+        exposition = self.current
+        assert exposition is not None, "Renderer.body() before the first snapshot"
+        body = exposition.cached(variant)
+        if body is None:
+            body = await asyncio.wrap_future(self.worker.call(lambda: exposition.body(variant)))
+        return body, exposition.snapshot
+
+    # -- rendering ahead ------------------------------------------------------------------
+    def submit(self, snapshot: Snapshot) -> None:
+        """Hub listener: remember the newest snapshot; the worker picks it up once."""
+        with self._lock:
+            pending = self._pending
+            if pending is None or snapshot.generation > pending.generation:
+                self._pending = snapshot
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.worker.call(self._render_pending)
+
+    def _render_pending(self) -> None:
+        time.sleep(self.coalesce)
+        with self._lock:
+            snapshot, self._scheduled = self._pending, False
+        if snapshot is not None:
+            self.render_now(snapshot)
+
+    def stop(self) -> None:
+        self.worker.stop()
