@@ -35,7 +35,7 @@ log = structlog.get_logger(__name__)
 MAX_CONNECTIONS = 256  # open connections at most (fewer when file descriptors are scarce)
 HEADER_TIMEOUT = 10.0  # seconds a connection may take to send a complete request head
 HANDSHAKE_TIMEOUT = 5  # seconds a TLS handshake may take
-TLS_READ_BUFFER = 32 * 1024  # asyncio's default is 256 KiB per connection, zero-filled
+TLS_READ_BUFFER = 16 * 1024  # asyncio's default is 256 KiB per connection, zero-filled
 
 # The states a connection is in, for choosing which one makes room.
 UNPROVEN = "unproven"  # handshake, no request yet, password being checked, auth failed
@@ -48,12 +48,12 @@ class Slots:
 
     def __init__(self, limit: int = MAX_CONNECTIONS) -> None:
         self.limit = limit
-        self.open: set[asyncio.Transport] = set()
-        self._unproven: dict[asyncio.Transport, None] = {}
-        self._idle: dict[asyncio.Transport, None] = {}
+        self.open: set[BoundedH11] = set()
+        self._unproven: dict[BoundedH11, None] = {}
+        self._idle: dict[BoundedH11, None] = {}
         self._refused = Every()
 
-    def admit(self, transport: asyncio.Transport) -> bool:
+    def admit(self, connection: BoundedH11) -> bool:
         """Take a slot for a just-accepted connection, closing another if need be."""
         if len(self.open) >= self.limit:
             victim = next(iter(self._unproven), None) or next(iter(self._idle), None)
@@ -64,25 +64,25 @@ class Slots:
                                 "request", limit=self.limit, suppressed_since_last=held)
                 return False
             self.release(victim)
-            victim.abort()
-        self.open.add(transport)
-        self._unproven[transport] = None
+            victim.evict()
+        self.open.add(connection)
+        self._unproven[connection] = None
         return True
 
-    def mark(self, transport: asyncio.Transport, state: str) -> None:
-        if transport not in self.open:
+    def mark(self, connection: BoundedH11, state: str) -> None:
+        if connection not in self.open:
             return
-        self._unproven.pop(transport, None)
-        self._idle.pop(transport, None)
+        self._unproven.pop(connection, None)
+        self._idle.pop(connection, None)
         if state == UNPROVEN:
-            self._unproven[transport] = None
+            self._unproven[connection] = None
         elif state == IDLE:
-            self._idle[transport] = None
+            self._idle[connection] = None
 
-    def release(self, transport: asyncio.Transport) -> None:
-        self.open.discard(transport)
-        self._unproven.pop(transport, None)
-        self._idle.pop(transport, None)
+    def release(self, connection: BoundedH11) -> None:
+        self.open.discard(connection)
+        self._unproven.pop(connection, None)
+        self._idle.pop(connection, None)
 
 
 AUTH_MARK = "gpu_exporter.auth"  # scope["extensions"] key: the auth middleware's report
@@ -95,8 +95,8 @@ class BoundedH11(H11Protocol):
     Here a request head must be complete within ``header_timeout`` of its first byte
     (or of the connection, for one that sends nothing); an idle keep-alive connection
     is closed by uvicorn's keep-alive timeout. The auth middleware reports through
-    ``scope["extensions"][AUTH_MARK]["report"]`` ("checking", "failed", "ok"), which moves the
-    connection between the unproven and the good ones.
+    ``scope["extensions"][AUTH_MARK]["report"]`` ("checking", "failed", "ok"), which
+    moves the connection between the unproven and the good ones.
     """
 
     header_timeout = HEADER_TIMEOUT
@@ -105,34 +105,27 @@ class BoundedH11(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.raw: asyncio.Transport | None = None  # the slot (TCP transport under TLS)
-        self.refused = False
+        self.raw: asyncio.Transport | None = None  # TCP (under TLS: below it)
+        self.evicted = False
         self.failed_auth = False
         self._head_timer: asyncio.TimerHandle | None = None
 
-    def admit(self, raw: asyncio.Transport) -> bool:
-        self.raw = raw
-        self.refused = not self.slots.admit(raw)
-        return not self.refused
-
-    def release(self) -> None:
+    def evict(self) -> None:
+        """Close to make room: now, or as soon as the accepted socket is handed over."""
+        self.evicted = True
         if self.raw is not None:
-            self.slots.release(self.raw)
+            self.raw.abort()
 
     def _mark(self, state: str) -> None:
-        if self.raw is not None:
-            self.slots.mark(self.raw, state)
+        self.slots.mark(self, state)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if self.raw is None and not self.admit(transport):
-            transport.abort()
-            return
-        if not self._san_allowed(transport):
-            self.refused = True
-            self.release()
-            transport.abort()
-            return
+        if self.raw is None:
+            self.raw = transport
         super().connection_made(transport)
+        if self.evicted or not self._san_allowed(transport):
+            transport.abort()
+            return
         self._arm()
 
     def _san_allowed(self, transport: asyncio.Transport) -> bool:
@@ -186,48 +179,53 @@ class BoundedH11(H11Protocol):
             self._mark(UNPROVEN if self.failed_auth else IDLE)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.refused:
-            return  # never served: nothing of uvicorn's was set up
         self._disarm()
-        self.release()
+        self.slots.release(self)
         super().connection_lost(exc)
 
 
 class TLSAccept(sslproto.SSLProtocol):
-    """asyncio's server-side TLS, made by the protocol factory so that the connection
-    takes its slot at accept and the handshake has ``HANDSHAKE_TIMEOUT``."""
+    """asyncio's server-side TLS, made by the protocol factory, so the connection has
+    its slot from accept and its handshake ``HANDSHAKE_TIMEOUT``."""
 
-    max_size = TLS_READ_BUFFER
+    max_size = 1  # what __init__ allocates: the read buffer grows on the first read
 
     def __init__(self, app: BoundedH11, context: ssl.SSLContext) -> None:
         super().__init__(app.loop, app, context, None,  # type: ignore[arg-type]
                          server_side=True, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        self.max_size = TLS_READ_BUFFER
         self.app = app
 
-    started = False
-
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.started = self.app.admit(transport)
-        if not self.started:
+        self.app.raw = transport
+        if self.app.evicted:  # made room for a later one before it was handed over
             transport.abort()
             return
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if not self.started:
-            return  # refused at accept: no handshake was begun
-        self.app.release()  # also when the handshake never finished
+        self.app.slots.release(self.app)  # also when the handshake never finished
         super().connection_lost(exc)
+
+
+class Refused(asyncio.Protocol):
+    """A connection accepted only to be closed: every slot is serving a request."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()  # type: ignore[attr-defined]
 
 
 def protocol_factory(slots: Slots, context: ssl.SSLContext | None,
                      allowed_sans: frozenset[str] = frozenset(),
                      header_timeout: float = HEADER_TIMEOUT) -> Callable[..., asyncio.BaseProtocol]:
-    """What uvicorn's ``http=`` calls per accepted connection (with its own keywords)."""
+    """What uvicorn's ``http=`` calls for each accepted connection (with its keywords):
+    the slot is taken here, before any TLS object is made."""
 
     def make(**kwargs: Any) -> asyncio.BaseProtocol:
         app = BoundedH11(**kwargs)
         app.slots, app.allowed_sans, app.header_timeout = slots, allowed_sans, header_timeout
+        if not slots.admit(app):
+            return Refused()
         return app if context is None else TLSAccept(app, context)
 
     return make

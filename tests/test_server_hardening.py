@@ -128,11 +128,12 @@ def test_a_connection_flood_does_not_starve_the_probes_or_flood_the_log(tmp_path
 
 
 @contextmanager
-def in_process_server(app: object, header_timeout: float) -> Iterator[int]:
+def in_process_server(app: object, header_timeout: float = 10.0,
+                      limit: int = 256) -> Iterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    protocol = protocol_factory(Slots(), None, header_timeout=header_timeout)
+    protocol = protocol_factory(Slots(limit), None, header_timeout=header_timeout)
     server = Server(uvicorn.Config(app, http=protocol, log_config=None, lifespan="off",
                                    ws="none"))  # type: ignore[arg-type]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
