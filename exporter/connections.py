@@ -167,11 +167,12 @@ class BoundedH11(H11Protocol):
                 self.scope.setdefault("extensions", {})[AUTH_MARK] = {"report": self._auth}
 
     def _auth(self, state: str) -> None:
+        """"checking" (a password in the queue), "ok", or a failure ("failed", "limited")."""
         if state == "ok":
             self._mark(BUSY)
-        else:
-            self.failed_auth = state == "failed"
-            self._mark(UNPROVEN)
+            return
+        self.failed_auth = state != "checking"
+        self._mark(UNPROVEN)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

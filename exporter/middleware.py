@@ -4,7 +4,8 @@ The probes ``/-/healthy`` and ``/-/ready`` stay open so a kubelet or Docker heal
 check needs no password. Wrong passwords are the cheap attack on basic auth (each
 costs the server a bcrypt), so password checks that are not already known good are
 rate-limited per client address and bounded in number while queued; a request that
-is refused that way is answered 429 at once. The auth middleware tells the
+is refused that way is answered 429 after a second (a tarpit: the client's next
+guess waits, at no cost to the server). The auth middleware tells the
 connection layer (exporter.connections) which connections are still unproven.
 """
 
@@ -176,6 +177,9 @@ class BasicAuthMiddleware:
         if result == OK:
             await self.app(scope, receive, send)
         elif result == LIMITED:
+            # Held back for a while first: a client re-sending guesses on keep-alive
+            # connections waits (costing nothing) instead of spinning the loop on 429s.
+            await asyncio.sleep(self.passwords.GUESS_INTERVAL)
             await _deny(send, 429, b"Too Many Requests\n", [(b"retry-after", b"1")])
         else:
             await _deny(send, 401, b"Unauthorized\n",

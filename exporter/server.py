@@ -50,6 +50,8 @@ from exporter.webconfig import WebConfig, tls_context
 
 log = structlog.get_logger(__name__)
 
+BACKLOG = 128  # pending connections in the kernel, and accepted per event-loop wake-up
+
 def _quality(header: str, wanted: str) -> float:
     """The highest q a comma-separated ``Accept``/``Accept-Encoding`` list gives
     ``wanted`` (0 when it is not listed)."""
@@ -263,7 +265,7 @@ def bind_sockets(addresses: tuple[str, ...]) -> list[socket.socket]:
                 except OSError as e:
                     sock.close()
                     raise AddressInUse(e.errno, f"{address}: {e.strerror}") from None
-            sock.listen(128)
+            sock.listen(BACKLOG)
             sock.set_inheritable(True)
             sockets.append(sock)
     except OSError:
@@ -310,7 +312,11 @@ def serve(config: Config, app: Starlette, web: WebConfig | None,
                         ws="none", loop="asyncio",
                         # longer than Prometheus's usual 15 s scrape interval: it reuses
                         # the connection instead of opening a new one every scrape
-                        timeout_keep_alive=20, timeout_graceful_shutdown=2)
+                        timeout_keep_alive=20, timeout_graceful_shutdown=2,
+                        # asyncio accepts up to this many connections per wake-up before
+                        # any is counted (uvicorn's default is 2048): it bounds the file
+                        # descriptors a burst of connections holds at once
+                        backlog=BACKLOG)
     log.info("listening", addresses=list(config.listen_addresses), tls=bool(web and web.tls),
              basic_auth=bool(web and web.basic_auth_users), path=config.telemetry_path)
     # uvicorn re-raises the signal that stopped it once it is done; the default SIGINT

@@ -22,9 +22,9 @@ import uvicorn
 from exporter.backends.base import KERNEL, Cycle
 from exporter.collector import Hub
 from exporter.config import Config
+from exporter.connections import Slots, protocol_factory
 from exporter.model import DeviceInfo, DeviceSample, ProcessSample
 from exporter.render import Renderer
-from exporter.connections import Slots, protocol_factory
 from exporter.server import Server, build_app, negotiate
 from exporter.snapshot import snapshot_json
 from tests.daemon import running
