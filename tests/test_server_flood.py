@@ -68,8 +68,8 @@ def test_password_guesses_are_limited_per_address(tmp_path: Path) -> None:
                      .status_code for i in range(14)]
             known = client.get("/metrics", headers=right).status_code
     # PasswordChecker.GUESS_BURST (10) checks, the right password's first one included,
-    # then one more a second: the rest are 429.
-    assert codes[:9] == [401] * 9 and codes[-1] == 429, codes
+    # then one more a second (a 429 is held back a second): 429 and 401 take turns.
+    assert codes[:9] == [401] * 9 and codes[9] == 429 and codes.count(429) >= 2, codes
     assert known == 200  # a password already verified is not a guess
 
 
