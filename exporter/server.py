@@ -52,6 +52,7 @@ log = structlog.get_logger(__name__)
 
 BACKLOG = 128  # pending connections in the kernel, and accepted per event-loop wake-up
 
+
 def _quality(header: str, wanted: str) -> float:
     """The highest q a comma-separated ``Accept``/``Accept-Encoding`` list gives
     ``wanted`` (0 when it is not listed)."""
