@@ -289,12 +289,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except ConfigError as e:
         return _fail(str(e))
     if source is not None:
-        from exporter.snapshot import fetch_snapshot
+        from exporter.snapshot import fetch_snapshot, redact_url
 
         try:
             sys.stdout.buffer.write(fetch_snapshot(source) + b"\n")
         except OSError as e:
-            return _fail(f"--from {source}: {e}")
+            return _fail(f"--from {redact_url(source)}: {e}")
         return 0
 
     from exporter import logs

@@ -134,7 +134,7 @@ def parse_listen_address(key: str, value: str) -> str:
     if not sep:
         raise ConfigError(key, f"not host:port: {value!r}")
     if host.startswith("["):
-        if not host.endswith("]"):
+        if not host.endswith("]") or host == "[]":
             raise ConfigError(key, f"bad IPv6 address: {value!r}")
     elif ":" in host:
         raise ConfigError(key, f"IPv6 hosts need brackets, e.g. [::1]:9445: {value!r}")
@@ -206,11 +206,68 @@ def parse_regex(key: str, value: object) -> str:
     return text
 
 
+# A plain URL path: no route pattern ("{x:path}" would match every path), query or
+# fragment, no spaces. RFC 3986 path characters.
+_PLAIN_PATH_RE = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]*)+\Z")
+
+
 def parse_telemetry_path(key: str, value: object) -> str:
     text = str(value).strip()
     if not text.startswith("/") or text in ("/", "/-/healthy", "/-/ready", "/snapshot"):
         raise ConfigError(key, f"must be a path starting with / and not a built-in one: {value!r}")
+    if not _PLAIN_PATH_RE.match(text):
+        raise ConfigError(key, f"must be a plain path (letters, digits, / . - _ ~), "
+                               f"not a pattern: {value!r}")
     return text
+
+
+MAX_YAML_DEPTH = 64  # nesting levels; a configuration needs a handful
+MAX_YAML_NODES = 100_000  # values once every alias is expanded
+
+
+def _bounded_loader() -> type:
+    """yaml.SafeLoader with nesting depth and alias expansion bounded.
+
+    An alias is cheap to parse but is walked once per use by whatever reads the
+    result: nine levels of ten aliases are 10^9 values from under 1 KiB of YAML
+    (a "billion laughs"), and 100k levels of nesting exhaust the recursion limit. The
+    composer here counts, for each value, how many values it stands for with its
+    aliases expanded, and stops at MAX_YAML_NODES or MAX_YAML_DEPTH.
+    """
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        def __init__(self, stream: Any) -> None:
+            super().__init__(stream)
+            self._depth = 0
+            self._total = 0
+            self._sizes: dict[int, int] = {}
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self._depth += 1
+            try:
+                if self._depth > MAX_YAML_DEPTH:
+                    raise yaml.YAMLError(f"nested deeper than {MAX_YAML_DEPTH} levels")
+                node = super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+            size = self._sizes.get(id(node))
+            if node is None:
+                return node
+            if size is None:  # a new node, not an alias: its children are counted
+                children = node.value if isinstance(node.value, list) else []
+                size = 1 + sum(self._sizes.get(id(c), 1) for child in children
+                               for c in (child if isinstance(child, tuple) else (child,)))
+                self._sizes[id(node)] = size
+                self._total += 1
+            else:  # an alias stands for everything under the node it names
+                self._total += size
+            if self._total > MAX_YAML_NODES:
+                raise yaml.YAMLError(f"more than {MAX_YAML_NODES} values once aliases are "
+                                     "expanded")
+            return node
+
+    return BoundedLoader
 
 
 def load_yaml_mapping(key: str, path: str) -> dict[str, Any]:
@@ -219,13 +276,15 @@ def load_yaml_mapping(key: str, path: str) -> dict[str, Any]:
 
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+            data = yaml.load(f, Loader=_bounded_loader()) or {}  # noqa: S506 (a SafeLoader)
     except OSError as e:
         raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(key, f"{path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
     except yaml.YAMLError as e:
         raise ConfigError(key, f"{path} is not valid YAML: {e}") from None
+    except RecursionError:
+        raise ConfigError(key, f"{path} is not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise ConfigError(key, f"{path} must be a YAML mapping")
     return data

@@ -49,15 +49,22 @@ def exporter_args(cmdline: bytes) -> list[str]:
 
 
 class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
+    """HTTP over a unix socket, in TLS where the listener serves TLS."""
+
+    def __init__(self, path: str, timeout: float, context: ssl.SSLContext | None) -> None:
         super().__init__("localhost", timeout=timeout)
         self.unix_path = path
+        self.context = context
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
-        sock.connect(self.unix_path)
-        self.sock = sock
+        try:
+            sock.connect(self.unix_path)
+            self.sock = sock if self.context is None else self.context.wrap_socket(sock)
+        except OSError:
+            sock.close()
+            raise
 
 
 def _target(address: str) -> tuple[str, int]:
@@ -67,14 +74,16 @@ def _target(address: str) -> tuple[str, int]:
 
 
 def _connection(address: str, tls: bool) -> http.client.HTTPConnection:
+    context = None
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
     if address.startswith("unix:"):
-        return _UnixConnection(address[len("unix:") :], TIMEOUT_SECONDS)
+        return _UnixConnection(address[len("unix:") :], TIMEOUT_SECONDS, context)
     host, port = _target(address)
-    if not tls:
+    if context is None:
         return http.client.HTTPConnection(host, port, timeout=TIMEOUT_SECONDS)
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
     return http.client.HTTPSConnection(host, port, timeout=TIMEOUT_SECONDS, context=context)
 
 

@@ -7,9 +7,9 @@ the first collection), ``/`` (landing page) and ``/snapshot`` (JSON).
 The event loop only moves bytes: a render that is not cached yet and the
 ``/snapshot`` JSON run on the renderer's thread, bcrypt on a small thread pool of
 its own. Under attack the loop stays responsive so the probes answer: connections
-are bounded (``MAX_CONNECTIONS``), a request must finish its headers within
-``HEADER_TIMEOUT``, accept failures (out of file descriptors) are one rate-limited
-log line, and an idle server does not wake up at all (no periodic tick).
+are bounded from accept, TLS handshakes and request heads are timed
+(exporter.connections), accept failures (out of file descriptors) are one
+rate-limited log line, and an idle server does not wake up at all (no periodic tick).
 """
 
 from __future__ import annotations
@@ -23,42 +23,40 @@ import signal
 import socket
 import stat
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import h11
 import structlog
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from exporter import __version__, health
 from exporter.collector import Hub
 from exporter.config import Config, split_listen_address
-from exporter.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
-from exporter.snapshot import snapshot_json
-from exporter.webconfig import (
+from exporter.connections import MAX_CONNECTIONS, Slots, protocol_factory
+from exporter.logs import Every
+from exporter.middleware import (
     BasicAuthMiddleware,
     HeadersMiddleware,
     PasswordChecker,
     RateLimitMiddleware,
-    WebConfig,
-    apply_tls,
 )
+from exporter.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
+from exporter.snapshot import snapshot_json
+from exporter.webconfig import WebConfig, tls_context
 
 log = structlog.get_logger(__name__)
 
-MAX_CONNECTIONS = 256  # open HTTP connections at most (fewer when file descriptors are scarce)
-HEADER_TIMEOUT = 10.0  # seconds a connection may take to send a complete request head
-LOG_EVERY = 60.0  # seconds between two log lines about the same loop error
+BACKLOG = 128  # pending connections in the kernel, and accepted per event-loop wake-up
 
 
-def _accepts(header: str, wanted: str) -> bool:
-    """Whether a comma-separated ``Accept``/``Accept-Encoding`` list takes ``wanted`` (q > 0)."""
+def _quality(header: str, wanted: str) -> float:
+    """The highest q a comma-separated ``Accept``/``Accept-Encoding`` list gives
+    ``wanted`` (0 when it is not listed)."""
+    best = 0.0
     for item in header.split(","):
         name, *params = (part.strip() for part in item.split(";"))
         if name.lower() != wanted:
@@ -71,15 +69,17 @@ def _accepts(header: str, wanted: str) -> bool:
                     q = float(value)
                 except ValueError:
                     q = 0.0
-        if q > 0:
-            return True
-    return False
+        best = max(best, q if 0 <= q <= 1 else 0.0)
+    return best
 
 
 def negotiate(accept: str, accept_encoding: str) -> str:
-    """The exposition variant a scraper asked for (see render.VARIANTS)."""
-    variant = "openmetrics" if _accepts(accept, "application/openmetrics-text") else "text"
-    return f"{variant}+gzip" if _accepts(accept_encoding, "gzip") else variant
+    """The exposition variant a scraper asked for (see render.VARIANTS): OpenMetrics
+    when the client rates it at least as high as text/plain."""
+    openmetrics = _quality(accept, "application/openmetrics-text")
+    variant = "openmetrics" if openmetrics > 0 and \
+        openmetrics >= _quality(accept, "text/plain") else "text"
+    return f"{variant}+gzip" if _quality(accept_encoding, "gzip") > 0 else variant
 
 
 def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | None = None,
@@ -154,8 +154,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
     ], lifespan=lifespan)
     # A redirect for "/metrics/" would be built from the client's Host header.
     app.router.redirect_slashes = False
-    if web is not None and web.headers:
-        app.add_middleware(HeadersMiddleware, headers=web.headers)
+    # The last one added is the outermost: the headers go on 401 and 429 too.
     if web is not None and web.basic_auth_users:
         passwords = PasswordChecker(web.basic_auth_users)
         passwords.on_thread = server_threads.append
@@ -163,6 +162,8 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
     if web is not None and web.rate_interval:
         app.add_middleware(RateLimitMiddleware, interval=web.rate_interval,
                            burst=web.rate_burst)
+    if web is not None and web.headers:
+        app.add_middleware(HeadersMiddleware, headers=web.headers)
     return app
 
 
@@ -174,99 +175,16 @@ class LoopErrors:
     """
 
     def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
+        self.every = Every()
 
     def handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         message = str(context.get("message", "event loop error"))
         exc = context.get("exception")
-        now = time.monotonic()
-        if now - self._last.get(message, -LOG_EVERY) < LOG_EVERY:
-            self._suppressed[message] = self._suppressed.get(message, 0) + 1
-            return
-        suppressed = self._suppressed.pop(message, 0)
-        self._last[message] = now
-        log.warning("http server error", message=message,
-                    error=repr(exc) if exc is not None else None,
-                    suppressed_since_last=suppressed)
-
-
-class BoundedH11(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with a bound on connections and on request-head time.
-
-    uvicorn waits forever for a request that never completes its headers (slowloris).
-    Here a request head must be complete within HEADER_TIMEOUT of its first byte (or
-    of the connection, for one that sends nothing); an idle keep-alive connection is
-    closed by uvicorn's keep-alive timeout. At MAX_CONNECTIONS the connection that has
-    waited longest without a request in progress makes room for the new one, so a
-    probe that sends its request at once is served even during a connection flood.
-    """
-
-    max_connections = MAX_CONNECTIONS
-    header_timeout = HEADER_TIMEOUT
-    allowed_sans: frozenset[str] = frozenset()
-    idle: dict[BoundedH11, None]  # per server (see serve()): oldest first
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self._head_timer: asyncio.TimerHandle | None = None
-        if not self._san_allowed(transport) or not self._make_room():
-            transport.abort()
-            return
-        super().connection_made(transport)
-        self.idle[self] = None
-        self._arm()
-
-    def _make_room(self) -> bool:
-        if len(self.connections) < self.max_connections:
-            return True
-        oldest = next(iter(self.idle), None)
-        if oldest is None:
-            return False
-        oldest.transport.abort()
-        self.idle.pop(oldest, None)
-        return True
-
-    def _san_allowed(self, transport: asyncio.Transport) -> bool:
-        if not self.allowed_sans:
-            return True
-        cert = transport.get_extra_info("peercert") or {}
-        names = {value for _kind, value in cert.get("subjectAltName", ())}
-        return bool(names & self.allowed_sans)
-
-    def _arm(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.header_timeout, self._head_timeout)
-
-    def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_timeout(self) -> None:
-        self._head_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.transport.abort()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state is h11.IDLE:
-            self._arm()  # part of a request head: it has HEADER_TIMEOUT to complete
-
-    def handle_events(self) -> None:
-        super().handle_events()
-        if self.conn.their_state is not h11.IDLE:
-            self._disarm()  # a whole request head arrived
-            self.idle.pop(self, None)
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self.idle[self] = None  # kept alive, waiting for the next request
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        self.idle.pop(self, None)
-        super().connection_lost(exc)
+        held = self.every.allow(message)
+        if held is not None:
+            log.warning("http server error", message=message,
+                        error=repr(exc) if exc is not None else None,
+                        suppressed_since_last=held)
 
 
 class Server(uvicorn.Server):
@@ -323,7 +241,11 @@ def _unix_socket(path: str) -> socket.socket:
         finally:
             probe.close()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
+    try:
+        sock.bind(path)
+    except OSError as e:  # e.g. "AF_UNIX path too long" (108 bytes on Linux)
+        sock.close()
+        raise AddressInUse(e.errno or errno.EINVAL, f"unix:{path}: {e.strerror or e}") from None
     return sock
 
 
@@ -347,7 +269,7 @@ def bind_sockets(addresses: tuple[str, ...]) -> list[socket.socket]:
                 except OSError as e:
                     sock.close()
                     raise AddressInUse(e.errno, f"{address}: {e.strerror}") from None
-            sock.listen(128)
+            sock.listen(BACKLOG)
             sock.set_inheritable(True)
             sockets.append(sock)
     except OSError:
@@ -380,23 +302,25 @@ def close_sockets(sockets: list[socket.socket], files: list[tuple[str, int]]) ->
 
 def serve(config: Config, app: Starlette, web: WebConfig | None,
           sockets: list[socket.socket]) -> None:
-    protocol = type("Protocol", (BoundedH11,), {
-        "allowed_sans": frozenset(web.client_allowed_sans) if web else frozenset(),
-        "max_connections": connection_limit(), "idle": {}})
+    # TLS is set up here, not by uvicorn: the protocol factory wraps each accepted
+    # connection itself, so the connection is counted before its handshake.
+    protocol = protocol_factory(
+        Slots(connection_limit()), tls_context(web) if web is not None and web.tls else None,
+        frozenset(web.client_allowed_sans) if web else frozenset())
     uv = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                         server_header=False, date_header=False, proxy_headers=False,
+                        # http: a protocol factory (uvicorn calls it like a class)
+                        http=protocol,  # type: ignore[arg-type]
                         # The asyncio loop, never uvloop: one more library in memory for
                         # a server that answers a scrape every few seconds.
-                        http=protocol, ws="none", loop="asyncio",
+                        ws="none", loop="asyncio",
                         # longer than Prometheus's usual 15 s scrape interval: it reuses
                         # the connection instead of opening a new one every scrape
-                        timeout_keep_alive=20,
-                        ssl_certfile=web.cert_file if web and web.tls else None,
-                        ssl_keyfile=web.key_file if web and web.tls else None,
-                        timeout_graceful_shutdown=2)
-    uv.load()
-    if web is not None and web.tls and uv.ssl is not None:
-        apply_tls(uv.ssl, web)
+                        timeout_keep_alive=20, timeout_graceful_shutdown=2,
+                        # asyncio accepts up to this many connections per wake-up before
+                        # any is counted (uvicorn's default is 2048): it bounds the file
+                        # descriptors a burst of connections holds at once
+                        backlog=BACKLOG)
     log.info("listening", addresses=list(config.listen_addresses), tls=bool(web and web.tls),
              basic_auth=bool(web and web.basic_auth_users), path=config.telemetry_path)
     # uvicorn re-raises the signal that stopped it once it is done; the default SIGINT

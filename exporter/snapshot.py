@@ -68,31 +68,61 @@ def snapshot_json(s: Snapshot, indent: int | None = None) -> bytes:
     return json.dumps(snapshot_dict(s), indent=indent, sort_keys=False).encode()
 
 
+def redact_url(address: str) -> str:
+    """``address`` with the password of any ``user:password@`` replaced by ``***``."""
+    scheme, sep, rest = address.rpartition("://")
+    userinfo, at, host = rest.partition("@")
+    if not at or ":" not in userinfo:
+        return address
+    return f"{scheme}{sep}{userinfo.partition(':')[0]}:***@{host}"
+
+
+def _snapshot_url(address: str) -> tuple[str, str | None, str | None]:
+    """(the /snapshot URL without credentials, user, password); ValueError when bad."""
+    import urllib.parse
+
+    url = address if "://" in address else f"http://{address}"
+    parts = urllib.parse.urlsplit(url)  # ValueError: "Invalid IPv6 URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http:// or https:// URL with a host")
+    port = parts.port  # ValueError: out of range or not a number
+    netloc = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    if port:
+        netloc += f":{port}"
+    path = parts.path.rstrip("/")
+    target = urllib.parse.urlunsplit((parts.scheme, netloc, f"{path}/snapshot", "", ""))
+    user = urllib.parse.unquote(parts.username) if parts.username is not None else None
+    return target, user, urllib.parse.unquote(parts.password or "")
+
+
 def fetch_snapshot(address: str, timeout: float = 10.0) -> bytes:
     """The running daemon's ``/snapshot`` (``gpu-exporter snapshot --from URL``).
 
     ``address`` is a base URL (``http://127.0.0.1:9445``, ``https://user:pw@host:9445``)
-    or a bare ``host:port``. Raises OSError (urllib's errors are OSErrors) on failure.
+    or a bare ``host:port``. Raises OSError (urllib's errors are OSErrors) on failure,
+    with a message that never holds the password.
     """
     import base64
-    import urllib.parse
+    import http.client
+    import urllib.error
     import urllib.request
 
-    url = address if "://" in address else f"http://{address}"
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.hostname or ""
-    if ":" in netloc:
-        netloc = f"[{netloc}]"
-    if parts.port:
-        netloc += f":{parts.port}"
-    path = parts.path.rstrip("/")
-    target = urllib.parse.urlunsplit((parts.scheme, netloc, f"{path}/snapshot", "", ""))
+    try:
+        target, user, password = _snapshot_url(address)
+    except ValueError as e:
+        raise OSError(f"bad URL: {e}") from None
     request = urllib.request.Request(target, headers={"Accept": "application/json"})
-    if parts.username is not None:
-        user = urllib.parse.unquote(parts.username)
-        password = urllib.parse.unquote(parts.password or "")
+    if user is not None:
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        body: bytes = response.read()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            body: bytes = response.read()
+    except urllib.error.HTTPError as e:
+        raise OSError(f"HTTP {e.code} {e.reason}") from None
+    except urllib.error.URLError as e:
+        raise OSError(str(e.reason)) from None
+    except (ValueError, http.client.HTTPException) as e:  # a reply that is not HTTP
+        raise OSError(f"bad reply: {e}") from None
     return body.rstrip(b"\n")
+

@@ -24,33 +24,27 @@ What Python's ssl cannot do is said once at start: HTTP/2 (uvicorn serves HTTP/1
 and several curve preferences (one curve can be set; with more, OpenSSL's defaults).
 Every problem with the file, its certificates or its hashes is one line at start.
 
-Basic auth and the rate limit are ASGI middlewares; the probes /-/healthy and
-/-/ready stay open so a kubelet or Docker health check needs no password.
+Response headers are limited to exporter-toolkit's security headers, as there.
+Inline PEM is loaded through memory and never written to a file that stays (the
+container healthcheck loads this file every 30 s). Basic auth and the rate limit are
+the ASGI middlewares of exporter.middleware.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import hashlib
-import hmac
+import contextlib
 import os
 import re
 import ssl
 import tempfile
-import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from exporter.config import ConfigError, load_yaml_mapping, parse_bool, parse_duration
+from exporter.middleware import OPEN_PATHS
 
 log = structlog.get_logger(__name__)
 
@@ -96,7 +90,18 @@ TLS_KEYS = {"cert", "key", "client_ca", "cert_file", "key_file", "client_auth_ty
 HTTP_KEYS = {"headers", "http2"}
 RATE_KEYS = {"interval", "burst"}
 TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"}
-OPEN_PATHS = frozenset({"/-/healthy", "/-/ready"})
+__all__ = ["OPEN_PATHS", "WebConfig", "load_web_config", "tls_context"]
+# The only headers http_server_config.headers may set, and the values allowed where
+# the header has a fixed set: exporter-toolkit's extraHTTPHeaders (web/handler.go in
+# prometheus/exporter-toolkit), names as written there.
+EXTRA_HEADERS: Mapping[str, tuple[str, ...]] = {
+    "Strict-Transport-Security": (),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": (),
+    "Content-Security-Policy": (),
+}
+CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a header value is one line of text
 BCRYPT_RE = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}\Z")
 
 
@@ -104,6 +109,8 @@ BCRYPT_RE = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}\Z
 class WebConfig:
     cert_file: str | None = None
     key_file: str | None = None
+    cert_pem: str | None = None  # inline (cert:), loaded from memory, never written out
+    key_pem: str | None = None  # inline (key:)
     client_ca_file: str | None = None
     client_ca: str | None = None  # inline PEM
     client_auth_type: str = "NoClientCert"
@@ -121,7 +128,7 @@ class WebConfig:
 
     @property
     def tls(self) -> bool:
-        return self.cert_file is not None
+        return self.cert_file is not None or self.cert_pem is not None
 
 
 def _section(data: Mapping[str, Any], name: str, allowed: set[str], key: str) -> dict[str, Any]:
@@ -142,17 +149,64 @@ def _strings(key: str, name: str, value: Any) -> list[str]:
     return list(value)
 
 
-def _inline_pem(cert: str, key: str) -> tuple[str, str]:
-    """Inline cert/key -> private files (Python's ssl loads a chain only from files)."""
+@contextlib.contextmanager
+def _pem_path(text: str) -> Iterator[str]:
+    """A path OpenSSL can load ``text`` from (Python's ssl loads a chain only from a
+    path), gone when the block ends: an anonymous memory file on Linux (no file system
+    needed, so a read-only root file system is fine), else a private temporary file."""
+    data = text.encode()
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        fd = os.memfd_create("gpu-exporter-pem", os.MFD_CLOEXEC)
+        try:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                f.write(data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
     directory = tempfile.mkdtemp(prefix="gpu-exporter-tls-")
-    paths = []
-    for name, text in (("tls.crt", cert), ("tls.key", key)):
-        path = os.path.join(directory, name)
+    path = os.path.join(directory, "pem")
+    try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        paths.append(path)
-    return paths[0], paths[1]
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.rmdir(directory)
+
+
+def tls_context(web: WebConfig) -> ssl.SSLContext:
+    """The server's SSLContext: certificate and key (from their files or inline), then
+    versions, ciphers and client authentication (apply_tls)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with contextlib.ExitStack() as stack:
+        cert = web.cert_file or stack.enter_context(_pem_path(web.cert_pem or ""))
+        key = web.key_file or stack.enter_context(_pem_path(web.key_pem or ""))
+        context.load_cert_chain(cert, key)
+    apply_tls(context, web)
+    return context
+
+
+def _headers(key: str, headers: Any) -> dict[str, str]:
+    if not isinstance(headers, dict):
+        raise ConfigError(key, "http_server_config.headers must be a mapping")
+    out = {}
+    for name, value in headers.items():
+        name, value = str(name), str(value)
+        allowed = EXTRA_HEADERS.get(name)
+        if allowed is None:
+            raise ConfigError(key, f"http_server_config.headers: {name!r} can not be "
+                                   f"configured (allowed: {', '.join(EXTRA_HEADERS)})")
+        if allowed and value not in allowed:
+            raise ConfigError(key, f"http_server_config.headers.{name}: one of "
+                                   f"{', '.join(allowed)}, got {value!r}")
+        if CONTROL_RE.search(value):
+            raise ConfigError(key, f"http_server_config.headers.{name}: control characters "
+                                   "(line breaks) are not allowed in a value")
+        out[name] = value
+    return out
 
 
 def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
@@ -183,13 +237,11 @@ def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
         if tls.get(inline) and tls.get(file_key):
             raise ConfigError(key, f"tls_server_config: {inline} and {file_key} are exclusive")
     cert, key_file, ca = file_of("cert_file"), file_of("key_file"), file_of("client_ca_file")
-    if tls.get("cert") or tls.get("key"):
-        if not (tls.get("cert") or cert) or not (tls.get("key") or key_file):
-            raise ConfigError(key, "tls_server_config needs a certificate and its key")
-        cert, key_file = _inline_pem(str(tls.get("cert") or open(str(cert)).read()),
-                                     str(tls.get("key") or open(str(key_file)).read()))
-    if (cert is None) != (key_file is None):
-        raise ConfigError(key, "tls_server_config needs both cert_file and key_file")
+    cert_pem = str(tls["cert"]) if tls.get("cert") else None
+    key_pem = str(tls["key"]) if tls.get("key") else None
+    if (cert is None and cert_pem is None) != (key_file is None and key_pem is None):
+        raise ConfigError(key, "tls_server_config needs a certificate and its key "
+                               "(cert_file or cert, key_file or key)")
     client_ca = str(tls["client_ca"]) if tls.get("client_ca") else None
     auth_type = str(tls.get("client_auth_type", "NoClientCert"))
     if auth_type not in CLIENT_AUTH:
@@ -232,9 +284,7 @@ def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
         if not BCRYPT_RE.match(str(hashed)):
             raise ConfigError(key, f"basic_auth_users.{user}: not a bcrypt hash")
         hashes[str(user)] = str(hashed).encode()
-    headers = http.get("headers") or {}
-    if not isinstance(headers, dict):
-        raise ConfigError(key, "http_server_config.headers must be a mapping")
+    headers = _headers(key, http.get("headers") or {})
     interval = 0.0
     burst = 0
     if rate:
@@ -247,27 +297,26 @@ def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
             raise ConfigError(key, "rate_limit.burst must be an integer") from None
         if interval and burst < 1:
             raise ConfigError(key, "rate_limit.burst must be at least 1")
-    web = WebConfig(cert_file=cert, key_file=key_file, client_ca_file=ca, client_ca=client_ca,
+    web = WebConfig(cert_file=cert, key_file=key_file, cert_pem=cert_pem, key_pem=key_pem,
+                    client_ca_file=ca, client_ca=client_ca,
                     client_auth_type=auth_type, client_allowed_sans=tuple(sans),
                     min_version=min_version, max_version=max_version, ciphers=ciphers,
                     prefer_server_ciphers=prefer,
                     curve=CURVES[curves[0]] if len(curves) == 1 else None,
-                    headers={str(k): str(v) for k, v in headers.items()},
+                    headers=headers,
                     basic_auth_users=hashes, rate_interval=interval, rate_burst=burst,
                     warnings=tuple(warnings))
     if web.tls:
         # Load it all once now, so a bad certificate, key or CA is one line at start.
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
-            context.load_cert_chain(str(web.cert_file), str(web.key_file))
-            apply_tls(context, web)
+            tls_context(web)
         except (ssl.SSLError, OSError, ValueError) as e:
             raise ConfigError(key, f"tls_server_config: {e}") from None
     return web
 
 
 def apply_tls(context: ssl.SSLContext, web: WebConfig) -> None:
-    """Tighten the SSLContext uvicorn built from cert/key: versions, ciphers, client auth."""
+    """Versions, ciphers and client authentication on a context holding the key."""
     context.minimum_version = TLS_VERSIONS[web.min_version]
     context.maximum_version = TLS_VERSIONS[web.max_version]
     context.verify_mode = CLIENT_AUTH[web.client_auth_type]
@@ -279,136 +328,3 @@ def apply_tls(context: ssl.SSLContext, web: WebConfig) -> None:
         context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     if web.curve:
         context.set_ecdh_curve(web.curve)
-
-
-class PasswordChecker:
-    """Basic-auth credentials checked against bcrypt hashes, never on the event loop.
-
-    bcrypt is slow on purpose (~100-250 ms). It runs on ``WORKERS`` threads of their own
-    at a lower scheduling priority (Linux: nice +10 per thread), so wrong passwords from
-    many clients queue there while the loop keeps the CPU it needs to answer probes.
-    Only successes are remembered (as a keyed SHA-256 digest, never in clear), so a
-    Prometheus scraping every few seconds pays bcrypt once; a guess always pays it.
-    An unknown user is checked against a configured hash too, so a known and an
-    unknown name take the same time. Passwords longer than bcrypt's 72 bytes never
-    match (as in Go's bcrypt, which exporter-toolkit uses).
-    """
-
-    WORKERS = 1
-    NICE = 10
-    CACHE_SIZE = 64
-
-    def __init__(self, users: Mapping[str, bytes]) -> None:
-        self.users = dict(users)
-        self._decoy = next(iter(self.users.values()))
-        self._verified: OrderedDict[bytes, None] = OrderedDict()
-        self._key = os.urandom(32)
-        self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="auth",
-                                        initializer=self._started)
-        self.on_thread: Callable[[threading.Thread], None] | None = None
-
-    def _started(self) -> None:
-        if self.on_thread is not None:
-            self.on_thread(threading.current_thread())
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.NICE)
-        except (AttributeError, OSError):  # not Linux, or not allowed: same priority
-            pass
-
-    def _bcrypt(self, password: bytes, hashed: bytes) -> bool:
-        import bcrypt  # only with basic auth configured
-
-        try:
-            return bool(bcrypt.checkpw(password, hashed))
-        except ValueError:  # longer than 72 bytes, or a hash bcrypt refuses
-            return False
-
-    async def check(self, header: bytes) -> bool:
-        scheme, _, encoded = header.partition(b" ")
-        if scheme.lower() != b"basic":
-            return False
-        try:
-            user, sep, password = base64.b64decode(encoded.strip(), validate=True).partition(b":")
-        except (binascii.Error, ValueError):
-            return False
-        if not sep:
-            return False
-        hashed = self.users.get(user.decode("utf-8", "replace"))
-        digest = hmac.new(self._key, user + b"\0" + password, hashlib.sha256).digest()
-        with self._lock:
-            if hashed is not None and digest in self._verified:
-                self._verified.move_to_end(digest)
-                return True
-        loop = asyncio.get_running_loop()
-        ok = await loop.run_in_executor(self._pool, self._bcrypt, password,
-                                        hashed if hashed is not None else self._decoy)
-        if not ok or hashed is None:
-            return False
-        with self._lock:
-            self._verified[digest] = None
-            while len(self._verified) > self.CACHE_SIZE:
-                self._verified.popitem(last=False)
-        return True
-
-
-async def _deny(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"), *headers]})
-    await send({"type": "http.response.body", "body": body})
-
-
-class BasicAuthMiddleware:
-    """401 unless the request carries a user/password that matches a bcrypt hash."""
-
-    def __init__(self, app: ASGIApp, checker: PasswordChecker) -> None:
-        self.app = app
-        self.passwords = checker
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        if header and await self.passwords.check(header):
-            await self.app(scope, receive, send)
-            return
-        await _deny(send, 401, b"Unauthorized\n",
-                    [(b"www-authenticate", b'Basic realm="gpu-exporter"')])
-
-
-class RateLimitMiddleware:
-    """``rate_limit``: a token bucket over every request but the probes; 429 when empty."""
-
-    def __init__(self, app: ASGIApp, interval: float, burst: int) -> None:
-        self.app = app
-        self.interval, self.burst = interval, burst
-        self._tokens = float(burst)
-        self._at = time.monotonic()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            now = time.monotonic()
-            self._tokens = min(self.burst, self._tokens + (now - self._at) / self.interval)
-            self._at = now
-            if self._tokens < 1:
-                await _deny(send, 429, b"Too Many Requests\n", [])
-                return
-            self._tokens -= 1
-        await self.app(scope, receive, send)
-
-
-class HeadersMiddleware:
-    """Adds ``http_server_config.headers`` to every response."""
-
-    def __init__(self, app: ASGIApp, headers: Mapping[str, str]) -> None:
-        self.app = app
-        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def send_with_headers(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)

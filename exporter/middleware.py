@@ -1,0 +1,218 @@
+"""The web config's ASGI middlewares: basic auth, the rate limit, the extra headers.
+
+The probes ``/-/healthy`` and ``/-/ready`` stay open so a kubelet or Docker health
+check needs no password. Wrong passwords are the cheap attack on basic auth (each
+costs the server a bcrypt), so password checks that are not already known good are
+rate-limited per client address and bounded in number while queued; a request that
+is refused that way is answered 429 after a second (a tarpit: the client's next
+guess waits, at no cost to the server). The auth middleware tells the
+connection layer (exporter.connections) which connections are still unproven.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from exporter.connections import AUTH_MARK
+
+OPEN_PATHS = frozenset({"/-/healthy", "/-/ready"})
+OK, FAILED, LIMITED = "ok", "failed", "limited"
+
+
+class TokenBucket:
+    """``burst`` tokens, one back every ``interval`` seconds."""
+
+    def __init__(self, interval: float, burst: int) -> None:
+        self.interval, self.burst = interval, burst
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) / self.interval)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+class PasswordChecker:
+    """Basic-auth credentials checked against bcrypt hashes, never on the event loop.
+
+    bcrypt is slow on purpose (~100-250 ms). It runs on ``WORKERS`` threads of their own
+    at a lower scheduling priority (Linux: nice +10 per thread), so wrong passwords
+    queue there while the loop keeps the CPU it needs to answer probes. Only successes
+    are remembered (as a keyed SHA-256 digest, never in clear), so a Prometheus
+    scraping every few seconds pays bcrypt once. A guess always pays it, so guesses
+    are limited: ``GUESS_BURST`` per client address, then one per ``GUESS_INTERVAL``
+    (remembered for the last ``ADDRESSES`` addresses), and at most ``MAX_QUEUED``
+    waiting for the workers. An unknown user is checked against a configured hash
+    too, so a known and an unknown name take the same time. Passwords longer than
+    bcrypt's 72 bytes never match (as in Go's bcrypt, which exporter-toolkit uses).
+    """
+
+    WORKERS = 1
+    NICE = 10
+    CACHE_SIZE = 64
+    GUESS_BURST = 10
+    GUESS_INTERVAL = 1.0
+    ADDRESSES = 1024
+    MAX_QUEUED = 32
+
+    def __init__(self, users: Mapping[str, bytes]) -> None:
+        self.users = dict(users)
+        self._decoy = next(iter(self.users.values()))
+        self._verified: OrderedDict[bytes, None] = OrderedDict()
+        self._guesses: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._queued = 0
+        self._key = os.urandom(32)
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="auth",
+                                        initializer=self._started)
+        self.on_thread: Callable[[threading.Thread], None] | None = None
+
+    def _started(self) -> None:
+        if self.on_thread is not None:
+            self.on_thread(threading.current_thread())
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.NICE)
+        except (AttributeError, OSError):  # not Linux, or not allowed: same priority
+            pass
+
+    def _bcrypt(self, password: bytes, hashed: bytes) -> bool:
+        import bcrypt  # only with basic auth configured
+
+        try:
+            return bool(bcrypt.checkpw(password, hashed))
+        except ValueError:  # longer than 72 bytes, or a hash bcrypt refuses
+            return False
+
+    def _may_guess(self, address: str) -> bool:
+        bucket = self._guesses.pop(address, None) or TokenBucket(self.GUESS_INTERVAL,
+                                                                 self.GUESS_BURST)
+        self._guesses[address] = bucket  # most recent last
+        while len(self._guesses) > self.ADDRESSES:
+            self._guesses.popitem(last=False)
+        return self._queued < self.MAX_QUEUED and bucket.take()
+
+    async def check(self, header: bytes, address: str = "",
+                    checking: Callable[[], None] | None = None) -> str:
+        """OK, FAILED, or LIMITED (not checked: too many guesses); ``checking`` is
+        called before a bcrypt check is queued."""
+        scheme, _, encoded = header.partition(b" ")
+        if scheme.lower() != b"basic":
+            return FAILED
+        try:
+            user, sep, password = base64.b64decode(encoded.strip(), validate=True).partition(b":")
+        except (binascii.Error, ValueError):
+            return FAILED
+        if not sep:
+            return FAILED
+        hashed = self.users.get(user.decode("utf-8", "replace"))
+        digest = hmac.new(self._key, user + b"\0" + password, hashlib.sha256).digest()
+        with self._lock:
+            if hashed is not None and digest in self._verified:
+                self._verified.move_to_end(digest)
+                return OK
+        if not self._may_guess(address):
+            return LIMITED
+        if checking is not None:
+            checking()
+        self._queued += 1
+        try:
+            ok = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._bcrypt, password,
+                hashed if hashed is not None else self._decoy)
+        finally:
+            self._queued -= 1
+        if not ok or hashed is None:
+            return FAILED
+        with self._lock:
+            self._verified[digest] = None
+            while len(self._verified) > self.CACHE_SIZE:
+                self._verified.popitem(last=False)
+        return OK
+
+
+async def _deny(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class BasicAuthMiddleware:
+    """401 unless the request carries a user/password that matches a bcrypt hash;
+    429 when the client has used up its password guesses."""
+
+    def __init__(self, app: ASGIApp, checker: PasswordChecker) -> None:
+        self.app = app
+        self.passwords = checker
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        mark: Callable[[str], None] = (scope.get("extensions") or {}).get(
+            AUTH_MARK, {}).get("report", lambda state: None)
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        client = scope.get("client")
+        address = str(client[0]) if client else ""
+        result = await self.passwords.check(header, address, lambda: mark("checking")) \
+            if header else FAILED
+        mark(result)
+        if result == OK:
+            await self.app(scope, receive, send)
+        elif result == LIMITED:
+            # Held back for a while first: a client re-sending guesses on keep-alive
+            # connections waits (costing nothing) instead of spinning the loop on 429s.
+            await asyncio.sleep(self.passwords.GUESS_INTERVAL)
+            await _deny(send, 429, b"Too Many Requests\n", [(b"retry-after", b"1")])
+        else:
+            await _deny(send, 401, b"Unauthorized\n",
+                        [(b"www-authenticate", b'Basic realm="gpu-exporter"')])
+
+
+class RateLimitMiddleware:
+    """``rate_limit``: a token bucket over every request but the probes; 429 when empty."""
+
+    def __init__(self, app: ASGIApp, interval: float, burst: int) -> None:
+        self.app = app
+        self.bucket = TokenBucket(interval, burst)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and \
+                not self.bucket.take():
+            await _deny(send, 429, b"Too Many Requests\n", [])
+            return
+        await self.app(scope, receive, send)
+
+
+class HeadersMiddleware:
+    """Adds ``http_server_config.headers`` to every response, 401 and 429 included
+    (it is the outermost middleware)."""
+
+    def __init__(self, app: ASGIApp, headers: Mapping[str, str]) -> None:
+        self.app = app
+        self.headers = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
