@@ -30,10 +30,12 @@ from exporter.config import (
     load_yaml_mapping,
     parse_bool,
     parse_choice,
+    parse_headers,
     parse_listen_address,
     parse_path,
     parse_positive_int,
     parse_telemetry_path,
+    parse_url,
 )
 
 HOUR = 3600.0
@@ -116,6 +118,23 @@ OPTIONS = (
     Option("macmon.path", "macmon_path", parse_path,
            "Apple Silicon: the macmon executable run as `macmon pipe` (default macmon on PATH)",
            "PATH"),
+    # OTLP push (exporter/otlp.py, docs/otlp.md): needs the otlp extra.
+    Option("otlp.endpoint", "otlp_endpoint", parse_url,
+           "push metrics over OTLP/HTTP to this URL too (a URL without a path gets "
+           "/v1/metrics); needs the otlp extra (default: no push)", "URL"),
+    Option("otlp.interval", "otlp_interval", bounded_duration(0.1, HOUR),
+           "seconds between OTLP pushes, 100ms to 1h (default 15s)", "DURATION"),
+    Option("otlp.timeout", "otlp_timeout", bounded_duration(0.1, HOUR),
+           "time one push may take, retries included (default: OTEL_EXPORTER_OTLP_TIMEOUT "
+           "or 10s)", "DURATION"),
+    Option("otlp.headers", "otlp_headers", parse_headers,
+           "HTTP headers of each push, name=value,... (default: OTEL_EXPORTER_OTLP_HEADERS)",
+           "HEADERS"),
+    Option("otlp.ca-file", "otlp_ca_file", parse_path,
+           "CA certificates that verify an https:// receiver (default: "
+           "OTEL_EXPORTER_OTLP_CERTIFICATE or the system's)", "FILE"),
+    Option("otlp.only", "otlp_only", parse_bool,
+           "push only: bind no port, serve no /metrics (default off)", switch=True),
 )
 COLLECTOR_HELP = {
     "nvidia": "NVIDIA GPUs through NVML",
@@ -253,6 +272,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         config = _load(args, environ)
     except ConfigError as e:
         return _fail(str(e))
+    if config.otlp_only and config.otlp_endpoint is None:
+        return _fail("--otlp.only: needs --otlp.endpoint")
+    if config.otlp_endpoint is not None and command == "run":
+        try:  # the otlp extra: fail now, in one line, not at the first push
+            import exporter.otlp  # noqa: F401
+        except ImportError as e:
+            return _fail(f"--otlp.endpoint needs the otlp extra: pip install "
+                         f"'gpu-exporter[otlp]' ({e})")
     if source is not None:
         from exporter.snapshot import fetch_snapshot
 
@@ -355,6 +382,16 @@ def run_daemon(config: Config, hub: Any) -> int:
 
     log = structlog.get_logger("exporter.cli")
     limit_malloc_arenas()
+    options = RenderOptions(
+        pod_labels=any(b.name == "kubernetes" for b in hub.backends),
+        device_pod_labels=config.kubernetes_device_labels, metric_names=config.metric_names)
+    pusher = None
+    if config.otlp_endpoint is not None:
+        from exporter.otlp import Pusher, run_push_only
+
+        pusher = Pusher(config, hub, options)
+        if config.otlp_only:
+            return run_push_only(hub, pusher)
     web = load_web_config(config.web_config_file) if config.web_config_file else None
     for warning in web.warnings if web else ():
         log.warning("web config", note=warning)
@@ -370,14 +407,16 @@ def run_daemon(config: Config, hub: Any) -> int:
         # closed) must not kill the daemon silently.
         signal.signal(signal.SIGHUP, lambda *_: log.info(
             "SIGHUP ignored", hint="configuration is read at start: restart to apply changes"))
-    options = RenderOptions(
-        pod_labels=any(b.name == "kubernetes" for b in hub.backends),
-        device_pod_labels=config.kubernetes_device_labels, metric_names=config.metric_names)
     # Render ahead only the snapshot that precedes a scrape: one collection interval.
     renderer = Renderer(lead=config.interval, options=options)
+    if pusher is not None:
+        renderer.otlp = pusher.status
+        pusher.start()
     try:
         serve(config, build_app(config, hub, renderer, web), web, sockets)
     finally:
+        if pusher is not None:
+            pusher.stop()
         close_sockets(sockets, files)
     return 0
 

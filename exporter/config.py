@@ -66,6 +66,13 @@ class Config:
     kubernetes_device_labels: bool = False
     kubernetes_interval: float = 5.0  # refresh of the pod / container maps
     macmon_path: str = "macmon"
+    # OTLP push (docs/otlp.md); None leaves a setting to the SDK's OTEL_EXPORTER_OTLP_* env.
+    otlp_endpoint: str | None = None
+    otlp_interval: float = 15.0
+    otlp_timeout: float | None = None
+    otlp_headers: tuple[tuple[str, str], ...] | None = None
+    otlp_ca_file: str | None = None
+    otlp_only: bool = False
 
     @property
     def stale_after_seconds(self) -> float:
@@ -197,6 +204,26 @@ def parse_telemetry_path(key: str, value: object) -> str:
     if not text.startswith("/") or text in ("/", "/-/healthy", "/-/ready", "/snapshot"):
         raise ConfigError(key, f"must be a path starting with / and not a built-in one: {value!r}")
     return text
+
+
+def parse_url(key: str, value: object) -> str:
+    text = str(value).strip()
+    if not re.match(r"https?://[^/\s]+", text):
+        raise ConfigError(key, f"must be an http:// or https:// URL, got {value!r}")
+    return text
+
+
+def parse_headers(key: str, value: object) -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2`` (OTEL_EXPORTER_OTLP_HEADERS' form) or a mapping in the config file."""
+    items = value.items() if isinstance(value, Mapping) else \
+        (item.partition("=")[::2] for item in str(value).split(",") if item.strip())
+    headers = []
+    for name, v in items:
+        if not str(name).strip() or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+",
+                                                     str(name).strip()):
+            raise ConfigError(key, f"not name=value pairs separated by commas: {value!r}")
+        headers.append((str(name).strip(), str(v).strip()))
+    return tuple(headers)
 
 
 def load_yaml_mapping(key: str, path: str) -> dict[str, Any]:

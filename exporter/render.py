@@ -271,10 +271,19 @@ def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
 
 
 def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,
-                      threads: Mapping[str, Sequence[threading.Thread]] | None = None
-                      ) -> Iterator[Metric]:
+                      threads: Mapping[str, Sequence[threading.Thread]] | None = None,
+                      otlp: Mapping[str, int] | None = None) -> Iterator[Metric]:
+    """``otlp``: the OTLP pusher's export counts by result, with --otlp.endpoint only."""
     yield from device_families(s, opts or RenderOptions())
     yield from _exporter_families(s, threads or {})
+    if otlp is not None:
+        exports = CounterMetricFamily("gpu_exporter_otlp_exports_total",
+                                      "OTLP pushes by result: sent, failed (after the "
+                                      "exporter's retries), dropped (a push still in flight "
+                                      "when the next was due).", labels=["result"])
+        for result, n in otlp.items():
+            exports.add_metric([result], n)
+        yield exports
 
 
 def thread_cpu_seconds(thread: threading.Thread) -> float | None:
@@ -344,6 +353,7 @@ class _SnapshotCollector:
     def __init__(self, options: RenderOptions,
                  threads: Mapping[str, Sequence[threading.Thread]]) -> None:
         self.snapshot: Snapshot | None = None
+        self.otlp: Callable[[], Mapping[str, Any]] | None = None  # the OTLP pusher's status
         self.options = options
         self.threads = threads
 
@@ -354,7 +364,9 @@ class _SnapshotCollector:
         s = self.snapshot
         if s is not None:
             threads = {**{name: (t,) for name, t in s.threads.items()}, **self.threads}
-            yield from snapshot_families(s, self.options, threads)
+            status = self.otlp() if self.otlp is not None else None
+            yield from snapshot_families(s, self.options, threads,
+                                         None if status is None else status["exports"])
 
 
 VARIANTS = ("text", "text+gzip", "openmetrics", "openmetrics+gzip")
@@ -486,6 +498,15 @@ class Renderer:
         self._render_lock = threading.Lock()
         self.current: Exposition | None = None
         self.coalesce = 0.02  # let backends that tick together land in one render
+
+    @property
+    def otlp(self) -> Callable[[], Mapping[str, Any]] | None:
+        """The OTLP pusher's status (exporter/otlp.py), with --otlp.endpoint only."""
+        return self._collector.otlp
+
+    @otlp.setter
+    def otlp(self, status: Callable[[], Mapping[str, Any]] | None) -> None:
+        self._collector.otlp = status
 
     def _render_bytes(self, snapshot: Snapshot, openmetrics: bool) -> bytes:
         with self._render_lock:  # the registry's collector holds one snapshot at a time
