@@ -216,11 +216,11 @@ def parse_url(key: str, value: object) -> str:
 def parse_headers(key: str, value: object) -> tuple[tuple[str, str], ...]:
     """``k=v,k2=v2`` (OTEL_EXPORTER_OTLP_HEADERS' form) or a mapping in the config file."""
     items = value.items() if isinstance(value, Mapping) else \
-        (item.partition("=")[::2] for item in str(value).split(",") if item.strip())
+        (item.partition("=")[::2] if "=" in item else ("", "")
+         for item in str(value).split(",") if item.strip())
     headers = []
     for name, v in items:
-        if not str(name).strip() or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+",
-                                                     str(name).strip()):
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", str(name).strip()):
             raise ConfigError(key, f"not name=value pairs separated by commas: {value!r}")
         headers.append((str(name).strip(), str(v).strip()))
     return tuple(headers)
