@@ -40,6 +40,10 @@ EXPORTER = (
      "has no per-thread CPU clock."),
     ("gpu_exporter_child_restarts_total", "counter", "backend",
      "Child processes a backend restarted (the Apple backend's macmon)."),
+    ("gpu_exporter_otlp_exports_total", "counter", "result",
+     "With --otlp.endpoint only: OTLP pushes `sent`, `failed` (after the exporter's "
+     "retries) and `dropped` (due while the previous push was still in flight); "
+     "see [otlp.md](otlp.md)."),
 )
 
 

@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
+import requests
 import structlog
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.sdk.metrics.export import (
@@ -83,6 +84,17 @@ def resource(environ: Mapping[str, str]) -> Resource:
     if environ.get("NODE_NAME"):
         ours["k8s.node.name"] = environ["NODE_NAME"]
     return Resource.create(ours, schema_url=SCHEMA_URL).merge(OTELResourceDetector().detect())
+
+
+class _CaFileSession(requests.Session):  # type: ignore[misc,unused-ignore]
+    """A session whose CA file (--otlp.ca-file) wins over REQUESTS_CA_BUNDLE and
+    CURL_CA_BUNDLE: plain requests lets those variables replace a session's ``verify``
+    (psf/requests#3829, #4650), and many images set them, so the flag was ignored."""
+
+    def merge_environment_settings(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        settings: dict[str, Any] = super().merge_environment_settings(*args, **kwargs)
+        settings["verify"] = self.verify
+        return settings
 
 
 # -- families -> OTLP metrics ----------------------------------------------------------------
@@ -168,10 +180,19 @@ class _LastError(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.message = ""
+        self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.message = record.getMessage()
+        if len(self.messages) < 8:  # one push's retries, at most
+            self.messages.append(record.getMessage())
+
+    def take(self) -> str:
+        """This push's error: the last message, and the first (the cause: the last one
+        of a push that ran out of retries only says so)."""
+        messages, self.messages = self.messages, []
+        if len(messages) > 1 and messages[0] != messages[-1]:
+            return f"{messages[-1]} (first: {messages[0]})"
+        return messages[-1] if messages else ""
 
 
 class Pusher:
@@ -188,7 +209,8 @@ class Pusher:
         self.exporter = OTLPMetricExporter(
             endpoint=self.endpoint, certificate_file=config.otlp_ca_file,
             headers=dict(config.otlp_headers) if config.otlp_headers else None,
-            timeout=config.otlp_timeout)
+            timeout=config.otlp_timeout,
+            session=_CaFileSession() if config.otlp_ca_file else None)
         self._errors = _LastError()
         sdk_log = logging.getLogger("opentelemetry")
         sdk_log.addHandler(self._errors)
@@ -224,11 +246,12 @@ class Pusher:
             self.resource, [ScopeMetrics(self.scope, metrics, SCHEMA_URL)], SCHEMA_URL)])
 
     def push_once(self) -> bool:
-        self._errors.message = ""
+        self._errors.take()
         try:
             result = self.exporter.export(self.build(self.hub.snapshot))
         except Exception as e:  # noqa: BLE001 - never kill the thread; counted and shown
-            result, self._errors.message = MetricExportResult.FAILURE, repr(e)
+            result = MetricExportResult.FAILURE
+            self._errors.emit(logging.makeLogRecord({"msg": repr(e)}))
         ok = result is MetricExportResult.SUCCESS
         self.counts["sent" if ok else "failed"] += 1
         if ok:
@@ -237,7 +260,7 @@ class Pusher:
                 log.info("otlp export recovered", endpoint=self.endpoint)
             self.last_error = ""
         else:
-            error = self._errors.message or "export failed"
+            error = self._errors.take() or "export failed"
             if not self.last_error:
                 log.warning("otlp export failing", endpoint=self.endpoint, error=error,
                             hint="retried every --otlp.interval; counted in "
