@@ -411,6 +411,7 @@ def run_daemon(config: Config, hub: Any) -> int:
     renderer = Renderer(lead=config.interval, options=options)
     if pusher is not None:
         renderer.otlp = pusher.status
+        renderer.cpu_threads["otlp"] = [pusher.thread]
         pusher.start()
     try:
         serve(config, build_app(config, hub, renderer, web), web, sockets)

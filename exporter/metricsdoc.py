@@ -36,8 +36,8 @@ EXPORTER = (
      "Per-process series cut by --max-processes-per-gpu."),
     ("gpu_exporter_backend_cpu_seconds_total", "counter", "backend",
      "CPU time of each backend's collector thread, and of `renderer` (renders, /snapshot) "
-     "and `server` (the HTTP event loop, password checks). Linux; absent where the platform "
-     "has no per-thread CPU clock."),
+     "and `server` (the HTTP event loop, password checks), and `otlp` (the push thread, "
+     "with --otlp.endpoint). Linux; absent where the platform has no per-thread CPU clock."),
     ("gpu_exporter_child_restarts_total", "counter", "backend",
      "Child processes a backend restarted (the Apple backend's macmon)."),
     ("gpu_exporter_otlp_exports_total", "counter", "result",

@@ -316,8 +316,12 @@ def test_a_receiver_that_is_down_costs_only_a_counter(tmp_path: Path) -> None:
                   "--otlp.interval", "200ms", "--otlp.timeout", "300ms"], tmp_path) as daemon:
         _wait_for(lambda: _exports(daemon).get("failed", 0) >= 2)
         snapshot = json.loads(daemon.get("/snapshot").text)
-        assert daemon.get().status_code == 200
+        scrape = daemon.get()
+        assert scrape.status_code == 200
         log = daemon.log()
+    # The push thread's CPU time is reported beside the collectors' and the renderer's.
+    assert any(n == "gpu_exporter_backend_cpu_seconds_total" and ("backend", "otlp") in labels
+               for n, labels in parse_samples(scrape.text))
     assert snapshot["otlp"]["last_error"]
     assert log.count("otlp export failing") == 1
 
