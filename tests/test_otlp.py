@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from tests.daemon import FIXTURES, machine_args, parse_samples, running
+from tests.test_otlp_names import need
 
-pb = pytest.importorskip("opentelemetry.proto.collector.metrics.v1.metrics_service_pb2")
-pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+pb = need("opentelemetry.proto.collector.metrics.v1.metrics_service_pb2")
+need("opentelemetry.exporter.otlp.proto.http")
 
 pytestmark = pytest.mark.slow
 MACHINE = "amd-rdna3-rx7800xt"  # a tests/test_golden.py machine: sysfs, hwmon and fdinfo
