@@ -214,15 +214,13 @@ def parse_url(key: str, value: object) -> str:
 
 
 def parse_headers(key: str, value: object) -> tuple[tuple[str, str], ...]:
-    """``k=v,k2=v2`` (OTEL_EXPORTER_OTLP_HEADERS' form) or a mapping in the config file."""
-    items = value.items() if isinstance(value, Mapping) else \
-        (item.partition("=")[::2] if "=" in item else ("", "")
-         for item in str(value).split(",") if item.strip())
+    """``k=v,k2=v2``, the form of OTEL_EXPORTER_OTLP_HEADERS; names are HTTP tokens."""
     headers = []
-    for name, v in items:
-        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", str(name).strip()):
+    for item in str(value).split(","):
+        name, sep, v = item.partition("=")
+        if not sep or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name.strip()):
             raise ConfigError(key, f"not name=value pairs separated by commas: {value!r}")
-        headers.append((str(name).strip(), str(v).strip()))
+        headers.append((name.strip(), v.strip()))
     return tuple(headers)
 
 

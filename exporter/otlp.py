@@ -196,6 +196,8 @@ class _LastError(logging.Handler):
 
 
 class Pusher:
+    """The push thread: every ``--otlp.interval``, the Hub's latest snapshot to the receiver."""
+
     def __init__(self, config: Config, hub: Hub, options: RenderOptions,
                  environ: Mapping[str, str] | None = None) -> None:
         assert config.otlp_endpoint is not None

@@ -93,3 +93,21 @@ def test_histogram_buckets_become_per_bucket_counts() -> None:
     assert list(point.bucket_counts) == [2, 3, 1]
     assert point.count == 6 and point.sum == 0.4
     assert point.attributes == {"gpu_exporter.backend": "nvml"}
+
+
+def test_resource_attributes_and_the_standard_variables_over_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    need("opentelemetry.sdk")
+    from exporter.otlp import metrics_endpoint, resource
+
+    plain = resource({"NODE_NAME": "node-3"}).attributes
+    assert plain["service.name"] == "gpu-exporter" and plain["k8s.node.name"] == "node-3"
+    assert "k8s.node.name" not in resource({}).attributes
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "gpu-telemetry")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "host.name=edge-1")
+    overridden = resource({}).attributes
+    assert overridden["service.name"] == "gpu-telemetry"
+    assert overridden["host.name"] == "edge-1"
+    assert metrics_endpoint("http://c:4318") == "http://c:4318/v1/metrics"
+    assert metrics_endpoint("http://c:4318/") == "http://c:4318/v1/metrics"
+    assert metrics_endpoint("https://c/otlp/v1/metrics") == "https://c/otlp/v1/metrics"
