@@ -289,6 +289,8 @@ def run_push_only(hub: Hub, pusher: Pusher) -> int:
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    if hasattr(signal, "SIGHUP"):  # as with a server: the configuration is read at start
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     hub.start()
     pusher.start()
     log.info("pushing over otlp only; no port is bound", endpoint=pusher.endpoint)

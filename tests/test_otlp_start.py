@@ -116,6 +116,9 @@ def test_otlp_only_pushes_and_binds_no_port(tmp_path: Path) -> None:
              "json"], cwd=REPO, env=daemon_env(None), stdout=log, stderr=subprocess.STDOUT)
         try:
             receiver.wait(2)
+            proc.send_signal(signal.SIGHUP)  # ignored, as by the server
+            receiver.wait(len(receiver.requests) + 1)
+            assert proc.poll() is None
             sockets = set()
             for fd in Path(f"/proc/{proc.pid}/fd").iterdir():
                 target = os.readlink(fd) if fd.is_symlink() else ""
