@@ -35,12 +35,14 @@ from exporter.config import (
     load_yaml_mapping,
     parse_bool,
     parse_choice,
+    parse_headers,
     parse_listen_address,
     parse_path,
     parse_paths,
     parse_positive_int,
     parse_regex,
     parse_telemetry_path,
+    parse_url,
 )
 
 HOUR = 3600.0
@@ -135,6 +137,23 @@ OPTIONS = (
     Option("macmon.path", "macmon_path", parse_path,
            "Apple Silicon: the macmon executable run as `macmon pipe` (default macmon on PATH)",
            "PATH"),
+    # OTLP push (exporter/otlp.py, docs/otlp.md): needs the otlp extra.
+    Option("otlp.endpoint", "otlp_endpoint", parse_url,
+           "push metrics over OTLP/HTTP to this URL too (a URL without a path gets "
+           "/v1/metrics); needs the otlp extra (default: no push)", "URL"),
+    Option("otlp.interval", "otlp_interval", bounded_duration(0.1, HOUR),
+           "seconds between OTLP pushes, 100ms to 1h (default 15s)", "DURATION"),
+    Option("otlp.timeout", "otlp_timeout", bounded_duration(0.1, HOUR),
+           "time one push may take, retries included (default: OTEL_EXPORTER_OTLP_TIMEOUT "
+           "or 10s)", "DURATION"),
+    Option("otlp.headers", "otlp_headers", parse_headers,
+           "HTTP headers of each push, name=value,... (default: OTEL_EXPORTER_OTLP_HEADERS)",
+           "HEADERS"),
+    Option("otlp.ca-file", "otlp_ca_file", parse_path,
+           "CA certificates that verify an https:// receiver (default: "
+           "OTEL_EXPORTER_OTLP_CERTIFICATE or the system's)", "FILE"),
+    Option("otlp.only", "otlp_only", parse_bool,
+           "push only: bind no port, serve no /metrics (default off)", switch=True),
 )
 KEYS = {o.key: o for o in OPTIONS}
 # Every collector switch key (old names included) -> the collector it switches.
@@ -288,6 +307,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         config = _load(args, environ)
     except ConfigError as e:
         return _fail(str(e))
+    if config.otlp_only and config.otlp_endpoint is None:
+        return _fail("--otlp.only: needs --otlp.endpoint")
+    if config.otlp_endpoint is not None and command == "run":
+        try:  # the otlp extra: fail now, in one line, not at the first push
+            import exporter.otlp  # noqa: F401
+        except ImportError as e:
+            return _fail(f"--otlp.endpoint needs the otlp extra: pip install "
+                         f"'gpu-exporter[otlp]' ({e})")
     if source is not None:
         from exporter.snapshot import fetch_snapshot, redact_url
 
@@ -334,6 +361,7 @@ class Daemon:
         self.backends = build_backends(config, self.shared)
         self.hub = Hub(config, self.backends)
         self.renderer: Any = None
+        self.pusher: Any = None  # the OTLP push thread, with --otlp.endpoint
 
     def check(self) -> str | None:
         """Why a collector switched on cannot run (exit 2), or None."""
@@ -346,18 +374,33 @@ class Daemon:
         thread of their own, so the server answers (not ready) meanwhile."""
         import threading
 
-        from exporter.render import Renderer, RenderOptions
+        from exporter.render import Renderer
 
         config = self.config
-        options = RenderOptions(
-            pod_labels=any(b.name == "kubernetes" for b in self.backends),
-            device_pod_labels=config.kubernetes_device_labels, metric_names=config.metric_names)
+        options = self.render_options()
         # Render ahead only the snapshot that precedes a scrape: one collection interval.
         self.renderer = Renderer(lead=config.interval, options=options)
         self.hub.listener = self.renderer.submit
+        if config.otlp_endpoint is not None:
+            from exporter.otlp import Pusher
+
+            self.pusher = Pusher(config, self.hub, options)
+            self.renderer.otlp = self.pusher.status
+            self.renderer.cpu_threads["otlp"] = [self.pusher.thread]
+            self.pusher.start()
         threading.Thread(target=self.hub.start, name="collector-start", daemon=True).start()
 
+    def render_options(self) -> Any:
+        from exporter.render import RenderOptions
+
+        return RenderOptions(
+            pod_labels=any(b.name == "kubernetes" for b in self.backends),
+            device_pod_labels=self.config.kubernetes_device_labels,
+            metric_names=self.config.metric_names)
+
     def stop(self, timeout: float = 2.0) -> None:
+        if self.pusher is not None:
+            self.pusher.stop()
         if self.renderer is not None:
             self.renderer.stop()
         self.hub.stop(timeout=timeout)
@@ -374,6 +417,14 @@ class Daemon:
         config = self.config
         log = structlog.get_logger("exporter.cli")
         limit_malloc_arenas()
+        if config.otlp_only:  # push, with no listening socket (exporter.otlp)
+            from exporter.otlp import Pusher, run_push_only
+
+            self.pusher = Pusher(config, self.hub, self.render_options())
+            try:
+                return run_push_only(self.hub, self.pusher)
+            finally:
+                self.shared.stop()
         web = load_web_config(config.web_config_file) if config.web_config_file else None
         for warning in web.warnings if web else ():
             log.warning("web config", note=warning)

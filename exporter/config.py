@@ -60,6 +60,14 @@ class Config:
     macmon_path: str = "macmon"
     health_xid_window: float = 3600.0  # seconds an XID counts towards the health verdict
 
+    # OTLP push (docs/otlp.md); None leaves a setting to the SDK's OTEL_EXPORTER_OTLP_* env.
+    otlp_endpoint: str | None = None
+    otlp_interval: float = 15.0
+    otlp_timeout: float | None = None
+    otlp_headers: tuple[tuple[str, str], ...] | None = None
+    otlp_ca_file: str | None = None
+    otlp_only: bool = False
+
     @property
     def stale_after_seconds(self) -> float:
         return self.stale_after if self.stale_after is not None else 3 * self.interval
@@ -268,6 +276,24 @@ def _bounded_loader() -> type:
             return node
 
     return BoundedLoader
+
+
+def parse_url(key: str, value: object) -> str:
+    text = str(value).strip()
+    if not re.match(r"https?://[^/\s]+", text):
+        raise ConfigError(key, f"must be an http:// or https:// URL, got {value!r}")
+    return text
+
+
+def parse_headers(key: str, value: object) -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2``, the form of OTEL_EXPORTER_OTLP_HEADERS; names are HTTP tokens."""
+    headers = []
+    for item in str(value).split(","):
+        name, sep, v = item.partition("=")
+        if not sep or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name.strip()):
+            raise ConfigError(key, f"not name=value pairs separated by commas: {value!r}")
+        headers.append((name.strip(), v.strip()))
+    return tuple(headers)
 
 
 def load_yaml_mapping(key: str, path: str) -> dict[str, Any]:

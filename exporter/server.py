@@ -105,8 +105,9 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
 
     async def snapshot(request: Request) -> Response:
         current = hub.snapshot
+        otlp = renderer.otlp() if renderer.otlp is not None else None
         body = await asyncio.wrap_future(
-            renderer.worker.call(lambda: snapshot_json(current, indent=2)))
+            renderer.worker.call(lambda: snapshot_json(current, indent=2, otlp=otlp)))
         return Response(body, media_type="application/json")
 
     async def landing(request: Request) -> Response:
@@ -119,6 +120,11 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
             f"{len(s.last.devices) if s.last else 0}</td></tr>"
             for s in hub.snapshot.backends)
         path = html.escape(config.telemetry_path)
+        if renderer.otlp is not None:
+            otlp = renderer.otlp()
+            rows += (f"<tr><td>otlp push</td><td>{'failing' if otlp['last_error'] else 'ok'}"
+                     f"</td><td>{html.escape(otlp['last_error'] or otlp['endpoint'])}</td>"
+                     "<td></td></tr>")
         return HTMLResponse(
             "<!doctype html><html><head><title>gpu-exporter</title></head><body>"
             f"<h1>gpu-exporter {html.escape(__version__)}</h1>"

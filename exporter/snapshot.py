@@ -32,7 +32,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def snapshot_dict(s: Snapshot) -> dict[str, Any]:
+def snapshot_dict(s: Snapshot, otlp: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``otlp``: the OTLP pusher's status (endpoint, exports, last error), when it runs."""
     backends = []
     for state in s.backends:
         entry: dict[str, Any] = {
@@ -59,13 +60,17 @@ def snapshot_dict(s: Snapshot) -> dict[str, Any]:
         if (verdict := verdicts.get(id(d))) is not None:
             one["health"] = verdict.as_dict()
         merged.append(one)
-    return {"version": __version__, "generation": s.generation, "created": s.created,
-            "ready": s.ready, "processes_truncated_total": s.processes_truncated_total,
-            "backends": backends, "devices": merged}
+    out = {"version": __version__, "generation": s.generation, "created": s.created,
+           "ready": s.ready, "processes_truncated_total": s.processes_truncated_total,
+           "backends": backends, "devices": merged}
+    if otlp is not None:
+        out["otlp"] = dict(otlp)
+    return out
 
 
-def snapshot_json(s: Snapshot, indent: int | None = None) -> bytes:
-    return json.dumps(snapshot_dict(s), indent=indent, sort_keys=False).encode()
+def snapshot_json(s: Snapshot, indent: int | None = None,
+                  otlp: Mapping[str, Any] | None = None) -> bytes:
+    return json.dumps(snapshot_dict(s, otlp), indent=indent, sort_keys=False).encode()
 
 
 def redact_url(address: str) -> str:

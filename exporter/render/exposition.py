@@ -38,17 +38,19 @@ ESCAPING = "allow-utf-8"  # prometheus_client's ALLOWUTF8
 
 
 def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,
-                      threads: Mapping[str, Sequence[threading.Thread]] | None = None
-                      ) -> Iterator[Metric]:
+                      threads: Mapping[str, Sequence[threading.Thread]] | None = None,
+                      otlp: Mapping[str, int] | None = None) -> Iterator[Metric]:
+    """Every family of a snapshot; ``otlp``: the OTLP pusher's counts (--otlp.endpoint)."""
     yield from device_families(s, opts or RenderOptions())
     yield from join_families(s)
-    yield from exporter_families(s, threads or {})
+    yield from exporter_families(s, threads or {}, otlp)
 
 
 class _SnapshotCollector:
     def __init__(self, options: RenderOptions,
                  threads: Mapping[str, Sequence[threading.Thread]]) -> None:
         self.snapshot: Snapshot | None = None
+        self.otlp: Callable[[], Mapping[str, Any]] | None = None  # the OTLP pusher's status
         self.options = options
         self.threads = threads
 
@@ -59,7 +61,9 @@ class _SnapshotCollector:
         s = self.snapshot
         if s is not None:
             threads = {**{name: (t,) for name, t in s.threads.items()}, **self.threads}
-            yield from snapshot_families(s, self.options, threads)
+            status = self.otlp() if self.otlp is not None else None
+            yield from snapshot_families(s, self.options, threads,
+                                         None if status is None else status["exports"])
 
 
 VARIANTS = ("text", "text+gzip", "openmetrics", "openmetrics+gzip")
@@ -191,6 +195,15 @@ class Renderer:
         self._render_lock = threading.Lock()
         self.current: Exposition | None = None
         self.coalesce = 0.02  # let backends that tick together land in one render
+
+    @property
+    def otlp(self) -> Callable[[], Mapping[str, Any]] | None:
+        """The OTLP pusher's status (exporter/otlp.py), with --otlp.endpoint only."""
+        return self._collector.otlp
+
+    @otlp.setter
+    def otlp(self, status: Callable[[], Mapping[str, Any]] | None) -> None:
+        self._collector.otlp = status
 
     def _render_bytes(self, snapshot: Snapshot, openmetrics: bool) -> bytes:
         with self._render_lock:  # the registry's collector holds one snapshot at a time

@@ -48,9 +48,14 @@ CPU = MetricSpec(
     "CPU time of each backend's collector thread, and of the renderer and the HTTP server.",
     Kind.COUNTER, "seconds", labels=("backend",),
     note="`renderer` runs renders and /snapshot, `server` the HTTP event loop and password "
-    "checks. Linux; absent where the platform has no per-thread CPU clock.")
+    "checks, `otlp` the push thread (with --otlp.endpoint). Linux; absent where the platform "
+    "has no per-thread CPU clock.")
+OTLP = MetricSpec("gpu_exporter_otlp_exports_total",
+                  "OTLP pushes by result: sent, failed (after the exporter's retries), dropped "
+                  "(a push still in flight when the next was due).", Kind.COUNTER,
+                  labels=("result",), note="With --otlp.endpoint only; see [otlp.md](otlp.md).")
 # In the order served.
-EXPORTER = (BUILD, UP, BACKEND_UP, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED, CPU)
+EXPORTER = (BUILD, UP, BACKEND_UP, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED, CPU, OTLP)
 
 
 def _labels(spec: MetricSpec, value: float | None) -> list[str] | None:
@@ -82,8 +87,9 @@ def thread_cpu_seconds(thread: threading.Thread) -> float | None:
         return None
 
 
-def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thread]]
-                      ) -> Iterator[Metric]:
+def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thread]],
+                      otlp: Mapping[str, int] | None = None) -> Iterator[Metric]:
+    """``otlp``: the OTLP pusher's export counts by result, with --otlp.endpoint only."""
     build = _gauge(BUILD)
     build.add_metric([__version__, platform.python_version()], 1)
     yield build
@@ -115,3 +121,8 @@ def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thre
             cpu.add_metric([name], sum(used))
     if cpu.samples:
         yield cpu
+    if otlp is not None:
+        exports = _counter(OTLP)
+        for result, n in otlp.items():
+            exports.add_metric([result], n)
+        yield exports
