@@ -111,6 +111,19 @@ OPTIONS = (
            "json, console or auto: console on a terminal (default auto)", "FORMAT"),
     Option("metric-names", "metric_names", lambda k, v: parse_choice(k, v, METRIC_NAMES),
            "gpu (default), dcgm (dcgm-exporter's DCGM_FI_* names) or both", "SCHEME"),
+    # The landing page and metric selection (exporter.history, exporter.selection).
+    Option("web.history", "web_history", bounded_duration(1.0, DAY),
+           "how far back the landing page's charts go, kept in memory: one sample per "
+           "collector.interval per GPU, 1s to 24h (default 15m)", "DURATION"),
+    Option("collector.metrics.include", "metrics_include", parse_regex,
+           "serve only the metric families whose whole name matches this regex "
+           "(default all)", "REGEX"),
+    Option("collector.metrics.exclude", "metrics_exclude", parse_regex,
+           "do not serve the metric families whose whole name matches this regex "
+           "(default none)", "REGEX"),
+    Option("dcgm.counters", "dcgm_counters", parse_path,
+           "with --metric-names dcgm or both: serve only the DCGM_FI_* fields this "
+           "dcgm-exporter counters CSV names (default all we can fill)", "FILE"),
     Option("kubernetes.pod-resources-socket", "kubernetes_pod_resources_socket", parse_path,
            "kubelet pod-resources API socket, for device -> pod "
            "(default /var/lib/kubelet/pod-resources/kubelet.sock)", "PATH"),
@@ -327,7 +340,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from exporter import logs
 
     logs.configure(config.log_level, config.log_format)
-    daemon = Daemon(config)
+    from exporter.render.selection import load_selection
+
+    try:
+        selection = load_selection(config.metrics_include, config.metrics_exclude,
+                                   config.metric_names, config.dcgm_counters)
+    except (OSError, ValueError) as e:
+        return _fail(f"--dcgm.counters: {e}" if isinstance(e, OSError) else str(e))
+    daemon = Daemon(config, selection)
     missing = daemon.check()
     if missing:
         daemon.stop(timeout=0)
@@ -352,11 +372,16 @@ class Daemon:
     udev listener, in that order, and may be called more than once.
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, selection: Any = None) -> None:
         from exporter.backends import build_backends
         from exporter.collector import Hub
+        from exporter.history import History
+        from exporter.render.selection import Selection
 
         self.config = config
+        self.selection = selection or Selection(config.metrics_include, config.metrics_exclude)
+        # The landing page's charts, fed by every published snapshot (exporter.history).
+        self.history = History(config.web_history, config.interval)
         self.shared = Shared(config)
         self.backends = build_backends(config, self.shared)
         self.hub = Hub(config, self.backends)
@@ -380,7 +405,9 @@ class Daemon:
         options = self.render_options()
         # Render ahead only the snapshot that precedes a scrape: one collection interval.
         self.renderer = Renderer(lead=config.interval, options=options)
-        self.hub.listener = self.renderer.submit
+        from exporter.history import fan_out
+
+        self.hub.listener = fan_out(self.renderer.submit, self.history.add)
         if config.otlp_endpoint is not None:
             from exporter.otlp import Pusher
 
@@ -396,7 +423,7 @@ class Daemon:
         return RenderOptions(
             pod_labels=any(b.name == "kubernetes" for b in self.backends),
             device_pod_labels=self.config.kubernetes_device_labels,
-            metric_names=self.config.metric_names)
+            metric_names=self.config.metric_names, selection=self.selection)
 
     def stop(self, timeout: float = 2.0) -> None:
         if self.pusher is not None:
@@ -444,7 +471,8 @@ class Daemon:
         self.start()
         try:
             serve(config, build_app(config, self.hub, self.renderer, web,
-                                    start_collection=False), web, sockets)
+                                    start_collection=False, history=self.history),
+                  web, sockets)
         finally:
             self.stop()
             close_sockets(sockets, files)

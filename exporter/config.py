@@ -48,6 +48,12 @@ class Config:
     log_format: str = "auto"
     config_file: str | None = None
     metric_names: str = "gpu"  # gpu, dcgm or both (docs/metrics.md "DCGM-compatible names")
+    # The landing page's ring buffer, and metric selection (exporter.selection): fully
+    # anchored regexes over family names; dcgm-exporter's counters CSV in dcgm mode.
+    web_history: float = 900.0
+    metrics_include: str | None = None
+    metrics_exclude: str | None = None
+    dcgm_counters: str | None = None
     kubernetes_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     kubernetes_cri_socket: str | None = None  # None: the first standard socket that exists
     kubernetes_device_labels: bool = False
@@ -221,7 +227,9 @@ _PLAIN_PATH_RE = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]*)+\Z")
 
 def parse_telemetry_path(key: str, value: object) -> str:
     text = str(value).strip()
-    if not text.startswith("/") or text in ("/", "/-/healthy", "/-/ready", "/snapshot"):
+    if not text.startswith("/") or text in ("/", "/-/healthy", "/-/ready", "/snapshot",
+                                                "/api/v1/history", "/static/app.js",
+                                                "/static/app.css"):
         raise ConfigError(key, f"must be a path starting with / and not a built-in one: {value!r}")
     if not _PLAIN_PATH_RE.match(text):
         raise ConfigError(key, f"must be a plain path (letters, digits, / . - _ ~), "

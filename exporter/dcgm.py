@@ -305,16 +305,18 @@ def _pods(d: DeviceSample) -> list[PodRef | None]:
     return pods or [None]
 
 
-def dcgm_families(devices: Iterable[tuple[str, DeviceSample]], host: str) -> Iterator[Metric]:
+def dcgm_families(devices: Iterable[tuple[str, DeviceSample]], host: str,
+                  fields: tuple[Field, ...] = FIELDS) -> Iterator[Metric]:
     """The dcgm-exporter families of ``devices``: (``gpu`` label value, merged sample) pairs
-    of readable devices. A family without a value on any device is not emitted."""
+    of readable devices; ``fields``: those selected (--dcgm.counters). A family without a
+    value on any device is not emitted."""
     devices = list(devices)
     infos = {d.info.key: d.info for _, d in devices}
     families: dict[str, Metric] = {}
     seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     for gpu, d in devices:
         base = _labels(gpu, d.info, infos.get(d.info.parent_key, d.info), host)
-        values = [(f, f.value(d)) for f in FIELDS]
+        values = [(f, f.value(d)) for f in fields]
         for pod in _pods(d):
             labels = base if pod is None else {
                 **base, "container": pod.container, "namespace": pod.namespace, "pod": pod.pod}
@@ -329,4 +331,38 @@ def dcgm_families(devices: Iterable[tuple[str, DeviceSample]], host: str) -> Ite
                     family = families[f.name] = Metric(
                         f.name, f.doc, "unknown" if f.counter else "gauge")
                 family.add_sample(f.name, labels, value)
-    yield from (families[f.name] for f in FIELDS if f.name in families)
+    yield from (families[f.name] for f in fields if f.name in families)
+
+
+# -- dcgm-exporter's counters CSV (--dcgm.counters) -------------------------------------
+# Its format (etc/default-counters.csv at the commit above): one field a line,
+# "DCGM_FI_DEV_SM_CLOCK, gauge, SM clock frequency (in MHz).", "#" starts a comment.
+# Only the name matters here: our type, unit and help are the table's. dcgm-exporter's own
+# DCGM_EXP_* families other than the health one have no counterpart here.
+SERVED = frozenset({f.name for f in FIELDS} | {HEALTH_FAMILY})
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The names a counters CSV lists: those we serve, those we cannot, lines dropped."""
+
+    fields: frozenset[str]
+    unknown: tuple[str, ...]
+    malformed: int
+
+
+def parse_counters(text: str) -> Counters:
+    """Never raises: a line that does not start with a field name is dropped and counted."""
+    names: list[str] = []
+    malformed = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name = line.split(",", 1)[0].strip()
+        if name.startswith(("DCGM_FI_", "DCGM_EXP_")) and name.replace("_", "").isalnum():
+            names.append(name)
+        else:
+            malformed += 1
+    return Counters(frozenset(n for n in names if n in SERVED),
+                    tuple(dict.fromkeys(n for n in names if n not in SERVED)), malformed)

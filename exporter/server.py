@@ -2,7 +2,9 @@
 
 ``/metrics`` returns bytes the renderer already made (text 0.0.4 or OpenMetrics by
 ``Accept``, gzip by ``Accept-Encoding``); ``/-/healthy``, ``/-/ready`` (503 until
-the first collection), ``/`` (landing page) and ``/snapshot`` (JSON).
+the first collection), ``/`` (landing page, exporter.landing, with its ``/static/``
+script and style), ``/api/v1/history`` (the landing page's ring buffer as JSON,
+exporter.history) and ``/snapshot`` (JSON).
 
 The event loop only moves bytes: a render that is not cached yet and the
 ``/snapshot`` JSON run on the renderer's thread, bcrypt on a small thread pool of
@@ -17,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import html
+import json
+import math
 import os
 import signal
 import socket
@@ -33,10 +36,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from exporter import __version__, health
 from exporter.collector import Hub
 from exporter.config import Config, split_listen_address
 from exporter.connections import MAX_CONNECTIONS, Slots, protocol_factory
+from exporter.history import History, fan_out
+from exporter.landing import CSP
+from exporter.landing import page as landing_page
+from exporter.landing_static import APP_CSS, APP_JS
 from exporter.logs import Every
 from exporter.middleware import (
     BasicAuthMiddleware,
@@ -50,6 +56,7 @@ from exporter.webconfig import WebConfig, tls_context
 
 log = structlog.get_logger(__name__)
 
+STATIC_CACHE = {"Cache-Control": "max-age=3600"}
 BACKLOG = 128  # pending connections in the kernel, and accepted per event-loop wake-up
 
 
@@ -83,7 +90,11 @@ def negotiate(accept: str, accept_encoding: str) -> str:
 
 
 def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | None = None,
-              start_collection: bool = True) -> Starlette:
+              start_collection: bool = True, history: History | None = None) -> Starlette:
+    """The routes; ``history``: the ring buffer the landing page draws (its own, fed by
+    the Hub, when start_collection; the Daemon's, already fed, otherwise)."""
+    if history is None:
+        history = History(config.web_history, config.interval)
     async def metrics(request: Request) -> Response:
         variant = negotiate(request.headers.get("accept", ""),
                             request.headers.get("accept-encoding", ""))
@@ -112,26 +123,27 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
 
     async def landing(request: Request) -> Response:
         current = hub.snapshot
-        gpus = await asyncio.wrap_future(
-            renderer.worker.call(lambda: health.table_html(current.health)))
-        rows = "".join(
-            f"<tr><td>{html.escape(s.name)}</td><td>{'up' if s.up and not s.stale else 'down'}"
-            f"</td><td>{html.escape('stale' if s.stale else s.reason)}</td><td>"
-            f"{len(s.last.devices) if s.last else 0}</td></tr>"
-            for s in hub.snapshot.backends)
-        path = html.escape(config.telemetry_path)
-        if renderer.otlp is not None:
-            otlp = renderer.otlp()
-            rows += (f"<tr><td>otlp push</td><td>{'failing' if otlp['last_error'] else 'ok'}"
-                     f"</td><td>{html.escape(otlp['last_error'] or otlp['endpoint'])}</td>"
-                     "<td></td></tr>")
-        return HTMLResponse(
-            "<!doctype html><html><head><title>gpu-exporter</title></head><body>"
-            f"<h1>gpu-exporter {html.escape(__version__)}</h1>"
-            f"<p><a href=\"{path}\">Metrics</a> · <a href=\"/snapshot\">Snapshot (JSON)</a> · "
-            "<a href=\"/-/healthy\">Health</a> · <a href=\"/-/ready\">Readiness</a></p>"
-            "<h2>Backends</h2><table border=\"1\"><tr><th>backend</th><th>state</th>"
-            f"<th>reason</th><th>devices</th></tr>{rows}</table>{gpus}</body></html>")
+        otlp = renderer.otlp() if renderer.otlp is not None else None
+        body = await asyncio.wrap_future(renderer.worker.call(
+            lambda: landing_page(current, history, config.telemetry_path, otlp)))
+        return HTMLResponse(body, headers={"Content-Security-Policy": CSP})
+
+    async def history_json(request: Request) -> Response:
+        try:
+            since = float(request.query_params.get("since", "0"))
+        except ValueError:
+            since = 0.0
+        body = await asyncio.wrap_future(renderer.worker.call(
+            lambda: json.dumps(history.as_json(since if math.isfinite(since) else 0.0),
+                               separators=(",", ":")).encode()))
+        return Response(body, media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+
+    async def app_js(request: Request) -> Response:
+        return Response(APP_JS, media_type="text/javascript", headers=STATIC_CACHE)
+
+    async def app_css(request: Request) -> Response:
+        return Response(APP_CSS, media_type="text/css", headers=STATIC_CACHE)
 
     server_threads = renderer.cpu_threads.setdefault("server", [])
 
@@ -142,7 +154,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         server_threads.append(threading.current_thread())
         renderer.render_now(hub.snapshot)
         if start_collection:
-            hub.listener = renderer.submit
+            hub.listener = fan_out(renderer.submit, history.add)
             threading.Thread(target=hub.start, name="collector-start", daemon=True).start()
         try:
             yield
@@ -157,6 +169,9 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         Route("/-/ready", ready, methods=get),
         Route("/snapshot", snapshot, methods=get),
         Route("/", landing, methods=get),
+        Route("/api/v1/history", history_json, methods=get),
+        Route("/static/app.js", app_js, methods=get),
+        Route("/static/app.css", app_css, methods=get),
     ], lifespan=lifespan)
     # A redirect for "/metrics/" would be built from the client's Host header.
     app.router.redirect_slashes = False

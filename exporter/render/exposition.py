@@ -28,6 +28,7 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.collector import Snapshot
 from exporter.joins import join_families
 from exporter.render.families import RenderOptions, device_families
+from exporter.render.selection import Filtered
 from exporter.render.selfmetrics import exporter_families
 
 TEXT_CONTENT_TYPE = getattr(text_format, "CONTENT_TYPE_PLAIN_0_0_4",
@@ -41,9 +42,10 @@ def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,
                       threads: Mapping[str, Sequence[threading.Thread]] | None = None,
                       otlp: Mapping[str, int] | None = None) -> Iterator[Metric]:
     """Every family of a snapshot; ``otlp``: the OTLP pusher's counts (--otlp.endpoint)."""
-    yield from device_families(s, opts or RenderOptions())
-    yield from join_families(s)
-    yield from exporter_families(s, threads or {}, otlp)
+    opts = opts or RenderOptions()
+    yield from device_families(s, opts)
+    yield from opts.selection.keep(join_families(s))
+    yield from opts.selection.keep(exporter_families(s, threads or {}, otlp))
 
 
 class _SnapshotCollector:
@@ -185,9 +187,11 @@ class Renderer:
         self.registry = CollectorRegistry(auto_describe=False)
         self._collector = _SnapshotCollector(self.options, self.cpu_threads)
         self.registry.register(self._collector)
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
+        # Each behind the operator's selection (a throwaway registry: GCCollector must
+        # register somewhere).
+        for make in (ProcessCollector, PlatformCollector, GCCollector):
+            self.registry.register(Filtered(make(registry=CollectorRegistry()),
+                                            self.options.selection))
         self._demand = {variant: _Demand() for variant in VARIANTS}
         self._pending: Snapshot | None = None
         self._scheduled = False

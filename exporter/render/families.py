@@ -20,6 +20,7 @@ from exporter import dcgm, health
 from exporter.collector import Snapshot
 from exporter.fieldspec import Kind, MetricSpec, value_specs
 from exporter.model import DeviceSample, DeviceValues, PodRef, ProcessSample
+from exporter.render.selection import Selection
 
 GPU_LABELS = ("gpu", "uuid", "vendor", "source")
 PROCESS_LABELS = (*GPU_LABELS, "pid", "process")
@@ -65,6 +66,7 @@ class RenderOptions:
     device_pod_labels: bool = False  # --kubernetes.device-labels
     metric_names: str = "gpu"  # gpu, dcgm or both
     hostname: str = dataclass_field(default_factory=dcgm.hostname)  # dcgm's Hostname label
+    selection: Selection = dataclass_field(default_factory=Selection)  # what is served
 
 
 class _Families:
@@ -74,13 +76,16 @@ class _Families:
     (gpu_instance_id, ...) that a whole GPU's series in the same family do not.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, selection: Selection) -> None:
         self.by_name: dict[str, Metric] = {}
+        self.allows = selection.allows
 
     def add(self, name: str, doc: str, kind: Kind, labels: dict[str, str], value: float
             ) -> None:
         family = self.by_name.get(name)
         if family is None:
+            if not self.allows(name):  # not selected: no samples built
+                return
             # prometheus-client names a counter family without its samples' _total.
             base = name.removesuffix("_total") if kind is Kind.COUNTER else name
             family = self.by_name[name] = Metric(base, doc, kind.value)
@@ -174,16 +179,19 @@ _RANK = {name: i for i, name in enumerate(FAMILY_ORDER)}
 
 def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
     """The per-GPU and per-process families of a snapshot's merged devices."""
-    f = _Families()
+    f = _Families(opts.selection)
     for gpu, d in s.devices:
         _device_families(f, gpu, d, opts)
     ours = [f.by_name[n] for n in sorted(f.by_name, key=lambda n: _RANK.get(n, len(_RANK)))]
-    ours += health.families(s.health)
+    ours += opts.selection.keep(health.families(s.health))
     if opts.metric_names == "gpu":
         return ours
     # dcgm replaces the per-GPU families; per-process and health ones (dcgm-exporter has
     # no counterpart: docs/dcgm-compat.md) keep our names in every mode.
     kept = ours if opts.metric_names == "both" else [
         m for m in ours if m.name.startswith(("gpu_process_", "gpu_health_"))]
-    return (kept + list(dcgm.dcgm_families(((g, d) for g, d in s.devices if d.up), opts.hostname))
-            + dcgm.health_family(s.health, opts.hostname))
+    fields = tuple(f for f in dcgm.FIELDS if opts.selection.allows_dcgm(f.name))
+    return (kept + list(dcgm.dcgm_families(((g, d) for g, d in s.devices if d.up), opts.hostname,
+                                           fields))
+            + (dcgm.health_family(s.health, opts.hostname)
+               if opts.selection.allows_dcgm(dcgm.HEALTH_FAMILY) else []))

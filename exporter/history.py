@@ -1,0 +1,131 @@
+"""The ring buffer of recent per-GPU values behind the landing page's charts.
+
+Fed by the Hub's snapshot listener (``History.add``, on the collector's thread), never by
+a scrape or a page view: ``/`` and ``/api/v1/history`` read what is already here and never
+touch a driver. Bounded: ``capacity`` samples per GPU (``--web.history`` divided by
+``--collector.interval``), one sample per interval however often backends publish, and a
+GPU gone for a whole window is forgotten. bench/history_memory.py measures its size.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.collector import Snapshot
+from exporter.labels import Sensor
+from exporter.model import DeviceSample
+
+MAX_CAPACITY = 86_400  # a day of 1 s samples per GPU: a hard bound whatever the flags say
+# The temperature a chart shows: the first sensor a GPU has (die, AMD edge, Intel package).
+TEMPERATURE_SENSORS = (Sensor.GPU, Sensor.EDGE, Sensor.PACKAGE, Sensor.JUNCTION)
+
+
+def temperature(d: DeviceSample) -> float | None:
+    temps = d.temperatures_celsius
+    return next((float(temps[s]) for s in TEMPERATURE_SENSORS if s in temps), None)
+
+
+def memory_ratio(d: DeviceSample) -> float | None:
+    if d.memory_used_bytes is None or not d.memory_total_bytes:
+        return None
+    return min(1.0, max(0.0, d.memory_used_bytes / d.memory_total_bytes))
+
+
+@dataclass(frozen=True)
+class Series:
+    """One chart: its key in the JSON, title, unit, fixed range (None: 0 to the largest
+    value seen) and how a sample's value is read."""
+
+    key: str
+    title: str
+    unit: str
+    high: float | None
+    read: Callable[[DeviceSample], float | None]
+
+
+SERIES = (
+    Series("utilization", "Utilisation", "%", 100.0,
+           lambda d: None if d.utilization_ratio is None else 100 * d.utilization_ratio),
+    Series("memory", "Memory used", "%", 100.0,
+           lambda d: None if (r := memory_ratio(d)) is None else 100 * r),
+    Series("power", "Power", "W", None, lambda d: d.power_watts),
+    Series("temperature", "Temperature", "°C", None, temperature),
+)
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(float(value), 3)
+
+
+class History:
+    """Per GPU (by its ``gpu`` label), the last ``capacity`` samples:
+    (unix time, one value or None per SERIES)."""
+
+    def __init__(self, window: float, interval: float) -> None:
+        self.window = window
+        self.interval = interval
+        self.capacity = max(2, min(MAX_CAPACITY, math.ceil(window / interval)))
+        self._rings: dict[str, deque[tuple[float, ...]]] = {}
+        self._names: dict[str, str] = {}
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, snapshot: Snapshot, now: float | None = None) -> None:
+        """Hub listener: one sample per GPU per interval from the snapshot's merged devices."""
+        now = time.time() if now is None else now
+        with self._lock:
+            for gpu, d in snapshot.devices:
+                if not d.up or d.info.parent_key:  # charts are per whole GPU
+                    continue
+                # Backends publish several times an interval: keep the first of each.
+                if now - self._last.get(gpu, -math.inf) < self.interval * 0.9:
+                    continue
+                self._last[gpu] = now
+                ring = self._rings.get(gpu)
+                if ring is None:
+                    ring = self._rings[gpu] = deque(maxlen=self.capacity)
+                self._names[gpu] = d.info.name
+                values = tuple(_finite(s.read(d)) for s in SERIES)
+                ring.append((round(now, 3), *values))  # type: ignore[arg-type]
+            for gpu in [g for g, t in self._last.items() if now - t > self.window]:
+                del self._rings[gpu], self._last[gpu], self._names[gpu]
+
+    def points(self, since: float = 0.0) -> Mapping[str, list[tuple[float, ...]]]:
+        """A copy of each GPU's samples newer than ``since`` (unix time)."""
+        with self._lock:
+            return {gpu: [p for p in ring if p[0] > since] if since else list(ring)
+                    for gpu, ring in self._rings.items()}
+
+    def as_json(self, since: float = 0.0, now: float | None = None) -> dict[str, Any]:
+        """The body of ``/api/v1/history``: columns per GPU, ``null`` where unknown, and
+        the server's clock (``now``), which the page's charts are drawn against."""
+        gpus = []
+        for gpu, points in sorted(self.points(since).items(), key=lambda kv: _gpu_order(kv[0])):
+            columns: dict[str, Any] = {"gpu": gpu, "name": self._names.get(gpu, ""),
+                                       "t": [p[0] for p in points]}
+            for i, s in enumerate(SERIES, start=1):
+                columns[s.key] = [p[i] for p in points]
+            gpus.append(columns)
+        return {"now": round(time.time() if now is None else now, 3),
+                "interval": self.interval, "window": self.window, "capacity": self.capacity,
+                "series": [{"key": s.key, "title": s.title, "unit": s.unit, "max": s.high}
+                           for s in SERIES],
+                "gpus": gpus}
+
+
+def _gpu_order(gpu: str) -> tuple[int, str]:
+    return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
+
+
+def fan_out(*listeners: Callable[[Snapshot], None]) -> Callable[[Snapshot], None]:
+    """One Hub listener that calls each of ``listeners`` in turn (renderer, history)."""
+    def publish(snapshot: Snapshot) -> None:
+        for listener in listeners:
+            listener(snapshot)
+    return publish
