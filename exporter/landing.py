@@ -25,6 +25,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'se
 TOP_PROCESSES = 5
 WIDTH, HEIGHT = 300.0, 60.0  # the charts' viewBox; app.js draws in the same one
 GIB = float(1 << 30)
+MIN_SPAN = 30.0  # seconds: the narrowest x axis of a chart (app.js: the same)
 
 
 def _e(value: object) -> str:
@@ -37,15 +38,21 @@ def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
 
 def chart_path(times: Sequence[float], values: Sequence[float | None], now: float,
                window: float, high: float | None) -> tuple[str, int]:
-    """An SVG path over the last ``window`` seconds (a gap where a value is unknown) and
-    the number of points drawn. ``high``: the top of the scale (None: the largest value)."""
-    top = high or max((v for v in values if v is not None), default=0.0) or 1.0
+    """An SVG path (a gap where a value is unknown) and the number of points drawn.
+
+    The x axis spans the samples there are, at least MIN_SPAN seconds and at most
+    ``window``, so a page opened a minute after start shows a line, not a dot at the
+    right edge. ``high``: the top of the scale; None: a quarter above the largest value,
+    so a constant line is drawn below the top edge.
+    """
+    span = min(window, max(MIN_SPAN, now - times[0])) if times else window
+    top = high or 1.25 * max((v for v in values if v is not None), default=0.0) or 1.0
     parts, points, pen = [], 0, "M"
     for t, v in zip(times, values, strict=True):
         if v is None:
             pen = "M"
             continue
-        x = max(0.0, WIDTH - (now - t) / window * WIDTH)
+        x = max(0.0, WIDTH - (now - t) / span * WIDTH)
         y = HEIGHT - min(max(v / top, 0.0), 1.0) * HEIGHT
         parts.append(f"{pen}{x:.1f},{y:.1f}")
         pen, points = "L", points + 1

@@ -5,8 +5,8 @@ Content-Security-Policy that allows no inline script or style.
 The script polls ``/api/v1/history?since=<last time it has>`` (only the new samples, from
 the ring buffer) every collection interval, at least a second apart, and redraws the
 charts drawn server-side by exporter.landing with the same geometry (a 300 x 60 viewBox,
-the last ``--web.history`` seconds, a gap where a value is unknown). Without JavaScript
-the page is the same, frozen at load.
+the samples of the last ``--web.history`` seconds, a gap where a value is unknown).
+Without JavaScript the page is the same, frozen at load.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 APP_JS = """\
 "use strict";
 (function () {
-  var W = 300, H = 60;
+  var W = 300, H = 60, MIN_SPAN = 30;
   var body = document.body;
   var span = parseFloat(body.dataset.window), every = parseFloat(body.dataset.interval);
   var data = {}, units = {}, since = 0, serverNow = 0;
@@ -23,15 +23,16 @@ APP_JS = """\
     if (high > 0) return high;
     var m = 0;
     for (var i = 0; i < values.length; i++) if (values[i] !== null && values[i] > m) m = values[i];
-    return m || 1;
+    return 1.25 * m || 1;
   }
 
   function path(col, key, high) {
     var values = col[key], scale = top(values, high), d = [], pen = "M", n = 0;
+    var width = col.t.length ? Math.min(span, Math.max(MIN_SPAN, serverNow - col.t[0])) : span;
     for (var i = 0; i < col.t.length; i++) {
       var v = values[i];
       if (v === null || v === undefined) { pen = "M"; continue; }
-      var x = Math.max(0, W - (serverNow - col.t[i]) / span * W);
+      var x = Math.max(0, W - (serverNow - col.t[i]) / width * W);
       var y = H - Math.min(Math.max(v / scale, 0), 1) * H;
       d.push(pen + x.toFixed(1) + "," + y.toFixed(1));
       pen = "L"; n++;
