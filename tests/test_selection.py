@@ -1,0 +1,104 @@
+"""Metric selection: --collector.metrics.include/exclude and --dcgm.counters."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import Hub
+from exporter.config import Config
+from exporter.dcgm import FIELDS, parse_counters
+from exporter.render import Renderer, RenderOptions
+from exporter.render.selection import Selection
+from tests.daemon import FIXTURES, machine_args, running
+from tests.test_collector import Scripted
+from tests.test_server import run_cli
+
+MIXED = FIXTURES / "mixed"
+COUNTERS = FIXTURES / "dcgm" / "counters.csv"
+
+
+def served(selection: Selection) -> tuple[set[str], int]:
+    """(family names as served, body size) of one render of a scripted two-GPU snapshot."""
+    snapshot = Hub(Config(), [Scripted("amd", ["0000:03:00.0", "0000:04:00.0"])]).collect_once()
+    renderer = Renderer(options=RenderOptions(selection=selection))
+    renderer.render_now(snapshot)
+    body, _ = renderer.body("text")
+    names = {s.name for f in text_string_to_metric_families(body.decode()) for s in f.samples
+             if not s.name.endswith(("_bucket", "_count", "_sum", "_created"))}
+    return names, len(body)
+
+
+def test_exclude_drops_whole_families_and_their_bytes() -> None:
+    everything, size = served(Selection())
+    assert {"gpu_power_watts", "gpu_up", "process_cpu_seconds_total", "python_info",
+            "gpu_exporter_up"} <= everything
+    names, smaller = served(Selection(exclude="python_.*|process_.*|gpu_exporter_.*"))
+    assert names == {n for n in everything
+                     if not n.startswith(("python_", "process_", "gpu_exporter_"))}
+    assert "gpu_power_watts" in names and smaller < size
+
+
+def test_include_is_fully_anchored_and_counters_match_with_total() -> None:
+    names, _ = served(Selection(include="gpu_power"))  # a prefix is not a match
+    assert names == set()
+    names, _ = served(Selection(include="gpu_(power_watts|up)|process_cpu_seconds_total"))
+    assert names == {"gpu_power_watts", "gpu_up", "process_cpu_seconds_total"}
+    names, _ = served(Selection(include="gpu_.*", exclude="gpu_exporter_.*|gpu_info"))
+    assert "gpu_power_watts" in names and "gpu_info" not in names
+    assert not any(n.startswith("gpu_exporter_") for n in names)
+
+
+def test_counters_csv_parse() -> None:
+    counters = parse_counters(COUNTERS.read_text())
+    assert counters.fields == {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
+                               "DCGM_FI_DEV_DEC_UTIL"}
+    assert counters.unknown == ("DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+                                "DCGM_FI_DEV_PCIE_TX_THROUGHPUT")
+    assert counters.malformed == 1
+    everything = parse_counters("\n".join(f"{f.name}, gauge, x" for f in FIELDS))
+    assert everything.fields == {f.name for f in FIELDS} and not everything.unknown
+    assert parse_counters("\x00\xff,,\n#\n,gauge\n") == parse_counters("").__class__(
+        frozenset(), (), 2)
+
+
+def test_dcgm_counters_serve_only_the_fields_named(tmp_path: Path) -> None:
+    args = [*machine_args(MIXED), "--metric-names", "dcgm"]
+    env = {"NODE_NAME": "node-a"}
+    with running(args, tmp_path, nvml_json=MIXED / "nvml.json", env=env) as d:
+        full = {f.name for f in text_string_to_metric_families(d.get().text)}
+    with running([*args, "--dcgm.counters", str(COUNTERS), "--collector.metrics.exclude",
+                  "gpu_process_memory_used_bytes"], tmp_path,
+                 nvml_json=MIXED / "nvml.json", env=env) as d:
+        body = d.get().text
+        log = d.log()
+    names = {f.name for f in text_string_to_metric_families(body)}
+    assert {"DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP"} <= full
+    dcgm = {n for n in names if n.startswith("DCGM_")}
+    assert dcgm == {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_DEC_UTIL"}
+    # our own per-process families stay, less the one excluded by name
+    assert "gpu_process_memory_used_bytes" in full and \
+        "gpu_process_memory_used_bytes" not in names
+    assert any(n.startswith("gpu_process_") for n in names)
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    reports = [r for r in lines if r.get("event") == "dcgm counters: fields not served"]
+    assert len(reports) == 1
+    assert reports[0]["unknown"] == ["DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+                                     "DCGM_FI_DEV_PCIE_TX_THROUGHPUT"]
+    assert reports[0]["malformed_lines"] == 1
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--dcgm.counters", str(COUNTERS)], "--dcgm.counters needs --metric-names dcgm or both"),
+    (["--metric-names", "dcgm", "--dcgm.counters", "/nonexistent/counters.csv"],
+     "--dcgm.counters: [Errno 2]"),
+    (["--collector.metrics.include", "gpu_("], "--collector.metrics.include: not a regular"),
+])
+def test_a_bad_selection_exits_2_in_one_line(tmp_path: Path, args: list[str],
+                                             needle: str) -> None:
+    result = run_cli(*machine_args(MIXED), *args)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
