@@ -8,6 +8,7 @@ key. The families are built fresh from an immutable Snapshot on every render (no
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -123,29 +124,46 @@ def _device_families(f: _Families, gpu: str, d: DeviceSample, opts: RenderOption
                 claim=a.claim), 1)
     if not d.up:
         return
-    for field, spec in SCALARS:
+    scalars, labelled, per_key, process_scalars, process_labelled = _tables(opts.selection)
+    for field, spec in scalars:
         value = getattr(d, field)
         if value is not None:
             f.add(spec.name, spec.help, spec.kind, labels(d.source_of(field)), value)
-    for field, spec in LABELLED:
+    for field, spec in labelled:
         names = spec.labels
         for key, value in getattr(d, field).items():
             keys = key if isinstance(key, tuple) else (key,)
             f.add(spec.name, spec.help, spec.kind, labels(
                 d.source_of(field, key), **{n: str(k) for n, k in zip(names, keys, strict=True)}),
                 value)
-    for field, spec in PER_KEY:
+    for field, spec in per_key:
         docs = spec.per_key
         for key, value in getattr(d, field).items():
             if key in docs:
                 f.add(spec.family(key), docs[key], spec.kind, labels(d.source_of(field, key)),
                       value)
-    for p in d.processes:
-        _process_families(f, labels, d, p, opts)
+    if process_scalars or process_labelled:
+        for p in d.processes:
+            _process_families(f, labels, d, p, opts, process_scalars, process_labelled)
+
+
+Table = tuple[tuple[str, MetricSpec], ...]
+
+
+@functools.lru_cache(maxsize=8)
+def _tables(selection: Selection) -> tuple[Table, Table, Table, Table, Table]:
+    """The field table less the families not selected, once per Selection: a family
+    excluded costs no label dicts either."""
+    def keep(table: Table) -> Table:
+        return tuple((n, s) for n, s in table
+                     if any(selection.allows(name) for name, _ in families_of(s)))
+    return (keep(SCALARS), keep(LABELLED), keep(PER_KEY), keep(PROCESS_SCALARS),
+            keep(PROCESS_LABELLED))
 
 
 def _process_families(f: _Families, labels: Callable[..., dict[str, str]], d: DeviceSample,
-                      p: ProcessSample, opts: RenderOptions) -> None:
+                      p: ProcessSample, opts: RenderOptions, scalars: Table,
+                      labelled: Table) -> None:
     base_source = p.source or d.source_of("processes")
     pod = {}
     if opts.pod_labels:
@@ -158,12 +176,12 @@ def _process_families(f: _Families, labels: Callable[..., dict[str, str]], d: De
         return p.field_sources.get((field, key)) or p.field_sources.get(field) or base_source
 
     pid = str(p.pid)
-    for field, spec in PROCESS_LABELLED:
+    for field, spec in labelled:
         (label,) = spec.labels
         for key, v in getattr(p, field).items():
             f.add(spec.name, spec.help, spec.kind, labels(
                 source(field, key), pid=pid, process=p.process, **pod, **{label: key}), v)
-    for field, spec in PROCESS_SCALARS:
+    for field, spec in scalars:
         value = getattr(p, field)
         if value is not None:
             f.add(spec.name, spec.help, spec.kind, labels(
