@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
+from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,8 +59,39 @@ SERIES = (
 )
 
 
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else round(float(value), 3)
+def _finite(value: float | None) -> float:
+    """A value as stored: NaN where unknown (or not finite), shown as None/null."""
+    return math.nan if value is None or not math.isfinite(value) else round(float(value), 3)
+
+
+WIDTH = 1 + len(SERIES)  # a sample: unix time, then one value per series
+
+
+class _Ring:
+    """``capacity`` samples in one flat array of doubles (NaN: unknown): 8 bytes a value,
+    where a deque of tuples of floats costs about 160 bytes a sample."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.data = array("d", bytes(8 * WIDTH * capacity))
+        self.next = 0  # where the next sample goes
+        self.count = 0
+
+    def append(self, sample: tuple[float, ...]) -> None:
+        at = self.next * WIDTH
+        self.data[at:at + WIDTH] = array("d", sample)
+        self.next = (self.next + 1) % self.capacity
+        self.count = min(self.count + 1, self.capacity)
+
+    def samples(self, since: float) -> list[tuple[float | None, ...]]:
+        first = (self.next - self.count) % self.capacity
+        out = []
+        for i in range(self.count):
+            at = (first + i) % self.capacity * WIDTH
+            if self.data[at] > since:
+                out.append(tuple(None if math.isnan(v) else v
+                                 for v in self.data[at:at + WIDTH]))
+        return out
 
 
 class History:
@@ -71,7 +102,7 @@ class History:
         self.window = window
         self.interval = interval
         self.capacity = max(2, min(MAX_CAPACITY, math.ceil(window / interval)))
-        self._rings: dict[str, deque[tuple[float, ...]]] = {}
+        self._rings: dict[str, _Ring] = {}
         self._names: dict[str, str] = {}
         self._last: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -89,18 +120,16 @@ class History:
                 self._last[gpu] = now
                 ring = self._rings.get(gpu)
                 if ring is None:
-                    ring = self._rings[gpu] = deque(maxlen=self.capacity)
+                    ring = self._rings[gpu] = _Ring(self.capacity)
                 self._names[gpu] = d.info.name
-                values = tuple(_finite(s.read(d)) for s in SERIES)
-                ring.append((round(now, 3), *values))  # type: ignore[arg-type]
+                ring.append((round(now, 3), *(_finite(s.read(d)) for s in SERIES)))
             for gpu in [g for g, t in self._last.items() if now - t > self.window]:
                 del self._rings[gpu], self._last[gpu], self._names[gpu]
 
-    def points(self, since: float = 0.0) -> Mapping[str, list[tuple[float, ...]]]:
+    def points(self, since: float = 0.0) -> Mapping[str, list[tuple[float | None, ...]]]:
         """A copy of each GPU's samples newer than ``since`` (unix time)."""
         with self._lock:
-            return {gpu: [p for p in ring if p[0] > since] if since else list(ring)
-                    for gpu, ring in self._rings.items()}
+            return {gpu: ring.samples(since) for gpu, ring in self._rings.items()}
 
     def as_json(self, since: float = 0.0, now: float | None = None) -> dict[str, Any]:
         """The body of ``/api/v1/history``: columns per GPU, ``null`` where unknown, and
