@@ -70,7 +70,8 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     yield out
 
 
-def _all_running(tmp: Path, names: list[str]):  # type: ignore[no-untyped-def]
+def _all_running(tmp: Path, names: list[str],  # type: ignore[no-untyped-def]
+                 flags: list[str] = ONE_CYCLE):
     from contextlib import ExitStack, contextmanager
 
     @contextmanager
@@ -81,7 +82,7 @@ def _all_running(tmp: Path, names: list[str]):  # type: ignore[no-untyped-def]
                 machine = FIXTURES / name
                 nvml = machine / "nvml.json"
                 daemons[name] = es.enter_context(running(
-                    [*machine_args(machine), *ONE_CYCLE], tmp,
+                    [*machine_args(machine), *flags], tmp,
                     nvml_json=nvml if nvml.exists() else None, ready=False))
             for d in daemons.values():
                 d.wait_ready(timeout=60)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collector import Hub
 from exporter.config import Config
-from exporter.dcgm import FIELDS, parse_counters
+from exporter.dcgm import FIELDS, HEALTH_FAMILY, parse_counters
 from exporter.render import Renderer, RenderOptions
 from exporter.render.selection import Selection
-from tests.daemon import FIXTURES, machine_args, running
+from tests.daemon import FIXTURES, REPO, machine_args, running
 from tests.test_collector import Scripted
 from tests.test_server import run_cli
 
@@ -102,3 +103,44 @@ def test_a_bad_selection_exits_2_in_one_line(tmp_path: Path, args: list[str],
     result = run_cli(*machine_args(MIXED), *args)
     assert result.returncode == 2, result.stderr
     assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# -- which DCGM fields each vendor fills (docs/dcgm-compat.md "Fields per vendor") --------
+VENDORS = ("nvidia", "amd", "intel")  # the Apple machine runs as on a Mac: not here
+VENDOR_NAMES = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
+DOC = REPO / "docs" / "dcgm-compat.md"
+
+
+def dcgm_coverage(tmp: Path) -> dict[str, set[str]]:
+    """DCGM family -> vendors whose fixture machines fill it, with every machine's daemon
+    run in ``--metric-names both`` (the vendor from ``gpu_info`` of the same ``gpu``)."""
+    from tests.test_golden import MACHINES, ONE_CYCLE, _all_running
+
+    coverage: dict[str, set[str]] = {}
+    with _all_running(tmp, MACHINES, [*ONE_CYCLE, "--metric-names", "both"]) as daemons:
+        for daemon in daemons.values():
+            families = list(text_string_to_metric_families(daemon.get().text))
+            vendor = {s.labels["gpu"]: s.labels["vendor"] for f in families
+                      if f.name == "gpu_info" for s in f.samples}
+            for f in families:
+                if f.name.startswith("DCGM_"):
+                    for s in f.samples:
+                        coverage.setdefault(f.name, set()).add(vendor[s.labels["gpu"]])
+    return coverage
+
+
+def coverage_table(coverage: dict[str, set[str]]) -> str:
+    rows = ["| field | " + " | ".join(VENDOR_NAMES[v] for v in VENDORS) + " |",
+            "|---|" + "---|" * len(VENDORS)]
+    for name in (*(f.name for f in FIELDS), HEALTH_FAMILY):
+        have = coverage.get(name, set())
+        rows.append(f"| `{name}` | " + " | ".join("yes" if v in have else "–"
+                                                  for v in VENDORS) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def test_the_per_vendor_field_table_matches_the_fixtures(tmp_path: Path) -> None:
+    table = coverage_table(dcgm_coverage(tmp_path))
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        print(table)
+    assert table in DOC.read_text(), f"docs/dcgm-compat.md: the per-vendor table is now\n{table}"
