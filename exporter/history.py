@@ -105,17 +105,21 @@ class History:
         self._rings: dict[str, _Ring] = {}
         self._names: dict[str, str] = {}
         self._last: dict[str, float] = {}
+        self._added = -math.inf  # when add() last read a snapshot
         self._lock = threading.Lock()
 
     def add(self, snapshot: Snapshot, now: float | None = None) -> None:
         """Hub listener: one sample per GPU per interval from the snapshot's merged devices."""
         now = time.time() if now is None else now
+        # Backends publish several times an interval: before anything else, keep the
+        # first of each interval. Reading ``devices`` merges the snapshot (once, cached
+        # for the renderer), so a publish in between costs nothing here.
         with self._lock:
+            if now - self._added < self.interval * 0.9:
+                return
+            self._added = now
             for gpu, d in snapshot.devices:
                 if not d.up or d.info.parent_key:  # charts are per whole GPU
-                    continue
-                # Backends publish several times an interval: keep the first of each.
-                if now - self._last.get(gpu, -math.inf) < self.interval * 0.9:
                     continue
                 self._last[gpu] = now
                 ring = self._rings.get(gpu)
