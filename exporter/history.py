@@ -114,6 +114,8 @@ class History:
         # Backends publish several times an interval: before anything else, keep the
         # first of each interval. Reading ``devices`` merges the snapshot (once, cached
         # for the renderer), so a publish in between costs nothing here.
+        if not snapshot.ready:  # not every backend has had its first cycle: GPUs missing
+            return
         with self._lock:
             if now - self._added < self.interval * 0.9:
                 return

@@ -208,3 +208,16 @@ def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
     assert screenshot.stat().st_size > 10_000 and screenshot.read_bytes()[:4] == b"\x89PNG"
     assert "data-live" not in raw and "<td>NVIDIA GeForce RTX 4080</td>" in raw
     assert "<td>NVIDIA GeForce RTX 4080</td>" in dom
+
+
+def test_history_is_fed_by_collection_not_by_requests(tmp_path: Path) -> None:
+    """With one collection an hour, any number of page views and scrapes add nothing:
+    the buffer holds the one sample per GPU the first complete snapshot gave."""
+    with running([*machine_args(MIXED), "--collector.interval", "1h",
+                  "--collector.slow-interval", "1h"], tmp_path,
+                 nvml_json=MIXED / "nvml.json") as d:
+        time.sleep(0.3)
+        for path in ("/", "/metrics", "/api/v1/history", "/snapshot") * 3:
+            assert d.get(path).status_code == 200
+        body = d.get("/api/v1/history").json()
+    assert [(g["gpu"], len(g["t"])) for g in body["gpus"]] == [("0", 1), ("1", 1), ("2", 1)]
