@@ -134,7 +134,7 @@ def coverage_table(coverage: dict[str, set[str]]) -> str:
             "|---|" + "---|" * len(VENDORS)]
     for name in (*(f.name for f in FIELDS), HEALTH_FAMILY):
         have = coverage.get(name, set())
-        rows.append(f"| `{name}` | " + " | ".join("yes" if v in have else "–"
+        rows.append(f"| {name} | " + " | ".join("yes" if v in have else "–"
                                                   for v in VENDORS) + " |")
     return "\n".join(rows) + "\n"
 
