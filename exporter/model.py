@@ -268,12 +268,9 @@ class DeviceValues:
 
     def present(self) -> dict[str, Any]:
         """The values this fragment has (not None, not empty), by field name."""
-        out = {}
-        for name, is_mapping in _value_fields():
-            value = getattr(self, name)
-            if value is not None and not (is_mapping and not value):
-                out[name] = value
-        return out
+        values = self.__dict__  # a frozen dataclass without slots: the fields, by name
+        return {name: value for name, is_mapping in _value_fields()
+                if (value := values[name]) is not None and not (is_mapping and not value)}
 
     def overlay(self, *others: DeviceValues) -> DeviceValues:
         """This fragment with every value the others have (the last one that has it wins)."""
