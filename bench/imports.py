@@ -104,6 +104,15 @@ def probe(args: Sequence[str], env: Mapping[str, str], cwd: Path = REPO) -> dict
         return result
 
 
+def describe(modules: Sequence[str]) -> str:
+    """The module count, the top-level packages and the exporter's own modules."""
+    top = sorted({m.split(".")[0] for m in modules if not m.startswith("_")})
+    ours = [m.removeprefix("exporter.") for m in modules if m.startswith("exporter.")]
+    return (f"  modules in sys.modules: {len(modules)}\n"
+            f"  top-level packages ({len(top)}): {' '.join(top)}\n"
+            f"  exporter modules ({len(ours)}): {' '.join(ours)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--real", action="store_true", help="real NVML and /sys")
@@ -123,11 +132,7 @@ def main() -> None:
           f"{args.repeat} runs")
     print(f"  RSS after the first scrape, median {statistics.median(rss):.1f} MiB "
           f"(runs: {', '.join(f'{r:.1f}' for r in rss)})")
-    print(f"  modules in sys.modules: {len(modules)}")
-    top = sorted({m.split(".")[0] for m in modules if not m.startswith("_")})
-    print(f"  top-level packages ({len(top)}): {' '.join(top)}")
-    ours = [m for m in modules if m.startswith("exporter.")]
-    print(f"  exporter modules ({len(ours)}): {' '.join(m[len('exporter.'):] for m in ours)}")
+    print(describe(modules))
     if args.list:
         print("\n".join(modules))
 

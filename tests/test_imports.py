@@ -2,51 +2,18 @@
 
 Every module costs resident memory for the daemon's whole life, and the H100 target is
 RSS at most nvitop-exporter's: nothing may be imported that the running configuration
-does not use. The daemon runs as a user runs it (``exporter.cli.main`` on the main
-thread, uvicorn serving), on the nvidia-h100x2 fixture with the fake NVML; a watcher
-thread scrapes ``/metrics`` after the first collection, waits for more cycles, writes
-``sorted(sys.modules)`` to a file and stops the daemon with SIGTERM.
+does not use. bench/imports.py runs the daemon as a user runs it (``exporter.cli.main``
+on the main thread, uvicorn serving, every collector at its default), on the
+nvidia-h100x2 fixture with the fake NVML; a watcher thread in the daemon waits for
+``/-/ready``, scrapes ``/metrics``, lets a few cycles run, records ``sorted(sys.modules)``
+and stops it with SIGTERM.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.daemon import FIXTURES, REPO, daemon_env, free_port, machine_args
-
-MACHINE = FIXTURES / "nvidia-h100x2"
-
-# Runs cli.main exactly as ``python -m exporter.cli``; the watcher only reads and signals.
-PROBE = """
-import http.client, os, signal, sys, threading, time
-port, out = int(sys.argv[1]), sys.argv[2]
-def watch():
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/-/ready")
-            if conn.getresponse().status == 200:
-                conn.close()
-                break
-        except OSError:
-            pass
-        time.sleep(0.05)
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
-    conn.getresponse().read()
-    time.sleep(2.5)  # more fast cycles, and the first backend retries
-    with open(out, "w") as f:
-        f.write("\\n".join(sorted(sys.modules)))
-    os.kill(os.getpid(), signal.SIGTERM)
-threading.Thread(target=watch, daemon=True).start()
-from exporter.cli import main
-sys.argv = ["gpu-exporter", *sys.argv[3:]]
-sys.exit(main())
-"""
+from bench.imports import nvidia_only_args, nvidia_only_env, probe
 
 # Prefixes of modules the NVIDIA-only path must not import (each only where its feature
 # is configured or its hardware present).
@@ -60,6 +27,10 @@ HEAVY = (
     "amdsmi", "exporter.backends.amd.amdsmi",  # the amdsmi package
     "exporter.backends.intel.level_zero", "exporter.backends.apple",
     "exporter.slurm",
+    # the amdgpu sysfs reader and parsers: imported with the first amdgpu card
+    "exporter.backends.amd.card", "exporter.backends.amd.ids", "exporter.backends.amd.rates",
+    "exporter.kernel.amdgpu", "exporter.kernel.amdgpu_gpu_metrics",
+    "exporter.kernel.amdgpu_gpu_metrics_layouts",
     "starlette.middleware.cors", "starlette.middleware.gzip", "starlette.staticfiles",
     "starlette.templating", "jinja2",
     "uvloop", "httptools", "websockets", "wsproto", "watchfiles",
@@ -71,17 +42,11 @@ def heavy_in(modules: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def daemon_modules(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    out = tmp_path_factory.mktemp("imports") / "modules.txt"
-    port = free_port()
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, str(port), str(out),
-         "--web.listen-address", f"127.0.0.1:{port}", "--log.format", "json",
-         "--collector.interval", "0.5s", *machine_args(MACHINE)],
-        cwd=REPO, env=daemon_env(MACHINE / "nvml.json"), capture_output=True, text=True,
-        timeout=60)
-    assert out.exists(), f"daemon exited {proc.returncode}: {proc.stdout[-3000:]}"
-    return out.read_text().split()
+def daemon_modules() -> list[str]:
+    got = probe(["--collector.interval", "0.5s", *nvidia_only_args()], nvidia_only_env())
+    assert got["status"] == 200  # it served /metrics before the list was taken
+    modules: list[str] = got["modules"]  # type: ignore[assignment]
+    return modules
 
 
 def test_the_probe_sees_a_daemon_that_collected(daemon_modules: list[str]) -> None:
