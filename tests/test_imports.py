@@ -31,6 +31,7 @@ HEAVY = (
     "exporter.backends.amd.card", "exporter.backends.amd.ids", "exporter.backends.amd.rates",
     "exporter.kernel.amdgpu", "exporter.kernel.amdgpu_gpu_metrics",
     "exporter.kernel.amdgpu_gpu_metrics_layouts",
+    "exporter.kernel.perf", "exporter.kernel.i915_xe_pmu",  # with the first i915/xe card
     "starlette.middleware.cors", "starlette.middleware.gzip", "starlette.staticfiles",
     "starlette.templating", "jinja2",
     "uvloop", "httptools", "websockets", "wsproto", "watchfiles",
