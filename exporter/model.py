@@ -277,7 +277,15 @@ class DeviceValues:
         changes: dict[str, Any] = {}
         for other in others:
             changes.update(other.present())
-        return replace(self, **changes) if changes else self
+        if not changes:
+            return self
+        # dataclasses.replace() without re-running __init__ over every field: 9 us a call,
+        # 10 % of an NVML fast cycle. The same object, as these dataclasses have no
+        # __post_init__ and keep nothing but their fields in __dict__ (test_model_overlay).
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
 
 @cache
