@@ -45,20 +45,22 @@ def get(path, headers={}):
     finally:
         conn.close()
 def watch():
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if get("/-/ready") == 200:
-                break
-        except OSError:
-            pass
-        time.sleep(0.05)
-    status = get("/metrics", {"Accept-Encoding": "gzip"})
-    time.sleep(2.5)  # more fast cycles, and the card-less backends' retries
-    rss = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:")]
-    with open(out, "w") as f:
-        json.dump({"status": status, "rss_kib": rss[0], "modules": sorted(sys.modules)}, f)
-    os.kill(os.getpid(), signal.SIGTERM)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if get("/-/ready") == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        status = get("/metrics", {"Accept-Encoding": "gzip"})
+        time.sleep(2.5)  # more fast cycles, and the card-less backends' retries
+        rss = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:")]
+        with open(out, "w") as f:
+            json.dump({"status": status, "rss_kib": rss[0], "modules": sorted(sys.modules)}, f)
+    finally:  # no file written: probe() shows the daemon's log
+        os.kill(os.getpid(), signal.SIGTERM)
 threading.Thread(target=watch, name="probe", daemon=True).start()
 from exporter.cli import main
 sys.argv = ["gpu-exporter", *sys.argv[3:]]
