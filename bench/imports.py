@@ -58,7 +58,8 @@ def watch():
         time.sleep(2.5)  # more fast cycles, and the card-less backends' retries
         rss = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:")]
         with open(out, "w") as f:
-            json.dump({"status": status, "rss_kib": rss[0], "modules": sorted(sys.modules)}, f)
+            json.dump({"status": status, "rss_kib": rss[0], "modules": sorted(sys.modules),
+                       "threads": sorted(t.name for t in threading.enumerate())}, f)
     finally:  # no file written: probe() shows the daemon's log
         os.kill(os.getpid(), signal.SIGTERM)
 threading.Thread(target=watch, name="probe", daemon=True).start()
@@ -135,6 +136,7 @@ def main() -> None:
     print(f"  RSS after the first scrape, median {statistics.median(rss):.1f} MiB "
           f"(runs: {', '.join(f'{r:.1f}' for r in rss)})")
     print(describe(modules))
+    print(f"  threads: {' '.join(runs[-1]['threads'])}")  # type: ignore[arg-type]
     if args.list:
         print("\n".join(modules))
 
