@@ -11,6 +11,8 @@
    largest Python allocation sites (the daemon started with PYTHONTRACEMALLOC=1 in a
    second run, since tracing costs memory itself).
 3. The same daemon with MALLOC_ARENA_MAX=2 and without, RSS side by side.
+4. What the daemon imports on an NVIDIA-only host, every collector at its default
+   (bench/imports.py): its module count, top-level packages and own modules.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from daemon_cost import rss_mib, scrape  # noqa: E402
+from imports import describe, nvidia_only_args, nvidia_only_env, probe  # noqa: E402
 from scrape_latency import start_daemon  # noqa: E402
 
 STAGES = (
@@ -121,6 +124,15 @@ def main() -> None:
     arenas = running_breakdown(args.real, args.gpus, args.processes,
                                {"MALLOC_ARENA_MAX": "2"}, "arenas")
     print(f"\nRSS median: {default:.1f} MiB as is, {arenas:.1f} MiB with MALLOC_ARENA_MAX=2")
+    running_imports(args.real)
+
+
+def running_imports(real: bool) -> None:
+    got = probe(nvidia_only_args(real), nvidia_only_env(real))
+    modules: list[str] = got["modules"]  # type: ignore[assignment]
+    rss = int(got["rss_kib"]) / 1024  # type: ignore[call-overload]
+    print(f"\nNVIDIA-only daemon, every collector at its default (bench/imports.py), "
+          f"RSS {rss:.1f} MiB after the first scrape:\n{describe(modules)}")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,9 @@ def medians(repo: Path, gpus: int, processes: int, n: int) -> dict[str, float]:
 
     snap = Snap()
     snap.devices = tuple(devices)  # type: ignore[attr-defined]
+    health = importlib.import_module("exporter.health")
+    if hasattr(health, "verdicts"):  # per-GPU health families, where the checkout has them
+        snap.health = health.verdicts(snap.devices, time.time())  # type: ignore[attr-defined]
     out = {}
     for mode in ("gpu", "dcgm", "both"):
         opts = render.RenderOptions(metric_names=mode, hostname="bench")

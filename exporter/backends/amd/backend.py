@@ -6,7 +6,8 @@ state (identity, counters across cycles, its exporter.fs.AttrReader with open
 descriptors) until it goes. A card that vanishes is reported once with ``up=False``,
 then dropped; one whose device directory is gone under a link still there is lost
 (``gpu_lost``) until it is back. What one card's sample holds is
-exporter.backends.amd.card's.
+exporter.backends.amd.card's, imported with the first card: a machine without
+one (an NVIDIA-only host) never loads the amdgpu parsers.
 """
 
 from __future__ import annotations
@@ -15,16 +16,18 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
-from exporter.backends.amd.card import SOURCE, CardCounters, device_info, read_card
-from exporter.backends.amd.ids import AmdgpuIds, default_path
 from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
 from exporter.fs import AttrReader
 from exporter.model import DeviceInfo, DeviceSample
+
+if TYPE_CHECKING:
+    from exporter.backends.amd.ids import AmdgpuIds
 
 log = structlog.get_logger(__name__)
 
@@ -33,6 +36,8 @@ class _Card:
     """One card's state across cycles: identity, counters, kept-open files."""
 
     def __init__(self, card: DrmCard, info: DeviceInfo) -> None:
+        from exporter.backends.amd.card import CardCounters
+
         self.card = card
         self.info = info
         self.counters = CardCounters()
@@ -52,8 +57,7 @@ class AmdBackend:
         self.discovery = discovery
         self._cards: dict[str, _Card] = {}  # card name -> state
         self._generation = -1
-        self._ids = AmdgpuIds(Path(config.amdgpu_ids) if config.amdgpu_ids
-                              else default_path(config.sysfs))
+        self._ids: AmdgpuIds | None = None  # the marketing-name table, with the first card
         # open() only reads the cached card list: the collector may retry it every cycle.
 
     @property
@@ -88,10 +92,22 @@ class AmdBackend:
             self._generation = self.discovery.generation
         for name, c in current.items():
             if name not in self._cards:
-                self._cards[name] = _Card(c, device_info(c, self._ids))
+                self._cards[name] = _Card(c, self._device_info(c))
         return gone
 
+    def _device_info(self, card: DrmCard) -> DeviceInfo:
+        from exporter.backends.amd.card import device_info
+        from exporter.backends.amd.ids import AmdgpuIds, default_path
+
+        if self._ids is None:
+            config = self.config
+            self._ids = AmdgpuIds(Path(config.amdgpu_ids) if config.amdgpu_ids
+                                  else default_path(config.sysfs))
+        return device_info(card, self._ids)
+
     def sample(self, slow: bool) -> Cycle:
+        from exporter.backends.amd.card import SOURCE  # loaded: open() found a card
+
         errors: Counter[str] = Counter()
         gone = self._refresh(self.discovery.cards(["amdgpu"]))
         if self.discovery.listing_error is not None:
@@ -105,6 +121,8 @@ class AmdBackend:
         return Cycle(devices=devices, errors={k: n for k, n in errors.items() if n})
 
     def _read(self, st: _Card, errors: Counter[str], slow: bool) -> DeviceSample:
+        from exporter.backends.amd.card import SOURCE, read_card
+
         # The device directory gone under a class/drm link still there (driver unbind,
         # a card fallen off the bus): lost until it is back. Kept descriptors of a
         # removed file could still answer, so this is checked, not inferred.

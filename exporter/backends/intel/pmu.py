@@ -27,6 +27,8 @@ rights over other processes, only the right to open the GPU's perf events
 - EACCES/EPERM on open: ``open()`` raises BackendUnavailable naming the missing
   right (logged once by the collector); fdinfo sums keep serving. ENODEV on read:
   the card went away (``gpu_lost``), its group is closed and reopened when it is back.
+- The perf and PMU parsers are imported with the first i915/xe card: a host without
+  one (an NVIDIA-only one) never loads them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -43,10 +46,11 @@ from exporter import units
 from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
-from exporter.kernel import perf
-from exporter.kernel.drm_fdinfo import engine_label
-from exporter.kernel.i915_xe_pmu import Pmu, i915_engines, read_pmus, xe_engine_candidates
 from exporter.model import DeviceInfo, DeviceSample, pci_uuid
+
+if TYPE_CHECKING:
+    from exporter.kernel import perf
+    from exporter.kernel.i915_xe_pmu import Pmu
 
 log = structlog.get_logger(__name__).bind(backend="pmu")
 
@@ -87,7 +91,7 @@ class PmuBackend:
                  syscalls: perf.Syscalls | None = None) -> None:
         self._config = config
         self._discovery = discovery
-        self._syscalls = syscalls if syscalls is not None else perf.LIBC
+        self._syscalls = syscalls  # None: perf.LIBC, the real one, bound at the first card
         self._cards: dict[DrmCard, _Card] = {}
         self._failed: set[DrmCard] = set()  # cards whose group did not open: retried on hotplug
         # (pci bus id, engine label) -> busy seconds: kept across reopens (never goes back)
@@ -103,6 +107,8 @@ class PmuBackend:
         cards = self._discovery.cards(DRIVERS)
         if not cards:
             raise BackendUnavailable(f"no i915/xe card under {self._config.sysfs}/class/drm")
+        from exporter.kernel.i915_xe_pmu import read_pmus
+
         pmus = read_pmus(Path(self._config.sysfs))
         if not pmus:
             raise BackendUnavailable(
@@ -133,6 +139,12 @@ class PmuBackend:
     def _open_card(self, card: DrmCard, pmus: list[Pmu], errors: Counter[str]) -> str:
         """Open one card's group; returns why not ("" when it opened). A permission error
         is raised as _Denied. A card that did not open waits for hotplug (or a reopen)."""
+        from exporter.kernel import perf
+        from exporter.kernel.drm_fdinfo import engine_label
+        from exporter.kernel.i915_xe_pmu import i915_engines, xe_engine_candidates
+
+        if self._syscalls is None:
+            self._syscalls = perf.LIBC
         pmu = _pmu_of(card, pmus)
         if pmu is None:
             self._failed.add(card)
@@ -184,6 +196,8 @@ class PmuBackend:
         self._failed &= set(cards)
         new = [c for c in cards if c not in self._cards and c not in self._failed]
         if new:  # hotplug: a card that appeared (or came back) gets its group
+            from exporter.kernel.i915_xe_pmu import read_pmus
+
             pmus = read_pmus(Path(self._config.sysfs))
             for card in new:  # each logged once: a failed card waits for the next hotplug
                 try:

@@ -1,0 +1,67 @@
+"""What the running daemon imports on an NVIDIA-only machine (no AMD/Intel card, no kubelet).
+
+Every module costs resident memory for the daemon's whole life, and the H100 target is
+RSS at most nvitop-exporter's: nothing may be imported that the running configuration
+does not use. bench/imports.py runs the daemon as a user runs it (``exporter.cli.main``
+on the main thread, uvicorn serving, every collector at its default), on the
+nvidia-h100x2 fixture with the fake NVML; a watcher thread in the daemon waits for
+``/-/ready``, scrapes ``/metrics``, lets a few cycles run, records ``sorted(sys.modules)``
+and stops it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.imports import nvidia_only_args, nvidia_only_env, probe
+
+# Prefixes of modules the NVIDIA-only path must not import (each only where its feature
+# is configured or its hardware present).
+HEAVY = (
+    "yaml",  # --config.file / --web.config.file
+    "bcrypt",  # basic auth in the web config
+    "grpc", "google.protobuf", "exporter.kubernetes",  # the kubelet socket
+    "opentelemetry", "exporter.otlp",  # --otlp.endpoint
+    "pyudev",  # udev hotplug, on a real /sys only
+    "cryptography",
+    "amdsmi", "exporter.backends.amd.amdsmi",  # the amdsmi package
+    "exporter.backends.intel.level_zero", "exporter.backends.apple",
+    "exporter.slurm",
+    # the amdgpu sysfs reader and parsers: imported with the first amdgpu card
+    "exporter.backends.amd.card", "exporter.backends.amd.ids", "exporter.backends.amd.rates",
+    "exporter.kernel.amdgpu", "exporter.kernel.amdgpu_gpu_metrics",
+    "exporter.kernel.amdgpu_gpu_metrics_layouts",
+    "exporter.kernel.perf", "exporter.kernel.i915_xe_pmu",  # with the first i915/xe card
+    "starlette.middleware.cors", "starlette.middleware.gzip", "starlette.staticfiles",
+    "starlette.templating", "jinja2",
+    "uvloop", "httptools", "websockets", "wsproto", "watchfiles",
+)
+
+
+def heavy_in(modules: list[str]) -> list[str]:
+    return [m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY)]
+
+
+@pytest.fixture(scope="module")
+def daemon_modules() -> list[str]:
+    got = probe(["--collector.interval", "0.5s", *nvidia_only_args()], nvidia_only_env())
+    assert got["status"] == 200  # it served /metrics before the list was taken
+    modules: list[str] = got["modules"]  # type: ignore[assignment]
+    return modules
+
+
+def test_the_probe_sees_a_daemon_that_collected(daemon_modules: list[str]) -> None:
+    # The list is the one of a daemon that served: the NVIDIA backend, render, uvicorn.
+    for m in ("exporter.backends.nvidia.backend", "exporter.render", "uvicorn", "pynvml"):
+        assert m in daemon_modules
+
+
+def test_nvidia_only_daemon_imports_nothing_heavy(daemon_modules: list[str]) -> None:
+    assert heavy_in(daemon_modules) == []
+
+
+def test_heavy_list_catches_an_eager_import() -> None:
+    # The check itself: an eager import of any of these would be reported.
+    for m in ("grpc._channel", "yaml", "bcrypt", "pyudev.core", "opentelemetry.sdk"):
+        assert heavy_in(["exporter.cli", m]) == [m]
+

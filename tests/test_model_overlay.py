@@ -1,0 +1,50 @@
+"""DeviceValues.overlay() and present(), the per-cycle merge of a backend's fragments.
+
+Both skip dataclass machinery for speed (bench/nvml_calls.py --stub --cycle): present()
+knows which fields are mappings up front, overlay() copies the instance dict instead of
+calling dataclasses.replace(). These tests hold them to what replace() and the field
+table say, so a field, a __post_init__ or cached state added later cannot slip by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from exporter.model import DeviceInfo, DeviceSample, DeviceValues
+
+INFO = DeviceInfo(vendor="nvidia", pci_bus_id="0000:01:00.0", uuid="GPU-1", name="H100")
+
+
+def test_overlay_equals_replace() -> None:
+    base = DeviceSample(info=INFO, source="nvml", power_watts=100.0,
+                        clocks_hertz={"sm": 1.98e9})
+    fragment = DeviceValues(power_watts=0.0, temperatures_celsius={"gpu": 40.0},
+                            clocks_hertz={}, utilization_ratio=None)
+    got = base.overlay(fragment)
+    assert got == replace(base, power_watts=0.0, temperatures_celsius={"gpu": 40.0})
+    assert type(got) is DeviceSample and got.source == "nvml" and got.info is INFO
+    assert got.power_watts == 0.0  # a zero is a value: it wins
+    assert got.clocks_hertz == {"sm": 1.98e9}  # an empty mapping is not: the base's stays
+    assert base.power_watts == 100.0  # the base is not changed
+    assert base.overlay(DeviceValues()) is base
+
+
+def test_later_fragment_wins() -> None:
+    got = DeviceValues().overlay(DeviceValues(power_watts=1.0), DeviceValues(power_watts=2.0))
+    assert got.power_watts == 2.0 and got == DeviceValues(power_watts=2.0)
+
+
+def test_present_follows_the_field_table() -> None:
+    # Every value field set to a non-empty value is present; defaults are not.
+    assert DeviceValues().present() == {}
+    full = {f.name: ({"k": 1.0} if f.default is not None else 1.0)
+            for f in fields(DeviceValues)}
+    assert set(DeviceValues(**full).present()) == set(full)
+
+
+def test_instances_hold_only_their_fields() -> None:
+    # What overlay()'s copy of __dict__ relies on.
+    assert not hasattr(DeviceValues, "__post_init__")
+    assert not hasattr(DeviceSample, "__post_init__")
+    sample = DeviceSample(info=INFO, source="nvml")
+    assert set(vars(sample)) == {f.name for f in fields(DeviceSample)}
