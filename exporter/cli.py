@@ -328,6 +328,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     logs.configure(config.log_level, config.log_format)
     daemon = Daemon(config)
+    daemon.reread = lambda: _load(args, environ)  # what a SIGHUP reads again
     missing = daemon.check()
     if missing:
         daemon.stop(timeout=0)
@@ -362,6 +363,7 @@ class Daemon:
         self.hub = Hub(config, self.backends)
         self.renderer: Any = None
         self.pusher: Any = None  # the OTLP push thread, with --otlp.endpoint
+        self.reread: Callable[[], Config] = lambda: config  # main() sets flags+env+file
 
     def check(self) -> str | None:
         """Why a collector switched on cannot run (exit 2), or None."""
@@ -411,6 +413,7 @@ class Daemon:
 
         import structlog
 
+        from exporter.reload import Reloader, apply_live
         from exporter.server import bind_sockets, build_app, close_sockets, serve, unix_files
         from exporter.webconfig import load_web_config
 
@@ -436,16 +439,19 @@ class Daemon:
             print(f"gpu-exporter: error: cannot listen on {e.strerror or e}", file=sys.stderr)
             return 1
         files = unix_files(sockets)
-        if hasattr(signal, "SIGHUP"):
-            # The configuration is read at start; a SIGHUP (a log rotation, a terminal that
-            # closed) must not kill the daemon silently.
-            signal.signal(signal.SIGHUP, lambda *_: log.info(
-                "SIGHUP ignored", hint="configuration is read at start: restart to apply changes"))
+        reloader = Reloader(config, web, self.reread, apply_live(self.hub))
+        if hasattr(signal, "SIGHUP"):  # exporter.reload: what changes live, what needs a restart
+            signal.signal(signal.SIGHUP, lambda *_: reloader.request("sighup"))
         self.start()
+        if config.config_file or config.web_config_file:  # something a reload can change
+            self.renderer.reload_status(reloader.status)
+        app = build_app(config, self.hub, self.renderer, web, start_collection=False)
+        reloader.passwords = getattr(app.state, "passwords", None)
+        reloader.start()
         try:
-            serve(config, build_app(config, self.hub, self.renderer, web,
-                                    start_collection=False), web, sockets)
+            serve(config, app, web, sockets, reloader.context, reloader.on_connection)
         finally:
+            reloader.stop()
             self.stop()
             close_sockets(sockets, files)
         return 0
