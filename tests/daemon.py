@@ -39,9 +39,11 @@ def free_port() -> int:
 
 
 def machine_args(machine: Path) -> list[str]:
-    """Flags that point the daemon at a fixture machine's trees."""
+    """Flags that point the daemon at a fixture machine's trees. Its own amdgpu.ids (present
+    or not) is named, so no table or pci.ids of the machine running the tests is read."""
     proc = machine / "proc" if (machine / "proc").is_dir() else EMPTY_PROC
-    return ["--path.sysfs", str(machine / "sys"), "--path.procfs", str(proc)]
+    return ["--path.sysfs", str(machine / "sys"), "--path.procfs", str(proc),
+            "--path.amdgpu-ids", str(machine / "usr/share/libdrm/amdgpu.ids")]
 
 
 def _fake_perf(args: Sequence[str]) -> dict[str, str]:

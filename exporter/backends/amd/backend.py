@@ -14,12 +14,11 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 
 import structlog
 
 from exporter.backends.amd.card import SOURCE, CardCounters, device_info, read_card
-from exporter.backends.amd.ids import AmdgpuIds, default_path
+from exporter.backends.amd.ids import AmdgpuIds, lookup_paths
 from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
@@ -52,8 +51,7 @@ class AmdBackend:
         self.discovery = discovery
         self._cards: dict[str, _Card] = {}  # card name -> state
         self._generation = -1
-        self._ids = AmdgpuIds(Path(config.amdgpu_ids) if config.amdgpu_ids
-                              else default_path(config.sysfs))
+        self._ids = AmdgpuIds(*lookup_paths(config.sysfs, config.amdgpu_ids))
         # open() only reads the cached card list: the collector may retry it every cycle.
 
     @property
