@@ -245,6 +245,10 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     known = {env_name(key) for key in (*KEYS, *COLLECTOR_KEYS, "config.file")}
     for name in sorted(environ):
         if name.startswith(ENV_PREFIX) and name not in known:
+            switch = ENV_PREFIX + name.removeprefix(ENV_PREFIX + "NO_")
+            if name.startswith(ENV_PREFIX + "NO_") and switch in known:
+                # --no-collector.x is a command-line form only: a variable holds a value.
+                raise ConfigError(name, f"unknown variable: use {switch}=false")
             raise ConfigError(name, "unknown variable (every GPU_EXPORTER_* names a flag; "
                                     "see gpu-exporter --help)")
 

@@ -153,6 +153,16 @@ def test_an_unknown_environment_variable_is_an_error_as_in_the_file() -> None:
     one_line_error(run_cli(env=env), "GPU_EXPORTER_COLLECTOR_INTERVL: unknown variable")
 
 
+def test_a_no_collector_variable_says_the_form_that_works() -> None:
+    """--no-collector.x is a flag form; its variable spelling must point at the value form."""
+    env = daemon_env(None, {"GPU_EXPORTER_NO_COLLECTOR_NVIDIA": "1"})
+    one_line_error(run_cli(env=env), "GPU_EXPORTER_NO_COLLECTOR_NVIDIA: unknown variable: "
+                                     "use GPU_EXPORTER_COLLECTOR_NVIDIA=false")
+    env = daemon_env(None, {"GPU_EXPORTER_NO_SUCH_THING": "1"})  # no hint where none fits
+    result = run_cli(env=env)
+    one_line_error(result, "GPU_EXPORTER_NO_SUCH_THING: unknown variable (every")
+
+
 def test_a_collector_forced_on_without_its_library_fails_at_start(tmp_path: Path) -> None:
     """14: --collector.nvidia where NVML is absent acted as auto."""
     result = run_cli("--collector.nvidia", *no_gpu_args(tmp_path))
