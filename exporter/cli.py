@@ -177,7 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run one collection and print it as JSON (see below)")
     p.add_argument("--from", dest="from", metavar="URL",
                    help="snapshot only: print the running daemon's /snapshot instead "
-                   "(e.g. http://127.0.0.1:9445; user:password@ for basic auth)")
+                   "(e.g. http://127.0.0.1:9445, https://user:password@host:9445 for "
+                   "basic auth, unix:/run/gpu-exporter.sock)")
+    p.add_argument("--tls.ca-file", dest="tls.ca-file", metavar="FILE",
+                   help="snapshot --from https:// or unix: only: the CA that signed the "
+                   "daemon's certificate (default: the system's CAs)")
+    p.add_argument("--tls.insecure-skip-verify", dest="tls.insecure-skip-verify",
+                   action="store_true", help="snapshot --from only: do not verify the "
+                   "daemon's certificate")
     p.add_argument("--config.file", dest="config.file", metavar="FILE",
                    help="YAML file with the same keys as the flags")
     for o in OPTIONS:
@@ -305,8 +312,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command", None) or "run"
     source = args.pop("from", None)
+    ca_file = args.pop("tls.ca-file", None)
+    insecure = bool(args.pop("tls.insecure-skip-verify", False))
     if source is not None and command != "snapshot":
         return _fail("--from: only with the snapshot command")
+    if source is None and (ca_file is not None or insecure):
+        return _fail("--tls.ca-file, --tls.insecure-skip-verify: only with snapshot --from")
     try:
         config = _load(args, environ)
     except ConfigError as e:
@@ -323,7 +334,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from exporter.snapshot import fetch_snapshot, redact_url
 
         try:
-            sys.stdout.buffer.write(fetch_snapshot(source) + b"\n")
+            sys.stdout.buffer.write(fetch_snapshot(source, ca_file=ca_file,
+                                                   insecure=insecure) + b"\n")
         except OSError as e:
             return _fail(f"--from {redact_url(source)}: {e}")
         return 0
