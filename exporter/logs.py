@@ -75,6 +75,11 @@ def _by_level(logger: object, method: str, event: structlog.types.EventDict
     return event
 
 
+def debug_enabled() -> bool:
+    """Whether debug lines are written: callers skip building them otherwise."""
+    return _level[0] <= logging.DEBUG
+
+
 def set_level(level: str) -> None:
     """``--log.level`` changed live (SIGHUP): structlog's and the standard library's."""
     _level[0] = _LEVELS[level]
