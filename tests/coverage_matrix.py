@@ -142,9 +142,11 @@ Each source names engines as its driver or library does, mapped onto one vocabul
 source serves, and in which family.
 
 A time counter (`gpu_engine_busy_seconds_total`) exists only where the source counts
-busy time. amdgpu's sysfs gives `gpu_busy_percent`, a sample with no counter behind it,
-so AMD's device-level `gfx` has a utilisation and no busy counter; the time each process
-spent on `gfx` is in `gpu_process_engine_busy_seconds_total` (`fdinfo`).
+busy time; the exporter does not invent one by integrating samples. amdgpu's sysfs gives
+`gpu_busy_percent`, a sample with no counter behind it, so AMD's device-level `gfx` has a
+utilisation and no busy counter; the time each process spent on `gfx` is in
+`gpu_process_engine_busy_seconds_total` (`fdinfo`). NVML's encoder, decoder, JPEG and OFA
+utilisations are samples too: no counter for them either.
 
 {engines()}
 

@@ -18,7 +18,7 @@ from typing import Any
 import bcrypt
 import httpx
 
-from tests.daemon import Daemon, running, values_of
+from tests.daemon import FIXTURES, Daemon, machine_args, parse_samples, running, values_of
 from tests.test_server import _self_signed, no_gpu_args
 
 OK_GAUGE = "gpu_exporter_config_last_reload_successful"
@@ -155,3 +155,27 @@ def test_sighup_serves_a_renewed_certificate(tmp_path: Path) -> None:
         assert "tls certificate" in _reloads(d, "configuration reloaded", 1)["changed"]
         assert fetch(new_cert) == 200
         assert fetch(old) == 0  # the old certificate is no longer served
+
+
+def test_sighup_applies_a_new_process_cap(tmp_path: Path) -> None:
+    machine = FIXTURES / "nvidia-h100x2"
+    conf = tmp_path / "config.yml"
+    conf.write_text("max-processes-per-gpu: 64\n")
+
+    def pids(text: str) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for (name, labels), _ in parse_samples(text).items():
+            found = dict(labels)
+            if name == "gpu_process_memory_used_bytes":
+                out.setdefault(found["gpu"], set()).add(found["pid"])
+        return out
+
+    with running([*machine_args(machine), "--config.file", str(conf)], tmp_path,
+                 nvml_json=machine / "nvml.json") as d:
+        before = pids(d.get().text)
+        assert max(len(p) for p in before.values()) > 1  # a GPU with several processes
+        conf.write_text("max-processes-per-gpu: 1\n")
+        d.proc.send_signal(signal.SIGHUP)
+        assert _reloads(d, "configuration reloaded", 1)["changed"] == ["max_processes_per_gpu"]
+        _wait(lambda: max(len(p) for p in pids(d.get().text).values()) == 1, "the cap", d)
+        assert values_of(d.get().text, "gpu_exporter_processes_truncated_total")[0] > 0
