@@ -97,7 +97,12 @@ class Reloader:
             if self._stop:
                 return
             wanted, self._wanted = self._wanted, set()
-            self.reload(full="sighup" in wanted)
+            try:
+                self.reload(full="sighup" in wanted)
+            except Exception as e:  # noqa: BLE001 - a bug here must not end all later reloads
+                self.successful = False
+                log.error("configuration reload failed: old settings kept", error=repr(e),
+                          exc_info=True)
 
     def _files(self) -> tuple[tuple[str, int, int, int] | None, ...]:
         """(path, inode, size, mtime) of the web config and the files it names."""
