@@ -17,7 +17,9 @@ from typing import Any
 
 import bcrypt
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.render.selfmetrics import RELOAD_OK, RELOAD_TIME
 from tests.daemon import FIXTURES, Daemon, machine_args, parse_samples, running, values_of
 from tests.test_server import _self_signed, no_gpu_args
 
@@ -69,6 +71,9 @@ def test_sighup_reloads_passwords_and_live_settings(tmp_path: Path) -> None:
         _wait(lambda: d.get(auth=("prometheus", "old-secret")).status_code == 200, "start", d)
         text = d.get(auth=("prometheus", "old-secret")).text
         assert values_of(text, OK_GAUGE) == [1]
+        served = {f.name: (f.documentation, f.type) for f in text_string_to_metric_families(text)}
+        for spec in (RELOAD_OK, RELOAD_TIME):  # as declared with the other self-metrics
+            assert served[spec.name] == (spec.help, "gauge")
         started = values_of(text, TIME_GAUGE)[0]
         assert abs(started - time.time()) < 60
 
