@@ -180,11 +180,19 @@ class Reloader:
         return tls_context(dataclasses.replace(old, **{f: getattr(web, f) for f in WEB_LIVE}))
 
     def _config_changes(self, config: Config, changed: list[str], restart: list[str]) -> None:
+        """Named as the user writes them: ``log.level``, ``collector.interval``."""
+        from exporter.cli import KEYS
+
+        key_of = {o.field: o.key for o in KEYS.values()}
         for f in dataclasses.fields(Config):
-            if f.name == "web_config_file" or \
-                    getattr(self.config, f.name) == getattr(config, f.name):
+            old, new = getattr(self.config, f.name), getattr(config, f.name)
+            if f.name == "web_config_file" or old == new:
                 continue
-            (changed if f.name in LIVE else restart).append(f.name)
+            if f.name == "collectors":
+                restart.extend(f"collector.{name}" for name in sorted(new)
+                               if old.get(name) != new.get(name))
+                continue
+            (changed if f.name in LIVE else restart).append(key_of.get(f.name, f.name))
 
 
 def apply_live(hub: Any) -> Callable[[Config], None]:

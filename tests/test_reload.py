@@ -78,13 +78,15 @@ def test_sighup_reloads_passwords_and_live_settings(tmp_path: Path) -> None:
         assert abs(started - time.time()) < 60
 
         _users(web, b"new-secret")
-        conf.write_text("log.level: debug\nmax-processes-per-gpu: 8\ncollector.interval: 2s\n")
+        conf.write_text("log.level: debug\nmax-processes-per-gpu: 8\ncollector.interval: 2s\n"
+                        "collector.gpm: false\n")
         d.proc.send_signal(signal.SIGHUP)
         line = _reloads(d, "configuration reloaded", 1)
         assert line["trigger"] == "SIGHUP"
-        assert set(line["changed"]) == {"basic_auth_users", "log_level",
-                                        "max_processes_per_gpu"}
-        assert line["needs_restart"] == ["interval"]  # named, not applied
+        assert set(line["changed"]) == {"basic_auth_users", "log.level",
+                                        "max-processes-per-gpu"}
+        # Named as written, not applied.
+        assert line["needs_restart"] == ["collector.interval", "collector.gpm"]
 
         assert d.get(auth=("prometheus", "new-secret")).status_code == 200
         # The old password was remembered as verified: it must be forgotten.
@@ -181,6 +183,6 @@ def test_sighup_applies_a_new_process_cap(tmp_path: Path) -> None:
         assert max(len(p) for p in before.values()) > 1  # a GPU with several processes
         conf.write_text("max-processes-per-gpu: 1\n")
         d.proc.send_signal(signal.SIGHUP)
-        assert _reloads(d, "configuration reloaded", 1)["changed"] == ["max_processes_per_gpu"]
+        assert _reloads(d, "configuration reloaded", 1)["changed"] == ["max-processes-per-gpu"]
         _wait(lambda: max(len(p) for p in pids(d.get().text).values()) == 1, "the cap", d)
         assert values_of(d.get().text, "gpu_exporter_processes_truncated_total")[0] > 0
