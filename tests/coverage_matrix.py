@@ -144,7 +144,9 @@ source serves, and in which family.
 A time counter (`gpu_engine_busy_seconds_total`) exists only where the source counts
 busy time; the exporter does not invent one by integrating samples. amdgpu's sysfs gives
 `gpu_busy_percent`, a sample with no counter behind it, so AMD's device-level `gfx` has a
-utilisation and no busy counter; the time each process spent on `gfx` is in
+utilisation and no busy counter. The fdinfo sum of `gfx` time is not served beside it:
+one engine has one source in both engine families, so a driver's own figure and a sum of
+its clients never disagree on one dashboard. The time each process spent on `gfx` is in
 `gpu_process_engine_busy_seconds_total` (`fdinfo`). NVML's encoder, decoder, JPEG and OFA
 utilisations are samples too: no counter for them either.
 
