@@ -89,8 +89,9 @@ OPTIONS = (
     Option("path.sysfs", "sysfs", parse_path, "sysfs mount point (default /sys)", "DIR"),
     Option("path.procfs", "procfs", parse_path, "procfs mount point (default /proc)", "DIR"),
     Option("path.amdgpu-ids", "amdgpu_ids", parse_path,
-           "libdrm's amdgpu.ids, the AMD marketing-name table (default "
-           "usr/share/libdrm/amdgpu.ids beside the sysfs root)", "FILE"),
+           "libdrm's amdgpu.ids, the AMD marketing-name table, and no other (default "
+           "usr/share/libdrm/amdgpu.ids beside the sysfs root, then /usr/share/libdrm's; "
+           "pci.ids and AMD 0x<device> after either)", "FILE"),
     Option("collector.interval", "interval", bounded_duration(0.1, HOUR),
            "fast tier: seconds between samples, 100ms to 1h (default 1s)", "DURATION"),
     Option("collector.slow-interval", "slow_interval", bounded_duration(0.1, DAY),
