@@ -43,6 +43,12 @@ RUN groupadd --system --gid 10001 gpu-exporter \
       --home-dir /nonexistent --shell /usr/sbin/nologin gpu-exporter
 COPY --from=build /opt/gpu-exporter /opt/gpu-exporter
 
+# AMD marketing names: libdrm's amdgpu.ids (Debian's libdrm-common) and the PCI ids
+# database (pci.ids), the fallbacks after the host's own table (docs/vendors-amd.md).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libdrm-common pci.ids \
+ && rm -rf /var/lib/apt/lists/*
+
 # NVIDIA container toolkit: mount every GPU and only the NVML library
 # ("utility"), not CUDA; override NVIDIA_VISIBLE_DEVICES to narrow it.
 # Logs go to a collector, not a terminal: JSON. MALLOC_ARENA_MAX=2: glibc would give

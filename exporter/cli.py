@@ -89,8 +89,9 @@ OPTIONS = (
     Option("path.sysfs", "sysfs", parse_path, "sysfs mount point (default /sys)", "DIR"),
     Option("path.procfs", "procfs", parse_path, "procfs mount point (default /proc)", "DIR"),
     Option("path.amdgpu-ids", "amdgpu_ids", parse_path,
-           "libdrm's amdgpu.ids, the AMD marketing-name table (default "
-           "usr/share/libdrm/amdgpu.ids beside the sysfs root)", "FILE"),
+           "libdrm's amdgpu.ids, the AMD marketing-name table, and no other (default "
+           "usr/share/libdrm/amdgpu.ids beside the sysfs root, then /usr/share/libdrm's; "
+           "pci.ids and AMD 0x<device> after either)", "FILE"),
     Option("collector.interval", "interval", bounded_duration(0.1, HOUR),
            "fast tier: seconds between samples, 100ms to 1h (default 1s)", "DURATION"),
     Option("collector.slow-interval", "slow_interval", bounded_duration(0.1, DAY),
@@ -190,7 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run one collection and print it as JSON (see below)")
     p.add_argument("--from", dest="from", metavar="URL",
                    help="snapshot only: print the running daemon's /snapshot instead "
-                   "(e.g. http://127.0.0.1:9445; user:password@ for basic auth)")
+                   "(e.g. http://127.0.0.1:9445, https://user:password@host:9445 for "
+                   "basic auth, unix:/run/gpu-exporter.sock)")
+    p.add_argument("--tls.ca-file", dest="tls.ca-file", metavar="FILE",
+                   help="snapshot --from https:// or unix: only: the CA that signed the "
+                   "daemon's certificate (default: the system's CAs)")
+    p.add_argument("--tls.insecure-skip-verify", dest="tls.insecure-skip-verify",
+                   action="store_true", help="snapshot --from only: do not verify the "
+                   "daemon's certificate")
     p.add_argument("--config.file", dest="config.file", metavar="FILE",
                    help="YAML file with the same keys as the flags")
     for o in OPTIONS:
@@ -258,6 +266,10 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     known = {env_name(key) for key in (*KEYS, *COLLECTOR_KEYS, "config.file")}
     for name in sorted(environ):
         if name.startswith(ENV_PREFIX) and name not in known:
+            switch = ENV_PREFIX + name.removeprefix(ENV_PREFIX + "NO_")
+            if name.startswith(ENV_PREFIX + "NO_") and switch in known:
+                # --no-collector.x is a command-line form only: a variable holds a value.
+                raise ConfigError(name, f"unknown variable: use {switch}=false")
             raise ConfigError(name, "unknown variable (every GPU_EXPORTER_* names a flag; "
                                     "see gpu-exporter --help)")
 
@@ -314,8 +326,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command", None) or "run"
     source = args.pop("from", None)
+    ca_file = args.pop("tls.ca-file", None)
+    insecure = bool(args.pop("tls.insecure-skip-verify", False))
     if source is not None and command != "snapshot":
         return _fail("--from: only with the snapshot command")
+    if source is None and (ca_file is not None or insecure):
+        return _fail("--tls.ca-file, --tls.insecure-skip-verify: only with snapshot --from")
     try:
         config = _load(args, environ)
     except ConfigError as e:
@@ -332,7 +348,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from exporter.snapshot import fetch_snapshot, redact_url
 
         try:
-            sys.stdout.buffer.write(fetch_snapshot(source) + b"\n")
+            sys.stdout.buffer.write(fetch_snapshot(source, ca_file=ca_file,
+                                                   insecure=insecure) + b"\n")
         except OSError as e:
             return _fail(f"--from {redact_url(source)}: {e}")
         return 0
@@ -348,6 +365,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except (OSError, ValueError) as e:
         return _fail(f"--dcgm.counters: {e}" if isinstance(e, OSError) else str(e))
     daemon = Daemon(config, selection)
+    daemon.reread = lambda: _load(args, environ)  # what a SIGHUP reads again
     missing = daemon.check()
     if missing:
         daemon.stop(timeout=0)
@@ -387,6 +405,7 @@ class Daemon:
         self.hub = Hub(config, self.backends)
         self.renderer: Any = None
         self.pusher: Any = None  # the OTLP push thread, with --otlp.endpoint
+        self.reread: Callable[[], Config] = lambda: config  # main() sets flags+env+file
 
     def check(self) -> str | None:
         """Why a collector switched on cannot run (exit 2), or None."""
@@ -438,6 +457,7 @@ class Daemon:
 
         import structlog
 
+        from exporter.reload import Reloader, apply_live
         from exporter.server import bind_sockets, build_app, close_sockets, serve, unix_files
         from exporter.webconfig import load_web_config
 
@@ -463,17 +483,20 @@ class Daemon:
             print(f"gpu-exporter: error: cannot listen on {e.strerror or e}", file=sys.stderr)
             return 1
         files = unix_files(sockets)
-        if hasattr(signal, "SIGHUP"):
-            # The configuration is read at start; a SIGHUP (a log rotation, a terminal that
-            # closed) must not kill the daemon silently.
-            signal.signal(signal.SIGHUP, lambda *_: log.info(
-                "SIGHUP ignored", hint="configuration is read at start: restart to apply changes"))
+        reloader = Reloader(config, web, self.reread, apply_live(self.hub))
+        if hasattr(signal, "SIGHUP"):  # exporter.reload: what changes live, what needs a restart
+            signal.signal(signal.SIGHUP, lambda *_: reloader.request("sighup"))
         self.start()
+        if config.config_file or config.web_config_file:  # something a reload can change
+            self.renderer.reload_status(reloader.status)
+        app = build_app(config, self.hub, self.renderer, web, start_collection=False,
+                        history=self.history)
+        reloader.passwords = getattr(app.state, "passwords", None)
+        reloader.start()
         try:
-            serve(config, build_app(config, self.hub, self.renderer, web,
-                                    start_collection=False, history=self.history),
-                  web, sockets)
+            serve(config, app, web, sockets, reloader.context, reloader.on_connection)
         finally:
+            reloader.stop()
             self.stop()
             close_sockets(sockets, files)
         return 0

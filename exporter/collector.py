@@ -29,6 +29,7 @@ from types import MappingProxyType
 
 import structlog
 
+from exporter import logs
 from exporter.backends.base import (
     REOPEN_BACKOFF,
     Attributes,
@@ -48,6 +49,7 @@ from exporter.merge import View, cap, enrich, merge
 from exporter.merge import cap_processes as cap_processes  # the rule, for tests and bench
 from exporter.model import BackendSample, DeviceInfo, DeviceSample
 
+TIMING_INTERVAL = 60.0  # seconds between two debug lines of one backend's cycle time
 log = structlog.get_logger(__name__)
 
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -201,6 +203,7 @@ class Hub:
         self._opened: dict[str, tuple[DeviceSample, ...]] = {}
         self._threads_by_backend: Mapping[str, threading.Thread] = {}
         self._numbered = False
+        self._timing = logs.Every(TIMING_INTERVAL)  # --log.level debug: cycle times
         self._cuts = CutCounter()
         self._generation = 0
         self._stop = threading.Event()
@@ -343,6 +346,8 @@ class Hub:
                            failing=True)
             return None
         duration = time.perf_counter() - t0
+        if logs.debug_enabled() and self._timing.allow(backend.name) is not None:
+            self._log_timing(backend.name, cycle, duration)
         # The hooks are read here, on the backend's own thread, like sample() itself.
         attribution = self._attribution.get(backend.name)
         restarts = self._child_restarts.get(backend.name)
@@ -392,7 +397,6 @@ class Hub:
                                devices=tuple(devices), errors=dict(cycle.errors))
         with self._lock:
             state = self._states[name]
-            self._log_device_changes(state.last, sample)
             errors = dict(state.errors_total)
             for reason, n in cycle.errors.items():
                 errors[reason] = errors.get(reason, 0) + n
@@ -412,6 +416,7 @@ class Hub:
                 self._register(device.info)
                 if not device.info.parent_key:
                     self._remember(DeviceSample(info=device.info, source=device.source, up=False))
+            self._log_device_changes(state.last, sample)  # after _register: the gpu index
 
     def _remember(self, gone: DeviceSample, replace_known: bool = True) -> None:
         """What to report (up=False) for this device once no backend reports it."""
@@ -420,10 +425,25 @@ class Hub:
             self._seen[gone.info.key] = gone
             self._seen_view = MappingProxyType(dict(self._seen))
 
-    @staticmethod
-    def _log_device_changes(old: BackendSample | None, new: BackendSample) -> None:
+    def _log_timing(self, name: str, cycle: Cycle, duration: float) -> None:
+        """``--log.level debug``: how long one cycle of a backend took, and per device
+        (the cycle divided by the devices it read), at most once a TIMING_INTERVAL."""
+        with self._lock:
+            gpus = sorted({str(self._gpu_index.get(d.info.parent_key or d.info.key, -1))
+                           for d in cycle.devices} - {"-1"}, key=int)
+        log.debug("backend cycle", backend=name, seconds=round(duration, 6), gpus=gpus,
+                  devices=len(cycle.devices),
+                  seconds_per_device=round(duration / max(len(cycle.devices), 1), 6))
+
+    def _log_device_changes(self, old: BackendSample | None, new: BackendSample) -> None:
+        """One line per device that appeared, was lost, came back or is gone, with the
+        ``gpu`` index its series carry (where numbered yet) beside its key."""
         # Primary devices only, on both sides: an augmenting backend's (fdinfo) devices
         # are not "gone" in every cycle.
+        def where(key: str) -> dict[str, object]:
+            index = self._gpu_index.get(key, -1)
+            return {"device": key, **({"gpu": str(index)} if index >= 0 else {})}
+
         before = {d.info.key: d.up for d in old.devices if d.primary} if old else {}
         after = set()
         for d in new.devices:
@@ -433,13 +453,13 @@ class Hub:
             after.add(key)
             was = before.get(key)
             if was is None and old is not None:
-                log.info("gpu appeared", backend=new.backend, device=key)
+                log.info("gpu appeared", backend=new.backend, **where(key))
             elif was is True and not d.up:
-                log.warning("gpu lost", backend=new.backend, device=key)
+                log.warning("gpu lost", backend=new.backend, **where(key))
             elif was is False and d.up:
-                log.info("gpu back", backend=new.backend, device=key)
+                log.info("gpu back", backend=new.backend, **where(key))
         for key in before.keys() - after:
-            log.warning("gpu gone", backend=new.backend, device=key)
+            log.warning("gpu gone", backend=new.backend, **where(key))
 
     def _check_attempted(self) -> None:
         if all(s.attempted for s in self._states.values()):

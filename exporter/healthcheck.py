@@ -48,7 +48,7 @@ def exporter_args(cmdline: bytes) -> list[str]:
     return rest[1:] if rest[:1] == ["snapshot"] else rest
 
 
-class _UnixConnection(http.client.HTTPConnection):
+class UnixHTTPConnection(http.client.HTTPConnection):
     """HTTP over a unix socket, in TLS where the listener serves TLS."""
 
     def __init__(self, path: str, timeout: float, context: ssl.SSLContext | None) -> None:
@@ -80,7 +80,7 @@ def _connection(address: str, tls: bool) -> http.client.HTTPConnection:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     if address.startswith("unix:"):
-        return _UnixConnection(address[len("unix:") :], TIMEOUT_SECONDS, context)
+        return UnixHTTPConnection(address[len("unix:") :], TIMEOUT_SECONDS, context)
     host, port = _target(address)
     if context is None:
         return http.client.HTTPConnection(host, port, timeout=TIMEOUT_SECONDS)

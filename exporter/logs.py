@@ -63,6 +63,29 @@ class RepeatFilter(logging.Filter):
         return True
 
 
+_level = [logging.INFO]  # the level now: set_level() changes it on a reload
+
+
+def _by_level(logger: object, method: str, event: structlog.types.EventDict
+              ) -> structlog.types.EventDict:
+    """Drops what is below the current level. A processor, not the bound logger's own
+    filter: loggers are cached on first use, and a reload must reach them too."""
+    if _LEVELS.get(method, logging.ERROR) < _level[0]:
+        raise structlog.DropEvent
+    return event
+
+
+def debug_enabled() -> bool:
+    """Whether debug lines are written: callers skip building them otherwise."""
+    return _level[0] <= logging.DEBUG
+
+
+def set_level(level: str) -> None:
+    """``--log.level`` changed live (SIGHUP): structlog's and the standard library's."""
+    _level[0] = _LEVELS[level]
+    logging.getLogger().setLevel(max(_LEVELS[level], logging.WARNING))
+
+
 def configure(level: str = "info", fmt: str = "auto") -> None:
     """``fmt``: ``json``, ``console``, or ``auto`` (console on a terminal, else JSON)."""
     if fmt == "auto":
@@ -78,8 +101,8 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        processors=[_by_level, *shared, structlog.processors.format_exc_info, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
@@ -94,4 +117,4 @@ def configure(level: str = "info", fmt: str = "auto") -> None:
     handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     root.handlers = [handler]
-    root.setLevel(max(_LEVELS[level], logging.WARNING))
+    set_level(level)

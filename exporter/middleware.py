@@ -85,6 +85,14 @@ class PasswordChecker:
                                         initializer=self._started)
         self.on_thread: Callable[[threading.Thread], None] | None = None
 
+    def replace_users(self, users: Mapping[str, bytes]) -> None:
+        """New hashes from a reloaded web config: remembered successes are forgotten,
+        so a password that was removed or changed stops working at once."""
+        with self._lock:
+            self.users = dict(users)
+            self._decoy = next(iter(self.users.values()))
+            self._verified.clear()
+
     def _started(self) -> None:
         if self.on_thread is not None:
             self.on_thread(threading.current_thread())

@@ -138,6 +138,10 @@ FAMILIES: dict[str, Target] = {
     "gpu_exporter_backend_cpu_seconds_total": _T("gpu_exporter.backend.cpu.time", "s", SUM),
     "gpu_exporter_child_restarts_total": _T("gpu_exporter.child.restarts", "{restart}", SUM),
     "gpu_exporter_otlp_exports_total": _T("gpu_exporter.otlp.exports", "{export}", SUM),
+    "gpu_exporter_config_last_reload_successful": _T(
+        "gpu_exporter.config.last_reload.successful", "1"),
+    "gpu_exporter_config_last_reload_success_timestamp_seconds": _T(
+        "gpu_exporter.config.last_reload.success_timestamp", "s"),
 }
 
 

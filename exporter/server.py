@@ -24,9 +24,10 @@ import math
 import os
 import signal
 import socket
+import ssl
 import stat
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import structlog
@@ -180,6 +181,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         passwords = PasswordChecker(web.basic_auth_users)
         passwords.on_thread = server_threads.append
         app.add_middleware(BasicAuthMiddleware, checker=passwords)
+        app.state.passwords = passwords  # replaced in place on a reload (exporter.reload)
     if web is not None and web.rate_interval:
         app.add_middleware(RateLimitMiddleware, interval=web.rate_interval,
                            burst=web.rate_burst)
@@ -322,12 +324,24 @@ def close_sockets(sockets: list[socket.socket], files: list[tuple[str, int]]) ->
 
 
 def serve(config: Config, app: Starlette, web: WebConfig | None,
-          sockets: list[socket.socket]) -> None:
+          sockets: list[socket.socket],
+          context: Callable[[], ssl.SSLContext | None] | None = None,
+          on_connection: Callable[[], None] | None = None) -> None:
+    """``context``: the TLS context for the next connection (a reload replaces it; default:
+    the one built from ``web``); ``on_connection``: called as each connection arrives (the
+    web config's reload check)."""
     # TLS is set up here, not by uvicorn: the protocol factory wraps each accepted
     # connection itself, so the connection is counted before its handshake.
-    protocol = protocol_factory(
-        Slots(connection_limit()), tls_context(web) if web is not None and web.tls else None,
-        frozenset(web.client_allowed_sans) if web else frozenset())
+    if context is None:
+        fixed = tls_context(web) if web is not None and web.tls else None
+        context = lambda: fixed  # noqa: E731
+    slots = Slots(connection_limit())
+    sans = frozenset(web.client_allowed_sans) if web else frozenset()
+
+    def protocol(**kwargs: Any) -> asyncio.BaseProtocol:
+        if on_connection is not None:
+            on_connection()
+        return protocol_factory(slots, context(), sans)(**kwargs)
     uv = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                         server_header=False, date_header=False, proxy_headers=False,
                         # http: a protocol factory (uvicorn calls it like a class)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -100,34 +101,68 @@ def _snapshot_url(address: str) -> tuple[str, str | None, str | None]:
     return target, user, urllib.parse.unquote(parts.password or "")
 
 
-def fetch_snapshot(address: str, timeout: float = 10.0) -> bytes:
+def _context(https: bool, ca_file: str | None, insecure: bool,
+             check_hostname: bool) -> ssl.SSLContext | None:
+    """The client TLS context: the system's CAs, or ``ca_file``'s; none verified with
+    ``insecure``. None: plain HTTP."""
+    if not (https or ca_file or insecure):
+        return None
+    context = ssl.create_default_context(cafile=ca_file)
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif not check_hostname:  # a unix socket has no host name: the chain is still verified
+        context.check_hostname = False
+    return context
+
+
+def fetch_snapshot(address: str, timeout: float = 10.0, ca_file: str | None = None,
+                   insecure: bool = False) -> bytes:
     """The running daemon's ``/snapshot`` (``gpu-exporter snapshot --from URL``).
 
-    ``address`` is a base URL (``http://127.0.0.1:9445``, ``https://user:pw@host:9445``)
-    or a bare ``host:port``. Raises OSError (urllib's errors are OSErrors) on failure,
-    with a message that never holds the password.
+    ``address`` is a base URL (``http://127.0.0.1:9445``, ``https://user:pw@host:9445``),
+    a bare ``host:port``, or ``unix:/path`` (the daemon's unix socket listener; TLS over
+    it with ``ca_file`` or ``insecure``). ``ca_file``: the CA that signed the daemon's
+    certificate (``--tls.ca-file``); ``insecure``: no verification at all
+    (``--tls.insecure-skip-verify``). Raises OSError on failure, with a message that
+    never holds the password.
     """
     import base64
     import http.client
-    import urllib.error
-    import urllib.request
+    import urllib.parse
 
+    from exporter.healthcheck import UnixHTTPConnection
+
+    headers = {"Accept": "application/json"}
+    conn: http.client.HTTPConnection
+    if address.startswith("unix:"):
+        conn = UnixHTTPConnection(address[len("unix:"):], timeout,
+                                  _context(False, ca_file, insecure, check_hostname=False))
+        path = "/snapshot"
+    else:
+        try:
+            target, user, password = _snapshot_url(address)
+        except ValueError as e:
+            raise OSError(f"bad URL: {e}") from None
+        parts = urllib.parse.urlsplit(target)
+        host, port, path = parts.hostname or "", parts.port, parts.path
+        if user is not None:
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                host, port, timeout=timeout,
+                context=_context(True, ca_file, insecure, check_hostname=True))
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        target, user, password = _snapshot_url(address)
-    except ValueError as e:
-        raise OSError(f"bad URL: {e}") from None
-    request = urllib.request.Request(target, headers={"Accept": "application/json"})
-    if user is not None:
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body: bytes = response.read()
-    except urllib.error.HTTPError as e:
-        raise OSError(f"HTTP {e.code} {e.reason}") from None
-    except urllib.error.URLError as e:
-        raise OSError(str(e.reason)) from None
-    except (ValueError, http.client.HTTPException) as e:  # a reply that is not HTTP
-        raise OSError(f"bad reply: {e}") from None
+        conn.request("GET", path, headers=headers)
+        response = conn.getresponse()
+        body: bytes = response.read()
+    except http.client.HTTPException as e:  # a reply that is not HTTP
+        raise OSError(f"bad reply: {e!r}") from None
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise OSError(f"HTTP {response.status} {response.reason}")
     return body.rstrip(b"\n")
-

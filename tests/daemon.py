@@ -38,10 +38,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def fixture_ids(machine: Path) -> list[str]:
+    """The fixture machine's own amdgpu.ids (present or not), named so that no table or
+    pci.ids of the machine running the tests is read: AMD names stay the same anywhere."""
+    return ["--path.amdgpu-ids", str(machine / "usr/share/libdrm/amdgpu.ids")]
+
+
 def machine_args(machine: Path) -> list[str]:
     """Flags that point the daemon at a fixture machine's trees."""
     proc = machine / "proc" if (machine / "proc").is_dir() else EMPTY_PROC
-    return ["--path.sysfs", str(machine / "sys"), "--path.procfs", str(proc)]
+    return ["--path.sysfs", str(machine / "sys"), "--path.procfs", str(proc),
+            *fixture_ids(machine)]
 
 
 def _fake_perf(args: Sequence[str]) -> dict[str, str]:

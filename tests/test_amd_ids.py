@@ -12,9 +12,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from exporter.backends.amd.backend import AmdBackend
-from exporter.backends.amd.ids import AmdgpuIds, default_path, parse_amdgpu_ids
+from exporter.backends.amd.ids import (
+    AmdgpuIds,
+    default_path,
+    lookup_paths,
+    parse_amdgpu_ids,
+    parse_pci_ids,
+)
 from exporter.cli import load_config
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
@@ -23,6 +30,7 @@ from exporter.fs import SysFS
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = Path(__file__).parent / "golden"
 IDS = FIXTURES / "libdrm" / "amdgpu.ids"
+PCI_IDS = FIXTURES / "hwdata" / "pci.ids"
 AMD = sorted(p.name for p in FIXTURES.iterdir()
              if p.name.startswith("amd-") and (p / "sys").is_dir())
 
@@ -36,13 +44,56 @@ def test_parse_format() -> None:
                      (0x67DF, 0xE7): "AMD Radeon RX 580 Series"}
 
 
-def test_exact_revision_only(tmp_path: Path) -> None:
+def test_exact_revision_only_then_the_synthetic_name(tmp_path: Path) -> None:
     (tmp_path / "ids").write_text("1.0.0\n73BF,\tC0,\tAMD Radeon RX 6900 XT\n")
-    ids = AmdgpuIds(tmp_path / "ids")
+    ids = AmdgpuIds([tmp_path / "ids"])
     assert ids.name("0x73bf", "0xc0") == "AMD Radeon RX 6900 XT"
-    assert ids.name("0x73bf", "0xc3") == ""  # another product, not a guess
-    assert ids.name("0x73bf", None) == "" and ids.name("garbage", "0xc0") == ""
-    assert AmdgpuIds(tmp_path / "missing").name("0x73bf", "0xc0") == ""
+    assert ids.name("0x73bf", "0xc3") == "AMD 0x73bf"  # another product: not a guess
+    assert ids.name("0x73bf", None) == "AMD 0x73bf"
+    assert ids.name("garbage", "0xc0") == "" and ids.name(None, None) == ""
+    assert AmdgpuIds([tmp_path / "missing"]).name("0x73bf", "0xc0") == "AMD 0x73bf"
+
+
+def test_pci_ids_parse() -> None:
+    assert parse_pci_ids(PCI_IDS.read_text()) == {
+        0x747E: "Navi 32 [Radeon RX 7700 XT / 7800 XT]"}  # not 8086's 7550, no subsystem
+
+
+def test_fallback_order_and_one_warning(tmp_path: Path) -> None:
+    first, second = tmp_path / "first.ids", tmp_path / "second.ids"
+    first.write_text("1.0.0\n747E,\tC8,\tFrom The First\n")
+    second.write_text("1.0.0\n747E,\tC8,\tFrom The Second\n747E,\tFF,\tOnly Second\n")
+    with capture_logs() as logged:
+        ids = AmdgpuIds([first, second], [tmp_path / "no-pci.ids", PCI_IDS])
+        assert ids.name("0x747e", "0xc8") == "From The First"
+        assert ids.name("0x747e", "0xff") == "Only Second"
+        assert ids.name("0x747e", "0x01") == "AMD Navi 32 [Radeon RX 7700 XT / 7800 XT]"
+        assert ids.name("0x7550", "0xc0") == "AMD 0x7550"  # 8086's 7550 is not AMD's
+    assert logged == []
+
+    with capture_logs() as logged:
+        none = AmdgpuIds([tmp_path / "a", tmp_path / "b"], [PCI_IDS])
+        for _ in range(3):
+            assert none.name("0x747e", "0xc8") == "AMD Navi 32 [Radeon RX 7700 XT / 7800 XT]"
+    assert [e["log_level"] for e in logged] == ["warning"]
+    assert logged[0]["paths"] == [str(tmp_path / "a"), str(tmp_path / "b")]
+
+
+def test_lookup_paths(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    root.mkdir()
+    tables, pcis = lookup_paths(str(root), None, Path("/img"))
+    assert tables == [tmp_path.resolve() / "usr/share/libdrm/amdgpu.ids",
+                      Path("/img/usr/share/libdrm/amdgpu.ids")]
+    assert pcis == [tmp_path.resolve() / "usr/share/misc/pci.ids",
+                    tmp_path.resolve() / "usr/share/hwdata/pci.ids",
+                    Path("/img/usr/share/misc/pci.ids"), Path("/img/usr/share/hwdata/pci.ids")]
+    # The real root: each file once.
+    assert lookup_paths("/sys", None)[0] == [Path("/usr/share/libdrm/amdgpu.ids")]
+    # The flag pins the table; pci.ids only beside the sysfs root.
+    tables, pcis = lookup_paths(str(root), "/x/ids", Path("/img"))
+    assert tables == [Path("/x/ids")] and all(p.is_relative_to(tmp_path.resolve())
+                                              for p in pcis)
 
 
 def test_default_path_is_beside_the_sysfs_root() -> None:
@@ -62,9 +113,10 @@ def test_flag_env_and_backend(tmp_path: Path) -> None:
     config = Config(sysfs=str(root), amdgpu_ids=str(tmp_path / "mine.ids"))
     (info,) = AmdBackend(config, DrmDiscovery(SysFS(root), hotplug=False)).open()
     assert info.name == "Renamed By Flag"
-    # Without the flag and without a file beside the root: no name, not an error.
-    (info,) = AmdBackend(Config(sysfs=str(root)), DrmDiscovery(SysFS(root), hotplug=False)).open()
-    assert info.name == ""
+    # Without a table that names it: the synthetic name, never empty.
+    config = Config(sysfs=str(root), amdgpu_ids=str(tmp_path / "missing.ids"))
+    (info,) = AmdBackend(config, DrmDiscovery(SysFS(root), hotplug=False)).open()
+    assert info.name == "AMD 0x73bf"
 
 
 def independent_name(device: str, revision: str) -> str:
@@ -81,8 +133,9 @@ def test_golden_names_match_the_ids_file(machine: str) -> None:
     (card,) = (FIXTURES / machine / "sys/class/drm").glob("card[0-9]")
     dev = card / "device"
     revision = (dev / "revision").read_text().strip() if (dev / "revision").exists() else ""
-    expected = independent_name((dev / "device").read_text().strip(), revision) \
-        if revision else ""
+    device = (dev / "device").read_text().strip()
+    # Not in the fixture's table: the synthetic name (the goldens read no pci.ids).
+    expected = (independent_name(device, revision) if revision else "") or f"AMD {device}"
     golden = (GOLDEN / f"{machine}.prom").read_text()
     (name,) = re.findall(r'^gpu_info\{.*?name="([^"]*)"', golden, re.M)
     assert name == expected

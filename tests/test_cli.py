@@ -131,6 +131,34 @@ def test_snapshot_from_the_running_daemon(tmp_path: Path) -> None:
     assert run_cli("--from", "http://x").returncode == 2  # only with snapshot
 
 
+def test_snapshot_from_a_tls_daemon_over_tcp_and_a_unix_socket(tmp_path: Path) -> None:
+    import tempfile
+
+    cert, key = _self_signed(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    with tempfile.TemporaryDirectory(prefix="gx") as short:  # a unix path is <= 107 bytes
+        sock = f"{short}/x.sock"
+        with running([*no_gpu_args(tmp_path), "--web.config.file", str(web),
+                      "--web.listen-address", f"unix:{sock}"], tmp_path, ready=False) as d:
+            https = d.base_url.replace("http://", "https://")
+            deadline = time.monotonic() + 20
+            while run_cli("snapshot", "--from", https, "--tls.insecure-skip-verify"
+                          ).returncode != 0:
+                assert time.monotonic() < deadline, d.log()
+                time.sleep(0.1)
+            for source in (https, f"unix:{sock}"):
+                ok = run_cli("snapshot", "--from", source, "--tls.ca-file", str(cert))
+                assert ok.returncode == 0, ok.stderr
+                assert {b["backend"] for b in json.loads(ok.stdout)["backends"]} >= {"amd"}
+            one_line_error(run_cli("snapshot", "--from", https), "CERTIFICATE_VERIFY_FAILED")
+            insecure = run_cli("snapshot", "--from", f"unix:{sock}",
+                               "--tls.insecure-skip-verify")
+            assert insecure.returncode == 0, insecure.stderr
+    one_line_error(run_cli("snapshot", "--tls.ca-file", str(cert)),
+                   "only with snapshot --from")
+
+
 def test_nested_config_where_a_key_is_a_switch_and_a_prefix(tmp_path: Path) -> None:
     """14: `collector: {processes: {interval: 3s}}` failed with 'not a boolean'."""
     config = tmp_path / "config.yml"
@@ -151,6 +179,16 @@ def test_an_unknown_environment_variable_is_an_error_as_in_the_file() -> None:
     """14: GPU_EXPORTER_COLLECTOR_INTERVL was silently ignored."""
     env = daemon_env(None, {"GPU_EXPORTER_COLLECTOR_INTERVL": "2s"})
     one_line_error(run_cli(env=env), "GPU_EXPORTER_COLLECTOR_INTERVL: unknown variable")
+
+
+def test_a_no_collector_variable_says_the_form_that_works() -> None:
+    """--no-collector.x is a flag form; its variable spelling must point at the value form."""
+    env = daemon_env(None, {"GPU_EXPORTER_NO_COLLECTOR_NVIDIA": "1"})
+    one_line_error(run_cli(env=env), "GPU_EXPORTER_NO_COLLECTOR_NVIDIA: unknown variable: "
+                                     "use GPU_EXPORTER_COLLECTOR_NVIDIA=false")
+    env = daemon_env(None, {"GPU_EXPORTER_NO_SUCH_THING": "1"})  # no hint where none fits
+    result = run_cli(env=env)
+    one_line_error(result, "GPU_EXPORTER_NO_SUCH_THING: unknown variable (every")
 
 
 def test_a_collector_forced_on_without_its_library_fails_at_start(tmp_path: Path) -> None:

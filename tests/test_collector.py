@@ -222,6 +222,44 @@ def test_a_lost_gpu_is_logged_once_when_lost_and_once_when_back() -> None:
     assert events == ["gpu lost", "gpu back"]
 
 
+def test_device_log_lines_carry_the_gpu_index_of_the_series() -> None:
+    """A log said gpu: 0 (the library's index) for the GPU whose series say gpu="1"."""
+    from structlog.testing import capture_logs
+
+    amd, nvidia = Scripted("amd", ["0000:03:00.0"]), Scripted("nvidia", ["0000:05:00.0"])
+    hub = Hub(Config(), [amd, nvidia])
+    snapshot = hub.collect_once()
+    index = {d.info.key: gpu for gpu, d in snapshot.devices}
+    with capture_logs() as logs:
+        nvidia.up = False
+        hub._sample(nvidia, slow=False)
+    (lost,) = [e for e in logs if e["event"] == "gpu lost"]
+    assert lost["gpu"] == index[lost["device"]] == "1"
+
+
+def test_debug_logs_each_backends_cycle_time_at_most_once_a_minute() -> None:
+    from structlog.testing import capture_logs
+
+    from exporter import logs as exporter_logs
+
+    backend = Scripted("amd", ["0000:03:00.0", "0000:04:00.0"])
+    hub = Hub(Config(), [backend])
+    hub.collect_once()
+    try:
+        with capture_logs() as quiet:
+            hub._sample(backend, slow=False)  # info: nothing
+        exporter_logs.set_level("debug")
+        with capture_logs() as logs:
+            for _ in range(5):
+                hub._sample(backend, slow=False)
+    finally:
+        exporter_logs.set_level("info")
+    assert not [e for e in quiet if e["event"] == "backend cycle"]
+    (line,) = [e for e in logs if e["event"] == "backend cycle"]
+    assert line["backend"] == "amd" and line["gpus"] == ["0", "1"] and line["devices"] == 2
+    assert 0 <= line["seconds_per_device"] <= line["seconds"]
+
+
 class Raising(Scripted):
     """A backend with a bug (or a handle that goes bad): sample() raises after ``good``
     cycles."""

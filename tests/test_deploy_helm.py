@@ -630,3 +630,17 @@ def test_kustomize_objects_equal_the_rendered_chart(tmp_path: Path) -> None:
             ours, theirs = ours["ports"], theirs["ports"]
         assert ours == theirs, kind
     assert by_kind(plain, "Namespace")["metadata"]["name"] == NAMESPACE
+
+
+def test_host_libdrm_is_mounted_beside_the_host_sysfs_only_when_set() -> None:
+    from exporter.backends.amd.ids import lookup_paths
+
+    assert not [m for m in pod_spec(render({}))["containers"][0]["volumeMounts"]
+                if m["name"] == "libdrm"]
+    pod = pod_spec(render({"hostPaths": {"libdrm": "/usr/share/libdrm"}}))
+    c = pod["containers"][0]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "libdrm")
+    volume = next(v for v in pod["volumes"] if v["name"] == "libdrm")
+    assert mount["readOnly"] is True and volume["hostPath"]["path"] == "/usr/share/libdrm"
+    sysfs = next(a.split("=", 1)[1] for a in c["args"] if a.startswith("--path.sysfs="))
+    assert str(lookup_paths(sysfs, None)[0][0]) == mount["mountPath"] + "/amdgpu.ids"

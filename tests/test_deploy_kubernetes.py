@@ -185,3 +185,23 @@ def test_namespace_is_labelled_for_pod_security() -> None:
     base = yaml.safe_load((KUSTOMIZE / "kustomization.yaml").read_text())
     assert "namespace.yaml" in base["resources"]
     assert base["namespace"] == namespace["metadata"]["name"]
+
+
+def test_host_libdrm_component_mounts_the_table_beside_the_host_sysfs(tmp_path: Path) -> None:
+    import kubernetes_validate
+
+    from exporter.backends.amd.ids import lookup_paths
+
+    docs = with_components(tmp_path, [KUSTOMIZE / "components" / "host-libdrm"])
+    ds = by_kind(docs, "DaemonSet")
+    kubernetes_validate.validate(ds, K8S_VERSIONS[-1], strict=True)
+    c = container(ds)
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "host-libdrm")
+    volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"]
+                  if v["name"] == "host-libdrm")
+    assert mount["readOnly"] is True and volume["hostPath"]["path"] == "/usr/share/libdrm"
+    sysfs = next(a.split("=", 1)[1] for a in c["args"] if a.startswith("--path.sysfs="))
+    # The exporter's first table is the mounted host's, its second the image's own.
+    tables, _ = lookup_paths(sysfs, None)
+    assert [str(t) for t in tables] == [mount["mountPath"] + "/amdgpu.ids",
+                                        "/usr/share/libdrm/amdgpu.ids"]

@@ -21,7 +21,7 @@ RULES = ROOT / "deploy" / "prometheus" / "gpu-exporter.rules.yml"
 RULE_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yml"))
 CHART_RULES = ROOT / "helm" / "gpu-exporter" / "files" / "gpu-exporter.rules.yml"
 GOLDEN_DIR = ROOT / "tests" / "golden"
-METRICS_MD = [ROOT / "docs" / "metrics.md", ROOT.parent / "shared" / "METRICS.md"]
+METRICS_MD = ROOT / "docs" / "metrics.md"  # generated from the field table
 PROMTOOL = shutil.which("promtool")
 
 # Series Prometheus makes itself for every target, not the exporter's.
@@ -98,11 +98,8 @@ def golden_sample_names() -> set[str]:
 
 
 def documented_names() -> set[str]:
-    """Family names that the metric contract (METRICS.md) lists, with derived sample names."""
-    path = next((p for p in METRICS_MD if p.exists()), None)
-    if path is None:
-        pytest.skip("no docs/metrics.md or ../shared/METRICS.md to compare with")
-    names = set(re.findall(r"`(gpu_[a-z0-9_]+)`", path.read_text()))
+    """Family names that docs/metrics.md lists, with derived sample names."""
+    names = set(re.findall(r"`(gpu_[a-z0-9_]+)`", METRICS_MD.read_text()))
     derived = {n + s for n in names for s in ("_bucket", "_count", "_sum")}
     return names | derived
 

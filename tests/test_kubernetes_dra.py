@@ -21,7 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_golden import normalize
 
-from tests.daemon import FIXTURES, REPO, Daemon, promtool_check, running
+from tests.daemon import FIXTURES, REPO, Daemon, fixture_ids, promtool_check, running
 from tests.fakes.kubelet import FakeKubelet, FakeRuntime, Node
 
 DRA = FIXTURES / "k8s-dra"
@@ -46,6 +46,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Pat
     with FakeKubelet(tmp / "kubelet.sock", scenario) as kubelet, \
             FakeRuntime(tmp / "containerd.sock", scenario) as runtime:
         args = ["--path.sysfs", str(MIXED_SYS), "--path.procfs", str(NODE_DIR / "proc"),
+                *fixture_ids(MIXED_SYS.parent),
                 "--kubernetes.pod-resources-socket", str(kubelet.socket),
                 "--kubernetes.cri-socket", str(runtime.socket),
                 "--kubernetes.cdi-spec-dirs", f"{tmp / 'cdi' / 'etc'},{tmp / 'cdi' / 'run'}",
@@ -66,6 +67,7 @@ def test_golden_and_promtool(tmp_path: Path) -> None:
     with FakeKubelet(tmp_path / "kubelet.sock", scenario) as kubelet, \
             FakeRuntime(tmp_path / "containerd.sock", scenario) as runtime:
         args = ["--path.sysfs", str(MIXED_SYS), "--path.procfs", str(NODE_DIR / "proc"),
+                *fixture_ids(MIXED_SYS.parent),
                 "--kubernetes.pod-resources-socket", str(kubelet.socket),
                 "--kubernetes.cri-socket", str(runtime.socket),
                 "--kubernetes.cdi-spec-dirs",

@@ -20,7 +20,7 @@ from test_deploy_dashboards import load, targets, to_promql
 from test_deploy_prometheus_e2e import PROMETHEUS, RULES, free_port, query, stop, wait_for
 from test_golden import normalize
 
-from tests.daemon import FIXTURES, REPO, promtool_check, running
+from tests.daemon import FIXTURES, REPO, fixture_ids, promtool_check, running
 from tests.fakes.kubelet import FakeKubelet, FakeRuntime, Node
 
 NODE_DIR = FIXTURES / "k8s-node"
@@ -36,6 +36,7 @@ pytestmark = pytest.mark.slow
 
 def node_args(kubelet: FakeKubelet, runtime: FakeRuntime) -> list[str]:
     return ["--path.sysfs", str(MIXED_SYS), "--path.procfs", str(NODE_DIR / "proc"),
+            *fixture_ids(MIXED_SYS.parent),
             "--kubernetes.pod-resources-socket", str(kubelet.socket),
             "--kubernetes.cri-socket", str(runtime.socket)]
 

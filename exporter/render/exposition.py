@@ -40,12 +40,14 @@ ESCAPING = "allow-utf-8"  # prometheus_client's ALLOWUTF8
 
 def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,
                       threads: Mapping[str, Sequence[threading.Thread]] | None = None,
-                      otlp: Mapping[str, int] | None = None) -> Iterator[Metric]:
-    """Every family of a snapshot; ``otlp``: the OTLP pusher's counts (--otlp.endpoint)."""
+                      otlp: Mapping[str, int] | None = None,
+                      reload: tuple[bool, float] | None = None) -> Iterator[Metric]:
+    """Every family of a snapshot; ``otlp``: the OTLP pusher's counts (--otlp.endpoint);
+    ``reload``: the daemon's last configuration reload (exporter.reload)."""
     opts = opts or RenderOptions()
     yield from device_families(s, opts)
     yield from opts.selection.keep(join_families(s))
-    yield from opts.selection.keep(exporter_families(s, threads or {}, otlp))
+    yield from opts.selection.keep(exporter_families(s, threads or {}, otlp, reload))
 
 
 class _SnapshotCollector:
@@ -53,6 +55,7 @@ class _SnapshotCollector:
                  threads: Mapping[str, Sequence[threading.Thread]]) -> None:
         self.snapshot: Snapshot | None = None
         self.otlp: Callable[[], Mapping[str, Any]] | None = None  # the OTLP pusher's status
+        self.reload: Callable[[], tuple[bool, float]] | None = None  # exporter.reload
         self.options = options
         self.threads = threads
 
@@ -65,7 +68,8 @@ class _SnapshotCollector:
             threads = {**{name: (t,) for name, t in s.threads.items()}, **self.threads}
             status = self.otlp() if self.otlp is not None else None
             yield from snapshot_families(s, self.options, threads,
-                                         None if status is None else status["exports"])
+                                         None if status is None else status["exports"],
+                                         self.reload() if self.reload is not None else None)
 
 
 VARIANTS = ("text", "text+gzip", "openmetrics", "openmetrics+gzip")
@@ -208,6 +212,10 @@ class Renderer:
     @otlp.setter
     def otlp(self, status: Callable[[], Mapping[str, Any]] | None) -> None:
         self._collector.otlp = status
+
+    def reload_status(self, status: Callable[[], tuple[bool, float]]) -> None:
+        """Serve the configuration reload gauges from ``status`` (a serving daemon)."""
+        self._collector.reload = status
 
     def _render_bytes(self, snapshot: Snapshot, openmetrics: bool) -> bytes:
         with self._render_lock:  # the registry's collector holds one snapshot at a time

@@ -54,8 +54,17 @@ OTLP = MetricSpec("gpu_exporter_otlp_exports_total",
                   "OTLP pushes by result: sent, failed (after the exporter's retries), dropped "
                   "(a push still in flight when the next was due).", Kind.COUNTER,
                   labels=("result",), note="With --otlp.endpoint only; see [otlp.md](otlp.md).")
+RELOAD_OK = MetricSpec("gpu_exporter_config_last_reload_successful",
+                       "1 if the last configuration reload (SIGHUP, or a changed web config "
+                       "file) succeeded; 0 while the old settings are kept after an error.",
+                       note="Served by the daemon with --config.file or --web.config.file "
+                       "(what a reload reads); see [reload](reload.md).")
+RELOAD_TIME = MetricSpec("gpu_exporter_config_last_reload_success_timestamp_seconds",
+                         "When the configuration was last loaded successfully (start-up "
+                         "included).", unit="seconds")
 # In the order served.
-EXPORTER = (BUILD, UP, BACKEND_UP, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED, CPU, OTLP)
+EXPORTER = (BUILD, UP, BACKEND_UP, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED, CPU, OTLP,
+            RELOAD_OK, RELOAD_TIME)
 
 
 def _labels(spec: MetricSpec, value: float | None) -> list[str] | None:
@@ -88,8 +97,10 @@ def thread_cpu_seconds(thread: threading.Thread) -> float | None:
 
 
 def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thread]],
-                      otlp: Mapping[str, int] | None = None) -> Iterator[Metric]:
-    """``otlp``: the OTLP pusher's export counts by result, with --otlp.endpoint only."""
+                      otlp: Mapping[str, int] | None = None,
+                      reload: tuple[bool, float] | None = None) -> Iterator[Metric]:
+    """``otlp``: the OTLP pusher's export counts by result, with --otlp.endpoint only;
+    ``reload``: (last reload successful, when it last succeeded), from a serving daemon."""
     build = _gauge(BUILD)
     build.add_metric([__version__, platform.python_version()], 1)
     yield build
@@ -126,3 +137,6 @@ def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thre
         for result, n in otlp.items():
             exports.add_metric([result], n)
         yield exports
+    if reload is not None:
+        yield _gauge(RELOAD_OK, 1 if reload[0] else 0)
+        yield _gauge(RELOAD_TIME, reload[1])

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -97,12 +96,10 @@ class AmdBackend:
 
     def _device_info(self, card: DrmCard) -> DeviceInfo:
         from exporter.backends.amd.card import device_info
-        from exporter.backends.amd.ids import AmdgpuIds, default_path
+        from exporter.backends.amd.ids import AmdgpuIds, lookup_paths
 
         if self._ids is None:
-            config = self.config
-            self._ids = AmdgpuIds(Path(config.amdgpu_ids) if config.amdgpu_ids
-                                  else default_path(config.sysfs))
+            self._ids = AmdgpuIds(*lookup_paths(self.config.sysfs, self.config.amdgpu_ids))
         return device_info(card, self._ids)
 
     def sample(self, slow: bool) -> Cycle:

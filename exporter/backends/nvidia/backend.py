@@ -140,13 +140,13 @@ class NvidiaBackend:
                 dev.prime(errors)
             except GpuLost as e:
                 # NVML still knows it: keep it, so it reports gpu_up 0 rather than vanishing.
-                log.warning("nvml_gpu_lost", gpu=index, uuid=info.uuid, reason=str(e))
+                log.warning("nvml_gpu_lost", nvml_index=index, uuid=info.uuid, reason=str(e))
             gpm = None
             if gpm_wanted:
                 try:
                     gpm = GpmSampler(nvml, handle)
                 except (GpmUnsupported, nvml.NVMLError) as e:
-                    log.info("nvml_gpm_unavailable", gpu=index, reason=str(e))
+                    log.info("nvml_gpm_unavailable", nvml_index=index, reason=str(e))
                     if self._gpm_reason is not None:
                         self._gpm_reason = f"GPU {index}: {e}"
                 else:

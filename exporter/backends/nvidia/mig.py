@@ -67,7 +67,7 @@ class MigReader:
         enabled = None if mode is None else u32(mode[0]) == self._enable
         if enabled != self.enabled:
             if self.enabled is not None or enabled:
-                log.info("nvml_mig_mode", gpu=self.parent.index, enabled=enabled)
+                log.info("nvml_mig_mode", nvml_index=self.parent.index, enabled=enabled)
                 # Readings NVML refuses in one mode (utilisation, NVLink in MIG mode) may
                 # answer in the other: ask again.
                 self.parent.forget_unsupported()
@@ -76,9 +76,9 @@ class MigReader:
             self.parent.info = replace(self.parent.info, info_labels=labels)
         seen = self._enumerate(errors) if enabled else {}
         for uuid in set(self.instances) - set(seen):
-            log.info("nvml_mig_instance_gone", gpu=self.parent.index, uuid=uuid)
+            log.info("nvml_mig_instance_gone", nvml_index=self.parent.index, uuid=uuid)
         for uuid in set(seen) - set(self.instances):
-            log.info("nvml_mig_instance", gpu=self.parent.index, uuid=uuid,
+            log.info("nvml_mig_instance", nvml_index=self.parent.index, uuid=uuid,
                      **seen[uuid].info.slice_labels)
         self.instances = seen
         live = {i.gpu_instance_id for i in seen.values()}
@@ -159,7 +159,7 @@ class MigReader:
                 try:
                     sampler = GpmSampler(nvml, self.parent.handle, gpu_instance_id=gi)
                 except (GpmUnsupported, nvml.NVMLError) as e:
-                    log.info("nvml_gpm_unavailable", gpu=self.parent.index, gpu_instance=gi,
+                    log.info("nvml_gpm_unavailable", nvml_index=self.parent.index, gpu_instance=gi,
                              reason=str(e))
             self.gpm[gi] = sampler
         sampler = self.gpm[gi]
