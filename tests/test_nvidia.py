@@ -112,7 +112,8 @@ def test_slow_tier_values_reused_on_fast_cycles() -> None:
     assert fast.pcie_throughput_bytes_per_second["tx"] == 10 * 1024.0
     assert fast.power_watts == 100.0  # the fast tier moved on
     again = b.sample(slow=True).devices[0]
-    assert again.energy_joules == 1.5
+    # energy is a spinning counter: read every COUNTERS_EVERY-th slow cycle (the next test)
+    assert again.energy_joules == 1.0
     assert again.pcie_throughput_bytes_per_second["tx"] == 20 * 1024.0
 
 
@@ -458,3 +459,20 @@ def test_shim_is_pynvml_for_a_subprocess(tmp_path: Path) -> None:
                          timeout=30, check=True)
     assert out.stdout.strip().splitlines()[-1] == (
         "['NVIDIA H200', 'NVIDIA H100 80GB HBM3'] 250.0 True")
+
+
+def test_spinning_counters_are_read_every_third_slow_cycle_and_kept_between() -> None:
+    """Total energy and the violation times cost milliseconds of driver CPU each: read on
+    the first slow cycle, then every COUNTERS_EVERY-th, the last value served between."""
+    from exporter.backends.nvidia.device import COUNTERS_EVERY
+
+    fake = FakeNVML([FakeGPU(violation_ns={"power": 10**9, "thermal": 0, "sync_boost": 0})])
+    b = backend(fake)
+    energies = []
+    for _ in range(2 * COUNTERS_EVERY + 1):
+        d = b.sample(slow=True).devices[0]
+        energies.append(d.energy_joules)
+        assert d.energy_joules is not None and d.clock_event_seconds
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 3  # cycles 1, 4 and 7
+    assert fake.calls["nvmlDeviceGetViolationStatus"] == 3 * 3  # 3 reasons, cycles 1, 4, 7
+    assert energies == sorted(energies)  # a counter never goes back

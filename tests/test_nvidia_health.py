@@ -9,6 +9,7 @@ import pytest
 
 from exporter.backends.base import BackendFailed
 from exporter.backends.nvidia.backend import NvidiaBackend
+from exporter.backends.nvidia.device import COUNTERS_EVERY
 from exporter.config import Config
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.fakes.nvml_real import N
@@ -101,6 +102,10 @@ def test_clock_event_durations_are_counters_in_seconds() -> None:
     assert b.sample(slow=False).devices[0].clock_event_seconds["sw_power_cap"] == \
         pytest.approx(12.345678901)  # slow tier: the last value until the next slow cycle
     assert fake.calls["nvmlDeviceGetViolationStatus"] == asked
+    # read again on the COUNTERS_EVERY-th slow cycle (tests/test_nvidia.py), kept meanwhile
+    for _ in range(COUNTERS_EVERY - 1):
+        assert b.sample(slow=True).devices[0].clock_event_seconds["sw_power_cap"] == \
+            pytest.approx(12.345678901)
     assert b.sample(slow=True).devices[0].clock_event_seconds["sw_power_cap"] == \
         pytest.approx(13.345678901)
 
@@ -168,7 +173,7 @@ def test_fast_fields_in_one_call_per_cycle() -> None:
 def test_energy_only_on_the_slow_tier() -> None:
     fake = FakeNVML([FakeGPU()])
     b = backend(fake)
-    for slow in (True, False, False, False, True):
+    for slow in (True, False, False, False, *(True,) * COUNTERS_EVERY):
         b.sample(slow=slow)
     assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 2
 

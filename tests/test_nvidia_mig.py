@@ -198,3 +198,24 @@ def test_mig_fixture_machine_against_the_capture() -> None:
     busy = next(d for d in instances if d.info.slice_labels["gpu_instance_id"] == "2")
     assert {(p.pid, p.process, p.memory_used_bytes / MIB) for p in busy.processes} == {
         (21180, "memhog", 2296), (21181, "memhog", 1272), (21198, "gpu_burn", 7484)}
+
+
+def test_the_mig_mode_is_asked_on_the_slow_tier_only() -> None:
+    """A mode change takes a GPU reset, and the call costs a third of a fast cycle on an
+    H100: fast cycles reuse the mode, instances are still walked every cycle."""
+    gpu = mig_gpu()
+    fake = FakeNVML([gpu])
+    b = backend(fake)
+    b.sample(slow=False)  # the first cycle reads everything
+    for _ in range(3):
+        devices = b.sample(slow=False).devices
+    assert fake.calls["nvmlDeviceGetMigMode"] == 1
+    assert len(devices) == 1 + len(gpu.mig_devices)
+    gpu.mig_devices = gpu.mig_devices[:1]  # an instance destroyed: seen at the next cycle
+    assert len(b.sample(slow=False).devices) == 2
+    gpu.mig_mode = 0
+    parent = b.sample(slow=False).devices[0]  # the mode waits for the slow tier
+    assert parent.info.info_labels == {"mig_mode": "enabled"}
+    (parent,) = b.sample(slow=True).devices
+    assert fake.calls["nvmlDeviceGetMigMode"] == 2
+    assert parent.info.info_labels == {"mig_mode": "disabled"}

@@ -202,7 +202,7 @@ class NvidiaBackend:
     def _sample_gpu(self, g: _Gpu, slow: bool, errors: Counter[str]) -> list[DeviceSample]:
         """The GPU's sample, then one per MIG instance."""
         try:
-            g.mig.refresh(errors)
+            g.mig.refresh(errors, slow or g.slow is None)
             values = g.dev.read_fast(errors)
             if slow or g.slow is None:  # the first cycle fills the slow values too
                 g.slow = g.dev.read_slow(errors)
@@ -218,6 +218,7 @@ class NvidiaBackend:
             errors["gpu_lost"] += 1
             g.slow, g.profiling = None, {}  # re-read in full once the GPU answers again
             g.dev.nvlink.reset()
+            g.dev.reset_counters()
             return [DeviceSample(info=g.dev.info, source=SOURCE, up=False), *g.mig.down()]
         info = g.dev.info
         xids = self._xids.get(info.uuid)

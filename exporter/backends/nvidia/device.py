@@ -140,6 +140,15 @@ def read_info(nvml: Any, handle: Any, driver_version: str) -> DeviceInfo:
     )
 
 
+# The energy counter and the violation (clock event) times are read every COUNTERS_EVERY-th
+# slow cycle (30 s by default, dcgm-exporter's default collection interval): on an H100
+# (driver 580.159) nvmlDeviceGetTotalEnergyConsumption costs 3.3 ms of CPU (the driver
+# spins) and nvmlDeviceGetViolationStatus 0.47 ms for each of 3 reasons, 60 % of the slow
+# tier's CPU. Counters lose nothing by being read less often; the served value is then up
+# to 30 s old. The first slow cycle reads them.
+COUNTERS_EVERY = 3
+
+
 class NvmlDevice:
     """Reads one GPU. ``read_static`` once at open; ``read_fast`` / ``read_slow`` per tier."""
 
@@ -156,6 +165,12 @@ class NvmlDevice:
                             if (fid := field_id(nvml, n)) is not None}
         self.nvlink = NvLinks(self.call)
         self.health = Health(self.call, info.architecture)
+        self._slow_cycles = 0  # slow cycles read: which of them read the spinning counters
+        self._energy: float | None = None  # the last total energy read, J
+
+    def reset_counters(self) -> None:
+        """After the GPU was lost: the next slow cycle reads every counter afresh."""
+        self._slow_cycles, self._energy, self.health.events = 0, None, None
 
     def forget_unsupported(self) -> None:
         """Ask again for everything once found unsupported (after a MIG mode change)."""
@@ -276,9 +291,14 @@ class NvmlDevice:
         return {reason: bool(mask & bit) for reason, bit in THROTTLE_BITS.items()}
 
     def read_slow(self, errors: Counter[str]) -> DeviceValues:
-        """Expensive getters (milliseconds each), every --collector.slow-interval."""
+        """Expensive getters (milliseconds each), every --collector.slow-interval; the two
+        counters whose reads spin in the driver every COUNTERS_EVERY-th time."""
         g = self.call.get
-        energy = u64(g(errors, "nvmlDeviceGetTotalEnergyConsumption"))
+        due = self._slow_cycles % COUNTERS_EVERY == 0
+        self._slow_cycles += 1
+        if due:
+            self._energy = gated(errors, u64(g(errors, "nvmlDeviceGetTotalEnergyConsumption")),
+                                 1e-3, "joules")
         pcie: dict[str, float] = {}
         for key, const in ((Direction.TX, "NVML_PCIE_UTIL_TX_BYTES"),
                            (Direction.RX, "NVML_PCIE_UTIL_RX_BYTES")):
@@ -289,13 +309,13 @@ class NvmlDevice:
         throughput_due, errors_due = self.nvlink.next_slow_cycle()
         values = self._slow_fields(errors, throughput_due)
         return DeviceValues(
-            energy_joules=gated(errors, energy, 1e-3, "joules"),
+            energy_joules=self._energy,
             pcie_replay_errors=replays,
             pcie_throughput_bytes_per_second=pcie,
             nvlink_throughput_bytes_per_second=self.nvlink.throughput(
                 errors, values, self.fields.dropped, throughput_due),
             nvlink_errors=self.nvlink.read_errors(errors, errors_due),
-        ).overlay(self.health.read(errors, values))
+        ).overlay(self.health.read(errors, values, due))
 
     def _slow_fields(self, errors: Counter[str], nvlink: bool = True) -> dict[FieldKey, Any]:
         return self.fields.read(errors, self.health.fields()

@@ -86,22 +86,28 @@ class Health:
                         } if architecture in RETIRES_PAGES else {}
         self.pending = field_id(nvml, PENDING_FIELD) if architecture in RETIRES_PAGES else None
         self.recovery = field_id(nvml, RECOVERY_FIELD)
+        self.events: dict[str, float] | None = None  # the last violation times read
 
     def fields(self) -> list[FieldKey]:
         """Requests for the slow-tier field batch."""
         extra = (fid for fid in (self.pending, self.recovery) if fid is not None)
         return [(fid, 0) for fid in (*self.retired.values(), *extra)]
 
-    def read(self, errors: Counter[str], values: dict[FieldKey, FieldValue]) -> DeviceValues:
+    def read(self, errors: Counter[str], values: dict[FieldKey, FieldValue],
+             counters_due: bool = True) -> DeviceValues:
         """clock_event_seconds, ras_errors, retired_pages, retired_pages_pending,
-        recovery_action."""
+        recovery_action. The violation times are read when ``counters_due`` (every
+        COUNTERS_EVERY-th slow cycle, exporter.backends.nvidia.device), else kept."""
         g = self.call.get
-        events: dict[str, float] = {}
-        for reason, policy in self.violations.items():
-            v = g(errors, "nvmlDeviceGetViolationStatus", policy)
-            seconds = None if v is None else scaled(u64(v.violationTime), 1e-9, "seconds")
-            if seconds is not None:
-                events[reason] = seconds
+        if counters_due or self.events is None:
+            events: dict[str, float] = {}
+            for reason, policy in self.violations.items():
+                v = g(errors, "nvmlDeviceGetViolationStatus", policy)
+                seconds = None if v is None else scaled(u64(v.violationTime), 1e-9, "seconds")
+                if seconds is not None:
+                    events[reason] = seconds
+            self.events = events
+        events = self.events
         ras: dict[tuple[str, str], int] = {}
         if self.volatile is not None:
             for location, block in self.locations.items():

@@ -3,11 +3,14 @@
 Read only, never configured: the exporter calls no NVML function that creates,
 destroys or changes an instance or the MIG mode.
 
-Every fast cycle asks ``nvmlDeviceGetMigMode`` (current mode) and, with MIG on, walks
-``nvmlDeviceGetMigDeviceHandleByIndex`` up to ``nvmlDeviceGetMaxMigDeviceCount``; an
-empty index answers NOT_FOUND. An instance is known by its MIG UUID, so one destroyed
-and re-created (a new UUID) is a new device, and the set follows reconfiguration within
-one cycle. A GPU that has no MIG (NOT_SUPPORTED) costs one remembered failure, once.
+The slow tier (and the first cycle) asks ``nvmlDeviceGetMigMode``: a mode change takes
+a GPU reset, and the call costs 0.22 ms of CPU on an H100 (driver 580.159), a third of
+a whole fast cycle. With MIG on, every fast cycle walks
+``nvmlDeviceGetMigDeviceHandleByIndex`` up to ``nvmlDeviceGetMaxMigDeviceCount`` (instances
+come and go without a reset); an empty index answers NOT_FOUND. An instance is known by
+its MIG UUID, so one destroyed and re-created (a new UUID) is a new device, and the set
+follows reconfiguration within one cycle. A GPU that has no MIG (NOT_SUPPORTED) costs one
+remembered failure, once.
 
 Each MIG device (one compute instance) is a DeviceInfo with ``device_key`` = its MIG
 UUID, ``parent_key`` = the parent's PCI bus id (which it shares), and ``slice_labels``
@@ -56,15 +59,21 @@ class MigReader:
     proc: ProcFS
     gpm_wanted: bool
     enabled: bool | None = None  # None: this GPU has no MIG
+    mode_read: bool = False  # the mode has been asked once (then on the slow tier only)
     instances: dict[str, MigInstance] = field(default_factory=dict)  # MIG UUID -> instance
     gpm: dict[int, GpmSampler | None] = field(default_factory=dict)  # GI id -> sampler
     profiling: dict[int, dict[str, float]] = field(default_factory=dict)  # GI id -> ratios
 
-    def refresh(self, errors: Counter[str]) -> None:
-        """Read the MIG mode and the instance set; follows changes made since the last cycle."""
+    def refresh(self, errors: Counter[str], slow: bool = True) -> None:
+        """Read the MIG mode (``slow``, and the first time) and the instance set; follows
+        changes made since the last cycle."""
         call = self.parent.call
-        mode = call.get(errors, "nvmlDeviceGetMigMode")
-        enabled = None if mode is None else u32(mode[0]) == self._enable
+        if slow or not self.mode_read:
+            mode = call.get(errors, "nvmlDeviceGetMigMode")
+            self.mode_read = True
+            enabled = None if mode is None else u32(mode[0]) == self._enable
+        else:
+            enabled = self.enabled
         if enabled != self.enabled:
             if self.enabled is not None or enabled:
                 log.info("nvml_mig_mode", nvml_index=self.parent.index, enabled=enabled)
