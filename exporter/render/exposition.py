@@ -9,6 +9,7 @@ devices) and ``render.selfmetrics`` (the exporter itself).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import queue
 import threading
@@ -28,7 +29,7 @@ from prometheus_client.registry import CollectorRegistry
 from exporter.collector import Snapshot
 from exporter.joins import join_families
 from exporter.render.families import RenderOptions, device_families
-from exporter.render.selection import Filtered
+from exporter.render.selection import Filtered, Selection
 from exporter.render.selfmetrics import exporter_families
 
 TEXT_CONTENT_TYPE = getattr(text_format, "CONTENT_TYPE_PLAIN_0_0_4",
@@ -188,14 +189,8 @@ class Renderer:
         self.worker = Worker("renderer")
         # label -> threads whose CPU time is reported under it (the server adds its own)
         self.cpu_threads: dict[str, list[threading.Thread]] = {}
-        self.registry = CollectorRegistry(auto_describe=False)
         self._collector = _SnapshotCollector(self.options, self.cpu_threads)
-        self.registry.register(self._collector)
-        # Each behind the operator's selection (a throwaway registry: GCCollector must
-        # register somewhere).
-        for make in (ProcessCollector, PlatformCollector, GCCollector):
-            self.registry.register(Filtered(make(registry=CollectorRegistry()),
-                                            self.options.selection))
+        self.registry = self._registry(self.options)
         self._demand = {variant: _Demand() for variant in VARIANTS}
         self._pending: Snapshot | None = None
         self._scheduled = False
@@ -203,6 +198,30 @@ class Renderer:
         self._render_lock = threading.Lock()
         self.current: Exposition | None = None
         self.coalesce = 0.02  # let backends that tick together land in one render
+
+    def _registry(self, options: RenderOptions) -> CollectorRegistry:
+        """The snapshot's collector, and the process, platform and gc collectors each
+        behind the operator's selection (a throwaway registry: GCCollector must register
+        somewhere)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self._collector)
+        for make in (ProcessCollector, PlatformCollector, GCCollector):
+            registry.register(Filtered(make(registry=CollectorRegistry()), options.selection))
+        return registry
+
+    def select(self, selection: Selection) -> None:
+        """Serve ``selection`` from now on (a reload, exporter.reload): new options, the
+        filtered collectors rebuilt, and the current snapshot's cached bodies dropped, so
+        the next scrape renders it again under the new selection. A render in progress
+        finishes first (the render lock) and its bytes go to the exposition dropped here."""
+        options = dataclasses.replace(self.options, selection=selection)
+        with self._render_lock:
+            self.registry = self._registry(options)
+            self.options = self._collector.options = options
+            current = self.current
+            if current is not None:
+                self.current = Exposition(current.snapshot, lambda om: self._render_bytes(
+                    current.snapshot, om))
 
     @property
     def otlp(self) -> Callable[[], Mapping[str, Any]] | None:
