@@ -26,11 +26,11 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.collector import Snapshot
 from exporter.joins import join_families
 from exporter.render.families import RenderOptions, device_families
 from exporter.render.selection import Filtered, Selection
 from exporter.render.selfmetrics import exporter_families
+from exporter.state import Snapshot
 
 TEXT_CONTENT_TYPE = getattr(text_format, "CONTENT_TYPE_PLAIN_0_0_4",
                             "text/plain; version=0.0.4; charset=utf-8")
