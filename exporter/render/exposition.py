@@ -213,15 +213,13 @@ class Renderer:
         """Serve ``selection`` from now on (a reload, exporter.reload): new options, the
         filtered collectors rebuilt, and the current snapshot's cached bodies dropped, so
         the next scrape renders it again under the new selection. A render in progress
-        finishes first (the render lock) and its bytes go to the exposition dropped here."""
+        finishes first (the render lock); render_now() does not make its bodies current."""
         options = dataclasses.replace(self.options, selection=selection)
         with self._render_lock:
             self.registry = self._registry(options)
             self.options = self._collector.options = options
-            current = self.current
-            if current is not None:
-                self.current = Exposition(current.snapshot, lambda om: self._render_bytes(
-                    current.snapshot, om))
+            if self.current is not None:
+                self.current = self._exposition(self.current.snapshot)
 
     @property
     def otlp(self) -> Callable[[], Mapping[str, Any]] | None:
@@ -252,16 +250,23 @@ class Renderer:
 
     def render_now(self, snapshot: Snapshot) -> Exposition:
         """Make ``snapshot`` current, rendering it in the formats due to be asked for soon."""
-        exposition = Exposition(snapshot, lambda om: self._render_bytes(snapshot, om))
+        options = self.options
+        exposition = self._exposition(snapshot)
         now = time.monotonic()
         for variant, demand in self._demand.items():
             if demand.due(now, self.lead):
                 demand.ahead = True
                 exposition.body(variant)
-        current = self.current
-        if current is None or snapshot.generation >= current.snapshot.generation:
-            self.current = exposition
+        with self._render_lock:  # not interleaved with select()
+            if options is not self.options:  # bodies of the old selection: not served
+                exposition = self._exposition(snapshot)
+            current = self.current
+            if current is None or snapshot.generation >= current.snapshot.generation:
+                self.current = exposition
         return exposition
+
+    def _exposition(self, snapshot: Snapshot) -> Exposition:
+        return Exposition(snapshot, lambda om: self._render_bytes(snapshot, om))
 
     def body(self, variant: str) -> tuple[bytes, Snapshot]:
         """The current snapshot's bytes, rendered on the calling thread if not cached."""
