@@ -37,8 +37,8 @@ STAGES = (
     ("+ starlette, uvicorn", "import starlette.applications, uvicorn"),
     ("+ structlog", "import structlog"),
     ("+ pynvml", "import pynvml"),
-    ("+ the exporter (cli, collector, render, server)",
-     "import exporter.cli, exporter.collector, exporter.render, exporter.server"),
+    ("+ the exporter (cli, daemon, collector, render, server)",
+     "import exporter.cli, exporter.daemon, exporter.collector, exporter.render, exporter.server"),
     ("+ backends (nvidia, amd, intel, fdinfo)",
      "import exporter.backends.nvidia.backend, exporter.backends.amd.backend, "
      "exporter.backends.intel.backend, exporter.backends.fdinfo.backend"),

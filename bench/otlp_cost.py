@@ -30,7 +30,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 SHIM = REPO / "tests" / "fakes" / "pynvml_shim"
-DAEMON_IMPORTS = "import exporter.cli, exporter.collector, exporter.render, exporter.server"
+DAEMON_IMPORTS = ("import exporter.cli, exporter.daemon, exporter.collector, exporter.render, "
+                  "exporter.server")
 READ_RSS = ("print(next(int(l.split()[1]) for l in open('/proc/self/status') "
             "if l.startswith('VmRSS')) / 1024)")
 

@@ -7,8 +7,8 @@ nested: ``collector: {interval: 1s}``). Bad input exits 2 with one line naming
 the key and where it came from; never a traceback. The collector switches
 (``--[no-]collector.<name>``) come from the backend table (exporter.backends).
 
-``Daemon`` is the start-up wiring, in one place: it builds, starts and stops the
-backends, the DRM discovery they share, the Hub, the renderer and the server.
+``main`` parses, then hands the Config to ``exporter.daemon.Daemon``, which builds,
+starts and stops everything.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter import __version__
-from exporter.backends import ALIASES, TABLE, Shared
+from exporter.backends import ALIASES, TABLE
 from exporter.config import (
     COLLECTORS,
     LOG_FORMATS,
@@ -364,6 +364,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
                                    config.metric_names, config.dcgm_counters)
     except (OSError, ValueError) as e:
         return _fail(f"--dcgm.counters: {e}" if isinstance(e, OSError) else str(e))
+    from exporter.daemon import Daemon
+
     daemon = Daemon(config, selection)
     daemon.reread = lambda: _load(args, environ)  # what a SIGHUP reads again
     missing = daemon.check()
@@ -378,165 +380,6 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         sys.stdout.buffer.write(snapshot_json(snapshot, indent=2) + b"\n")
         return 0
     return daemon.run()
-
-
-class Daemon:
-    """Everything the exporter runs, built, started and stopped in one place.
-
-    Built: the shared DRM discovery, a backend per row of the backend table that is
-    not switched off, the Hub that samples them. ``run()`` adds the renderer and the
-    HTTP server, starts collection and serves until a signal; ``stop()`` stops the
-    renderer, the Hub (its threads, then every backend's close()) and the discovery's
-    udev listener, in that order, and may be called more than once.
-    """
-
-    def __init__(self, config: Config, selection: Any = None) -> None:
-        from exporter.backends import build_backends
-        from exporter.collector import Hub
-        from exporter.history import History
-        from exporter.render.selection import Selection
-
-        self.config = config
-        self.selection = selection or Selection(config.metrics_include, config.metrics_exclude)
-        # The landing page's charts, fed by every published snapshot (exporter.history).
-        self.history = History(config.web_history, config.interval)
-        self.shared = Shared(config)
-        self.backends = build_backends(config, self.shared)
-        self.hub = Hub(config, self.backends)
-        self.renderer: Any = None
-        self.pusher: Any = None  # the OTLP push thread, with --otlp.endpoint
-        self.reread: Callable[[], Config] = lambda: config  # main() sets flags+env+file
-
-    def check(self) -> str | None:
-        """Why a collector switched on cannot run (exit 2), or None."""
-        from exporter.backends import forced_but_unavailable
-
-        return forced_but_unavailable(self.config, self.backends)
-
-    def start(self) -> None:
-        """The renderer, then collection: the Hub's first opens wait up to OPEN_WAIT, on a
-        thread of their own, so the server answers (not ready) meanwhile."""
-        import threading
-
-        from exporter.render import Renderer
-
-        config = self.config
-        options = self.render_options()
-        # Render ahead only the snapshot that precedes a scrape: one collection interval.
-        self.renderer = Renderer(lead=config.interval, options=options)
-        from exporter.history import fan_out
-
-        self.hub.listener = fan_out(self.renderer.submit, self.history.add)
-        if config.otlp_endpoint is not None:
-            from exporter.otlp import Pusher
-
-            self.pusher = Pusher(config, self.hub, options)
-            self.renderer.otlp = self.pusher.status
-            self.renderer.cpu_threads["otlp"] = [self.pusher.thread]
-            self.pusher.start()
-        threading.Thread(target=self.hub.start, name="collector-start", daemon=True).start()
-
-    def render_options(self) -> Any:
-        from exporter.render import RenderOptions
-
-        return RenderOptions(
-            pod_labels=any(b.name == "kubernetes" for b in self.backends),
-            device_pod_labels=self.config.kubernetes_device_labels,
-            metric_names=self.config.metric_names, selection=self.selection)
-
-    def stop(self, timeout: float = 2.0) -> None:
-        if self.pusher is not None:
-            self.pusher.stop()
-        if self.renderer is not None:
-            self.renderer.stop()
-        self.hub.stop(timeout=timeout)
-        self.shared.stop()
-
-    def run(self) -> int:
-        import signal
-
-        import structlog
-
-        from exporter.reload import Reloader, apply_live
-        from exporter.server import bind_sockets, build_app, close_sockets, serve, unix_files
-        from exporter.webconfig import load_web_config
-
-        config = self.config
-        log = structlog.get_logger("exporter.cli")
-        limit_malloc_arenas()
-        if config.otlp_only:  # push, with no listening socket (exporter.otlp)
-            from exporter.otlp import Pusher, run_push_only
-
-            self.pusher = Pusher(config, self.hub, self.render_options())
-            try:
-                return run_push_only(self.hub, self.pusher)
-            finally:
-                self.shared.stop()
-        web = load_web_config(config.web_config_file) if config.web_config_file else None
-        for warning in web.warnings if web else ():
-            log.warning("web config", note=warning)
-        raise_open_files_limit()
-        try:
-            sockets = bind_sockets(config.listen_addresses)
-        except OSError as e:
-            self.stop(timeout=0)
-            print(f"gpu-exporter: error: cannot listen on {e.strerror or e}", file=sys.stderr)
-            return 1
-        files = unix_files(sockets)
-        reloader = Reloader(config, web, self.reread, apply_live(self.hub))
-        if hasattr(signal, "SIGHUP"):  # exporter.reload: what changes live, what needs a restart
-            signal.signal(signal.SIGHUP, lambda *_: reloader.request("sighup"))
-        self.start()
-        if config.config_file or config.web_config_file:  # something a reload can change
-            self.renderer.reload_status(reloader.status)
-        app = build_app(config, self.hub, self.renderer, web, start_collection=False,
-                        history=self.history)
-        reloader.passwords = getattr(app.state, "passwords", None)
-        reloader.start()
-        try:
-            serve(config, app, web, sockets, reloader.context, reloader.on_connection)
-        finally:
-            reloader.stop()
-            self.stop()
-            close_sockets(sockets, files)
-        return 0
-
-
-M_ARENA_MAX = -8  # glibc's mallopt() parameter (malloc.h)
-
-
-def limit_malloc_arenas(arenas: int = 2) -> None:
-    """At most ``arenas`` glibc malloc arenas, before any thread starts.
-
-    glibc gives each thread that allocates its own arena (up to 8 x cores), and each
-    keeps pages resident: 5 MiB of the daemon's RSS on the H100 (bench/memory.py). The
-    same as MALLOC_ARENA_MAX=2, which the unit, image and chart also set; here it holds
-    for a plain ``pip install`` too. An explicit MALLOC_ARENA_MAX wins. No-op off glibc.
-    """
-    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        libc.mallopt(M_ARENA_MAX, arenas)
-    except (OSError, AttributeError):
-        pass
-
-
-def raise_open_files_limit() -> None:
-    """Soft RLIMIT_NOFILE up to the hard limit: connections must not starve the backends."""
-    try:
-        import resource
-    except ImportError:  # not on this platform
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (OSError, ValueError):
-            pass
 
 
 if __name__ == "__main__":

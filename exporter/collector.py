@@ -1,11 +1,10 @@
-"""The collection hub: one sampling thread per backend, and the immutable Snapshot.
+"""The collection hub: one sampling thread per backend, publishing immutable Snapshots.
 
 Each backend thread opens its backend (once; reopened with back-off after it
 fails), samples it on a fixed cadence with the slow tier every
 ``--collector.slow-interval``, and hands the result to the Hub. The Hub keeps the
-latest sample of every backend and publishes an immutable ``Snapshot`` (swapped
-atomically) to its listener, the renderer. The Snapshot's merged devices (one per
-device key, exporter.merge) are computed on first use, by whoever reads them.
+latest sample of every backend and publishes an immutable ``Snapshot``
+(exporter.state; swapped atomically) to its listener, the renderer.
 
 Failure handling, all here: a backend whose open() fails, whose handle goes bad
 (BackendFailed) or whose sample() raises is closed and reopened with a back-off
@@ -23,8 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import replace
 from types import MappingProxyType
 
 import structlog
@@ -43,122 +41,16 @@ from exporter.backends.base import (
     SupervisesChild,
 )
 from exporter.config import Config
-from exporter.health import DEFAULT_XID_WINDOW, Verdict, verdicts
 from exporter.joins import JoinSource
-from exporter.merge import View, cap, enrich, merge
 from exporter.merge import cap_processes as cap_processes  # the rule, for tests and bench
 from exporter.model import BackendSample, DeviceInfo, DeviceSample
+from exporter.state import DURATION_BUCKETS, BackendState, CutCounter, Snapshot
 
 TIMING_INTERVAL = 60.0  # seconds between two debug lines of one backend's cycle time
 log = structlog.get_logger(__name__)
 
-DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 GOOD_CYCLES_TO_RESET = 3  # good cycles in a row before the back-off starts from the bottom
 OPEN_WAIT = 5.0  # how long start() waits for every backend's first open before numbering GPUs
-
-
-@dataclass(frozen=True)
-class BackendState:
-    name: str
-    up: bool = False
-    reason: str = "not started"
-    attempted: bool = False  # open() has been tried at least once
-    stale: bool = False  # opened, but no completed cycle within --stale-after
-    last: BackendSample | None = None
-    last_success: float | None = None  # wall clock of the last completed cycle (for display)
-    # Monotonic clock of the last completed cycle, else of the last open: what ages are from.
-    alive_at: float | None = None
-    priority: int = 0
-    enricher: Enricher | None = None  # after its last cycle (the Attributes hook)
-    joins: JoinSource | None = None  # after its last cycle (the Joins hook)
-    child_restarts: int | None = None  # after its last cycle (the SupervisesChild hook)
-    # The down reason last logged, and whether it came after a successful open (a handle
-    # that went bad, a sample that raised): a backend that opens and fails again and
-    # again logs its failure once, and "recovered" after GOOD_CYCLES_TO_RESET good cycles.
-    logged: str = ""
-    failing: bool = False
-    errors_total: Mapping[str, int] = field(default_factory=dict)
-    duration_buckets: tuple[int, ...] = (0,) * len(DURATION_BUCKETS)
-    duration_sum: float = 0.0
-    duration_count: int = 0
-
-    @property
-    def serving(self) -> bool:
-        """Its device values are exported (not withdrawn)."""
-        return self.up and not self.stale and self.last is not None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    generation: int
-    created: float
-    ready: bool  # every backend has completed a cycle, is known to be off, or is stale
-    backends: tuple[BackendState, ...]
-    gpu_index: Mapping[str, int]  # device key -> exporter-wide "gpu" label
-    # device key -> what to report (up=False) for a device no backend reports any more
-    seen: Mapping[str, DeviceSample] = field(default_factory=dict)
-    max_processes_per_gpu: int = 64
-    # The Hub's count of processes cut by the cap, fed by each snapshot's merge.
-    cuts: CutCounter = field(default_factory=lambda: CutCounter())
-    # backend -> its collector thread (gpu_exporter_backend_cpu_seconds_total)
-    threads: Mapping[str, threading.Thread] = field(default_factory=dict)
-    health_xid_window: float = DEFAULT_XID_WINDOW  # --health.xid-window
-
-    @property
-    def devices(self) -> tuple[tuple[str, DeviceSample], ...]:
-        """(``gpu`` label, merged sample) of every device, one per key, ordered by ``gpu``."""
-        return self._merged[0]
-
-    @property
-    def processes_truncated_total(self) -> int:
-        """Processes the cap has cut so far, this snapshot's merge included."""
-        return self._merged[1]
-
-    @cached_property
-    def _merged(self) -> tuple[tuple[tuple[str, DeviceSample], ...], int]:
-        """The merge, then the process cap, then pod attribution.
-
-        Computed once per snapshot, on first use (the renderer, ``/snapshot``), not on
-        every publish: a snapshot nobody reads costs no merge.
-        """
-        views = [View(s.priority, s.serving, s.last.devices)
-                 for s in self.backends if s.last is not None]
-        merged, cut = cap(merge(views, self.seen), self.max_processes_per_gpu)
-        truncated = self.cuts.add(cut)
-        enricher = next((s.enricher for s in self.backends if s.serving and s.enricher), None)
-        merged = enrich(merged, enricher)
-        out = []
-        for d in merged:
-            index = self.gpu_index.get(d.info.parent_key or d.info.key)
-            if index is not None:
-                out.append((index, bool(d.info.parent_key), d.info.key, d))
-        out.sort(key=lambda t: t[:3])
-        return tuple((str(index), d) for index, _, _, d in out), truncated
-
-    @cached_property
-    def health(self) -> tuple[tuple[str, DeviceSample, Verdict], ...]:
-        """(``gpu``, merged sample, verdict) of every whole GPU: exporter.health, once."""
-        return verdicts(self.devices, self.created, self.health_xid_window)
-
-
-class CutCounter:
-    """``gpu_exporter_processes_truncated_total``: each process the cap cuts counts once.
-
-    A (device, pid) pair counts when a merged view cuts it and the view merged before
-    did not; it counts again only after it was served (or gone) in between. Snapshots
-    are merged on the threads that read them: hence the lock.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cut: frozenset[tuple[str, int]] = frozenset()
-        self.total = 0
-
-    def add(self, cut: frozenset[tuple[str, int]]) -> int:
-        with self._lock:
-            self.total += len(cut - self._cut)
-            self._cut = cut
-            return self.total
 
 
 def _restarts_of(backend: SupervisesChild) -> Callable[[], int]:

@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.collector import Snapshot
 from exporter.labels import Sensor
 from exporter.model import DeviceSample
+from exporter.state import Snapshot
 
 MAX_CAPACITY = 86_400  # a day of 1 s samples per GPU: a hard bound whatever the flags say
 # The temperature a chart shows: the first sensor a GPU has (die, AMD edge, Intel package).

@@ -20,7 +20,7 @@ from prometheus_client.samples import Sample
 from exporter.model import DeviceSample
 
 if TYPE_CHECKING:
-    from exporter.collector import Snapshot
+    from exporter.state import Snapshot
 
 Row = tuple[str, str, dict[str, str]]  # (family name, help text, labels); value 1
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter import __version__, health
-from exporter.collector import Snapshot
 from exporter.history import SERIES, History, Series, memory_ratio, temperature
 from exporter.model import DeviceSample
+from exporter.state import Snapshot
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
        "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")

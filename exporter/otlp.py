@@ -49,7 +49,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.core import Metric as PromMetric
 
 from exporter import __version__
-from exporter.collector import Hub, Snapshot
+from exporter.collector import Hub
 from exporter.config import Config
 from exporter.otlp_names import (
     FAMILIES,
@@ -62,6 +62,7 @@ from exporter.otlp_names import (
     attribute_name,
 )
 from exporter.render import RenderOptions, snapshot_families
+from exporter.state import Snapshot
 
 log = structlog.get_logger(__name__)
 CUMULATIVE = AggregationTemporality.CUMULATIVE

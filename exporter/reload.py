@@ -2,9 +2,11 @@
 config (or its certificate and key files) is picked up when a connection arrives.
 
 What changes live: the basic-auth users and their hashes, the TLS certificate and key
-(as exporter-toolkit reloads its web config), ``log.level`` and
-``max-processes-per-gpu``. Everything else that differs is named in the same one log
-line as needing a restart and keeps its old value. A file that does not load keeps
+(as exporter-toolkit reloads its web config), ``log.level``,
+``max-processes-per-gpu`` and the metric selection (``collector.metrics.include``/
+``exclude``, ``dcgm.counters``: the counters file is read again on every SIGHUP, the
+renderer swaps to the new selection at once). Everything else that differs is named in
+the same one log line as needing a restart and keeps its old value. A file that does not load keeps
 every old setting, and ``gpu_exporter_config_last_reload_successful`` says 0 until a
 reload succeeds, as in Prometheus. Switching TLS or basic auth on or off needs a
 restart: the server's middlewares and listeners are built at start.
@@ -28,12 +30,15 @@ import structlog
 
 from exporter import logs
 from exporter.config import Config, ConfigError
+from exporter.render.selection import Selection, load_selection
 from exporter.webconfig import WebConfig, load_web_config, tls_context
 
 log = structlog.get_logger(__name__)
 
 # Config fields applied without a restart (``apply`` gets the new Config).
-LIVE = ("log_level", "max_processes_per_gpu")
+LIVE = ("log_level", "max_processes_per_gpu", "metrics_include", "metrics_exclude",
+        "dcgm_counters")
+SELECTION = LIVE[2:]  # the fields a Selection is made of (exporter.render.selection)
 # WebConfig fields replaced live; the others need a restart.
 WEB_LIVE = ("basic_auth_users", "cert_file", "key_file", "cert_pem", "key_pem", "warnings")
 CHECK_EVERY = 1.0  # seconds between two looks at the web config's files
@@ -43,8 +48,12 @@ class Reloader:
     """The settings being served, and the thread that replaces them."""
 
     def __init__(self, config: Config, web: WebConfig | None, reread: Callable[[], Config],
-                 apply: Callable[[Config], None]) -> None:
+                 apply: Callable[[Config], None], selection: Selection | None = None,
+                 select: Callable[[Selection], None] | None = None) -> None:
         self.config = config
+        # The metric selection being served, and who serves it (Renderer.select).
+        self.selection = selection or Selection(config.metrics_include, config.metrics_exclude)
+        self.select = select
         self.web = web
         self.reread = reread  # flags, environment and --config.file again -> Config
         self.apply = apply
@@ -130,7 +139,8 @@ class Reloader:
                 if config.web_config_file is not None else None
             context = self._web_changes(web, before != self._signature, changed, restart)
             self._config_changes(config, changed, restart)
-        except (ConfigError, ssl.SSLError, OSError) as e:
+            selection = self._selection(config, full, changed)
+        except (ConfigError, ssl.SSLError, OSError, ValueError) as e:  # ValueError: a CSV
             self.successful = False
             log.error("configuration reload failed: old settings kept", error=str(e))
             self.apply(self.config)  # the same settings, served with the new status
@@ -145,6 +155,10 @@ class Reloader:
         live = {f: getattr(config, f) for f in LIVE}
         self.config = dataclasses.replace(self.config, **live)
         self.successful, self.success_at = True, time.time()
+        if selection is not None:
+            self.selection = selection
+            if self.select is not None:
+                self.select(selection)
         self.apply(self.config)
         log.info("configuration reloaded", trigger="SIGHUP" if full else "web config changed",
                  changed=changed, needs_restart=restart)
@@ -178,6 +192,23 @@ class Reloader:
         if files_changed or any(getattr(old, f) != getattr(web, f) for f in WEB_LIVE[1:5]):
             changed.append("tls certificate")
         return tls_context(dataclasses.replace(old, **{f: getattr(web, f) for f in WEB_LIVE}))
+
+    def _selection(self, config: Config, full: bool, changed: list[str]) -> Selection | None:
+        """A new Selection when include/exclude changed or a counters file is read again
+        (its content may have changed under the same name); None: keep the old one.
+        Raises what load_selection raises, so a bad file keeps the old selection."""
+        moved = any(getattr(self.config, f) != getattr(config, f) for f in SELECTION)
+        if not moved and not (full and config.dcgm_counters is not None):
+            return None
+        selection = load_selection(config.metrics_include, config.metrics_exclude,
+                                   self.config.metric_names,  # needs a restart
+                                   config.dcgm_counters)
+        old = self.selection.dcgm_fields
+        if not moved and selection.dcgm_fields == old:
+            return None
+        if selection.dcgm_fields != old and "dcgm.counters" not in changed:
+            changed.append("dcgm.counters")  # the same file name, new content
+        return selection
 
     def _config_changes(self, config: Config, changed: list[str], restart: list[str]) -> None:
         """Named as the user writes them: ``log.level``, ``collector.interval``."""

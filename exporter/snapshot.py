@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter import __version__
-from exporter.collector import Snapshot
+from exporter.state import Snapshot
 
 
 def _plain(value: Any) -> Any:

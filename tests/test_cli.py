@@ -300,7 +300,8 @@ def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
 def test_the_daemon_stops_everything_it_started_discovery_included(tmp_path: Path) -> None:
     """17: nothing stopped DrmDiscovery's udev listener. The Daemon builds the backends,
     the Hub and the shared discovery, and stops them all."""
-    from exporter.cli import Daemon, load_config
+    from exporter.cli import load_config
+    from exporter.daemon import Daemon
 
     config = load_config(["--no-collector.nvidia", "--path.procfs", str(tmp_path)], {})
     daemon = Daemon(config)  # the real /sys: the discovery listens for udev events

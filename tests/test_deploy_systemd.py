@@ -45,7 +45,7 @@ def installable_copy(tmp_path: Path, text: str | None = None) -> Path:
 
 def verify(path: Path) -> str:
     out = subprocess.run(
-        # --man=no: the Documentation= man page need not be installed where this runs
+        # --man=no: verify would look up man: pages of the unit (it names none)
         [str(ANALYZE), "verify", "--man=no", str(path)],
         capture_output=True,
         text=True,
@@ -230,3 +230,45 @@ def test_unit_paths_are_reachable_inside_its_sandbox(tmp_path: Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "v2")],
                        check=True, timeout=120)
         assert is_under(os.path.realpath(tmp_path / "v2" / "bin" / "python"), hidden)
+
+
+INSTALL_PREFIX = "/opt/gpu-exporter"  # the venv docs/deploy.md makes
+
+
+def test_documentation_points_at_the_installed_docs() -> None:
+    """Documentation= names file: URLs in the venv, each a doc of this repository."""
+    urls = [u for line in settings(UNIT.read_text())["Documentation"] for u in line.split()]
+    assert urls and all(u.startswith(f"file://{INSTALL_PREFIX}/share/doc/gpu-exporter/")
+                        for u in urls), urls
+    for url in urls:
+        in_repo = url.removeprefix(f"file://{INSTALL_PREFIX}/share/doc/gpu-exporter/")
+        assert (ROOT / in_repo).is_file(), url
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_pip_install_creates_the_documentation_files(tmp_path: Path) -> None:
+    """The documented install (pip install of the checkout into the venv) really puts
+    the files that Documentation= names under the venv's prefix."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("docs", "exporter"):  # not tests/: its fixture trees hold symlink cycles
+        shutil.copytree(ROOT / name, src / name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    prefix = tmp_path / "prefix"
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(prefix),
+         str(src)], capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    if done.returncode != 0 and any(s in out for s in (
+            "Could not fetch", "NewConnectionError", "Temporary failure in name resolution",
+            "Network is unreachable", "No matching distribution found")):
+        pytest.skip(f"no package index reachable (build requirements): {out[-300:]}")
+    assert done.returncode == 0, out
+    urls = [u for line in settings(UNIT.read_text())["Documentation"] for u in line.split()]
+    for url in urls:
+        installed = Path(url.removeprefix("file://").replace(INSTALL_PREFIX, str(prefix), 1))
+        assert installed.read_bytes() == (ROOT / installed.relative_to(
+            prefix / "share/doc/gpu-exporter")).read_bytes(), url

@@ -186,3 +186,91 @@ def test_sighup_applies_a_new_process_cap(tmp_path: Path) -> None:
         assert _reloads(d, "configuration reloaded", 1)["changed"] == ["max-processes-per-gpu"]
         _wait(lambda: max(len(p) for p in pids(d.get().text).values()) == 1, "the cap", d)
         assert values_of(d.get().text, "gpu_exporter_processes_truncated_total")[0] > 0
+
+
+def _families(text: str) -> set[str]:
+    return {name for name, _ in parse_samples(text)}
+
+
+def test_sighup_swaps_the_metric_selection(tmp_path: Path) -> None:
+    """A changed exclude takes the family off /metrics at the next scrape (the Python
+    process collector's too: the filtered collectors are rebuilt); an invalid regex
+    afterwards keeps the exclusion being served, with the reload gauge at 0."""
+    machine = FIXTURES / "nvidia-h100x2"
+    conf = tmp_path / "config.yml"
+    conf.write_text("log.level: info\n")
+    with running([*machine_args(machine), "--config.file", str(conf)], tmp_path,
+                 nvml_json=machine / "nvml.json") as d:
+        before = _families(d.get().text)
+        assert {"gpu_power_watts", "gpu_temperature_celsius",
+                "process_cpu_seconds_total"} <= before
+
+        conf.write_text("collector.metrics.exclude: 'gpu_power_watts|process_cpu_.*'\n")
+        d.proc.send_signal(signal.SIGHUP)
+        line = _reloads(d, "configuration reloaded", 1)
+        assert line["changed"] == ["collector.metrics.exclude"] and not line["needs_restart"]
+        after = _families(d.get().text)  # the very next scrape, no new collection needed
+        assert "gpu_power_watts" not in after and "process_cpu_seconds_total" not in after
+        assert {"gpu_temperature_celsius", "process_resident_memory_bytes"} <= after
+        assert "gpu_power_watts" not in _families(
+            d.get(headers={"Accept": "application/openmetrics-text"}).text)
+
+        conf.write_text("collector.metrics.exclude: 'gpu_power_(watts'\n")  # unbalanced
+        d.proc.send_signal(signal.SIGHUP)
+        failed = _reloads(d, "configuration reload failed: old settings kept", 1)
+        assert "collector.metrics.exclude" in failed["error"]
+        _wait(lambda: values_of(d.get().text, OK_GAUGE) == [0], "successful 0", d)
+        kept = _families(d.get().text)
+        assert "gpu_power_watts" not in kept and "gpu_temperature_celsius" in kept
+        assert d.proc.poll() is None
+
+
+def test_sighup_reads_the_dcgm_counters_file_again(tmp_path: Path) -> None:
+    """The same --dcgm.counters name with new content: SIGHUP serves the new field list;
+    a file that is gone keeps the old list."""
+    machine = FIXTURES / "nvidia-h100x2"
+    counters = tmp_path / "counters.csv"
+    counters.write_text("DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).\n")
+    with running([*machine_args(machine), "--metric-names", "dcgm",
+                  "--dcgm.counters", str(counters)], tmp_path,
+                 nvml_json=machine / "nvml.json") as d:
+        dcgm = {n for n in _families(d.get().text) if n.startswith("DCGM_FI_")}
+        assert dcgm == {"DCGM_FI_DEV_GPU_TEMP"}
+
+        counters.write_text("DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).\n")
+        d.proc.send_signal(signal.SIGHUP)
+        assert _reloads(d, "configuration reloaded", 1)["changed"] == ["dcgm.counters"]
+        dcgm = {n for n in _families(d.get().text) if n.startswith("DCGM_FI_")}
+        assert dcgm == {"DCGM_FI_DEV_POWER_USAGE"}
+
+        counters.unlink()
+        d.proc.send_signal(signal.SIGHUP)
+        assert "counters.csv" in _reloads(
+            d, "configuration reload failed: old settings kept", 1)["error"]
+        dcgm = {n for n in _families(d.get().text) if n.startswith("DCGM_FI_")}
+        assert dcgm == {"DCGM_FI_DEV_POWER_USAGE"}
+
+
+def test_a_new_selection_drops_the_rendered_bodies() -> None:
+    """Renderer.select: bodies already rendered for the current snapshot (every format)
+    are not served again; the same snapshot is rendered anew under the new selection."""
+    from exporter.collector import Hub
+    from exporter.config import Config
+    from exporter.render import Renderer
+    from exporter.render.selection import Selection
+    from tests.test_collector import Scripted
+
+    snapshot = Hub(Config(), [Scripted("amd", ["0000:03:00.0"])]).collect_once()
+    renderer = Renderer()
+    renderer.render_now(snapshot)
+    for variant in ("text", "openmetrics+gzip"):
+        renderer.body(variant)  # rendered and kept
+    assert "gpu_power_watts" in _families(renderer.body("text")[0].decode())
+
+    renderer.select(Selection(exclude="gpu_power_watts|python_.*"))
+    body, served = renderer.body("text")
+    assert served is snapshot
+    names = _families(body.decode())
+    assert "gpu_power_watts" not in names and "python_info" not in names
+    assert "gpu_up" in names and "process_cpu_seconds_total" in names
+    renderer.stop()

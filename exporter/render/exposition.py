@@ -9,6 +9,7 @@ devices) and ``render.selfmetrics`` (the exporter itself).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import queue
 import threading
@@ -25,11 +26,11 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.collector import Snapshot
 from exporter.joins import join_families
 from exporter.render.families import RenderOptions, device_families
-from exporter.render.selection import Filtered
+from exporter.render.selection import Filtered, Selection
 from exporter.render.selfmetrics import exporter_families
+from exporter.state import Snapshot
 
 TEXT_CONTENT_TYPE = getattr(text_format, "CONTENT_TYPE_PLAIN_0_0_4",
                             "text/plain; version=0.0.4; charset=utf-8")
@@ -188,14 +189,8 @@ class Renderer:
         self.worker = Worker("renderer")
         # label -> threads whose CPU time is reported under it (the server adds its own)
         self.cpu_threads: dict[str, list[threading.Thread]] = {}
-        self.registry = CollectorRegistry(auto_describe=False)
         self._collector = _SnapshotCollector(self.options, self.cpu_threads)
-        self.registry.register(self._collector)
-        # Each behind the operator's selection (a throwaway registry: GCCollector must
-        # register somewhere).
-        for make in (ProcessCollector, PlatformCollector, GCCollector):
-            self.registry.register(Filtered(make(registry=CollectorRegistry()),
-                                            self.options.selection))
+        self.registry = self._registry(self.options)
         self._demand = {variant: _Demand() for variant in VARIANTS}
         self._pending: Snapshot | None = None
         self._scheduled = False
@@ -203,6 +198,28 @@ class Renderer:
         self._render_lock = threading.Lock()
         self.current: Exposition | None = None
         self.coalesce = 0.02  # let backends that tick together land in one render
+
+    def _registry(self, options: RenderOptions) -> CollectorRegistry:
+        """The snapshot's collector, and the process, platform and gc collectors each
+        behind the operator's selection (a throwaway registry: GCCollector must register
+        somewhere)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self._collector)
+        for make in (ProcessCollector, PlatformCollector, GCCollector):
+            registry.register(Filtered(make(registry=CollectorRegistry()), options.selection))
+        return registry
+
+    def select(self, selection: Selection) -> None:
+        """Serve ``selection`` from now on (a reload, exporter.reload): new options, the
+        filtered collectors rebuilt, and the current snapshot's cached bodies dropped, so
+        the next scrape renders it again under the new selection. A render in progress
+        finishes first (the render lock); render_now() does not make its bodies current."""
+        options = dataclasses.replace(self.options, selection=selection)
+        with self._render_lock:
+            self.registry = self._registry(options)
+            self.options = self._collector.options = options
+            if self.current is not None:
+                self.current = self._exposition(self.current.snapshot)
 
     @property
     def otlp(self) -> Callable[[], Mapping[str, Any]] | None:
@@ -233,16 +250,23 @@ class Renderer:
 
     def render_now(self, snapshot: Snapshot) -> Exposition:
         """Make ``snapshot`` current, rendering it in the formats due to be asked for soon."""
-        exposition = Exposition(snapshot, lambda om: self._render_bytes(snapshot, om))
+        options = self.options
+        exposition = self._exposition(snapshot)
         now = time.monotonic()
         for variant, demand in self._demand.items():
             if demand.due(now, self.lead):
                 demand.ahead = True
                 exposition.body(variant)
-        current = self.current
-        if current is None or snapshot.generation >= current.snapshot.generation:
-            self.current = exposition
+        with self._render_lock:  # not interleaved with select()
+            if options is not self.options:  # bodies of the old selection: not served
+                exposition = self._exposition(snapshot)
+            current = self.current
+            if current is None or snapshot.generation >= current.snapshot.generation:
+                self.current = exposition
         return exposition
+
+    def _exposition(self, snapshot: Snapshot) -> Exposition:
+        return Exposition(snapshot, lambda om: self._render_bytes(snapshot, om))
 
     def body(self, variant: str) -> tuple[bytes, Snapshot]:
         """The current snapshot's bytes, rendered on the calling thread if not cached."""

@@ -18,10 +18,10 @@ from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
 from exporter import dcgm, health
-from exporter.collector import Snapshot
 from exporter.fieldspec import Kind, MetricSpec, value_specs
 from exporter.model import DeviceSample, DeviceValues, PodRef, ProcessSample
 from exporter.render.selection import Selection
+from exporter.state import Snapshot
 
 GPU_LABELS = ("gpu", "uuid", "vendor", "source")
 PROCESS_LABELS = (*GPU_LABELS, "pid", "process")

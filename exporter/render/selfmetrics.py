@@ -20,8 +20,8 @@ from prometheus_client.core import (
 )
 
 from exporter import __version__
-from exporter.collector import DURATION_BUCKETS, Snapshot
 from exporter.fieldspec import Kind, MetricSpec
+from exporter.state import DURATION_BUCKETS, Snapshot
 
 BUILD = MetricSpec("gpu_exporter_build_info", "Build information; value 1.",
                    labels=("version", "python_version"))
