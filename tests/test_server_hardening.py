@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import signal
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +30,7 @@ from exporter.model import DeviceInfo, DeviceSample, ProcessSample
 from exporter.render import Renderer
 from exporter.server import Server, build_app, negotiate
 from exporter.snapshot import snapshot_json
-from tests.daemon import running
+from tests.daemon import REPO, running
 from tests.test_server import no_gpu_args, run_cli
 
 
@@ -186,7 +189,23 @@ class Big:
 
 
 def test_cold_renders_and_the_snapshot_json_run_off_the_event_loop() -> None:
-    """8.3: a cold render and /snapshot (7-20 ms for 8 GPUs x 64 processes) ran on the loop."""
+    """8.3: a cold render and /snapshot (7-20 ms for 8 GPUs x 64 processes) ran on the loop.
+
+    Measured in a fresh interpreter: threads that other tests of this session leave
+    behind would otherwise hold the GIL and lag the loop whatever the code under test does.
+    """
+    code = ("import json; from tests.test_server_hardening import cold_render_lag; "
+            "print(json.dumps(cold_render_lag()))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lag, json_seconds = json.loads(done.stdout.strip().splitlines()[-1])
+    assert lag < max(0.03, json_seconds / 3), (lag, json_seconds)
+
+
+def cold_render_lag() -> tuple[float, float]:
+    """(the event loop's worst lag while it served /snapshot, /metrics, /snapshot cold;
+    the time one snapshot JSON takes), for the test above."""
     hub = Hub(Config(), [Big()])
     renderer = Renderer()
     snapshot = hub.collect_once()
@@ -217,8 +236,7 @@ def test_cold_renders_and_the_snapshot_json_run_off_the_event_loop() -> None:
         await tick
         return lag
 
-    lag = asyncio.run(scenario())
-    assert lag < max(0.03, json_seconds / 3), (lag, json_seconds)
+    return asyncio.run(scenario()), json_seconds
 
 
 @pytest.mark.parametrize(("accept", "encoding", "variant"), [
