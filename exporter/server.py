@@ -227,17 +227,30 @@ class Server(uvicorn.Server):
             loop.call_soon_threadsafe(event.set)
 
 
-def connection_limit() -> int:
-    """MAX_CONNECTIONS, or half the file descriptors where fewer are allowed: the other
-    half stays for the backends (sysfs, /proc, NVML), which must never see EMFILE."""
+def _open_files_limit() -> int | None:
+    """The soft RLIMIT_NOFILE, None where there is none."""
     try:
         import resource
     except ImportError:
-        return MAX_CONNECTIONS
+        return None
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return MAX_CONNECTIONS
-    return max(16, min(MAX_CONNECTIONS, soft // 2))
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def connection_limit() -> int:
+    """MAX_CONNECTIONS, or half the file descriptors where fewer are allowed: the other
+    half stays for the backends (sysfs, /proc, NVML), which must never see EMFILE."""
+    soft = _open_files_limit()
+    return MAX_CONNECTIONS if soft is None else max(16, min(MAX_CONNECTIONS, soft // 2))
+
+
+def accept_backlog() -> int:
+    """BACKLOG, or an eighth of the file descriptors where fewer are allowed: asyncio
+    accepts up to this many connections in one wake-up before the slots close any, so
+    they come on top of the slots (a half) and the kept sysfs descriptors (a quarter,
+    exporter.fs): together at most 7/8 of the limit, and the backends keep the rest."""
+    soft = _open_files_limit()
+    return BACKLOG if soft is None else max(8, min(BACKLOG, soft // 8))
 
 
 class AddressInUse(OSError):
@@ -355,7 +368,7 @@ def serve(config: Config, app: Starlette, web: WebConfig | None,
                         # asyncio accepts up to this many connections per wake-up before
                         # any is counted (uvicorn's default is 2048): it bounds the file
                         # descriptors a burst of connections holds at once
-                        backlog=BACKLOG)
+                        backlog=accept_backlog())
     log.info("listening", addresses=list(config.listen_addresses), tls=bool(web and web.tls),
              basic_auth=bool(web and web.basic_auth_users), path=config.telemetry_path)
     # uvicorn re-raises the signal that stopped it once it is done; the default SIGINT

@@ -233,3 +233,20 @@ def test_route_patterns_and_empty_brackets_are_refused(args: list[str], needle: 
 def test_accept_prefers_what_the_client_rates_higher(accept: str, variant: str) -> None:
     """21.15: text/plain at q=1 over OpenMetrics at q=0.1 still got OpenMetrics."""
     assert negotiate(accept, "") == variant
+
+
+@pytest.mark.parametrize("soft", [256, 1024, 4096])
+def test_slots_burst_and_kept_files_fit_the_open_files_limit(soft: int) -> None:
+    """A burst accepted in one wake-up comes on top of the slots and the kept sysfs
+    descriptors: with a 256-fd limit, 128 slots + 128 accepted + 64 kept was past it."""
+    import resource
+
+    from exporter import fs, server
+
+    old = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))
+    try:
+        used = server.connection_limit() + server.accept_backlog() + fs.kept_fd_limit()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, old)
+    assert used <= soft * 7 // 8 + 8, (soft, used)
