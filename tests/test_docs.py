@@ -57,20 +57,9 @@ def test_the_checks_can_fail() -> None:
     assert flags_in("run gpu-exporter --collector.nvidai now") == {"collector.nvidai"}
 
 
-# Families only a flag brings, which the goldens (default flags) cannot hold; each is
-# asserted produced by the test named.
-WITH_A_FLAG = {"gpu_exporter_otlp_exports_total":  # --otlp.endpoint
-               "tests/test_otlp.py::test_500_is_counted_and_shown_429_is_retried_after_retry_after",
-               # --config.file or --web.config.file
-               "gpu_exporter_config_last_reload_successful":
-               "tests/test_reload.py::test_an_invalid_file_keeps_the_old_settings",
-               "gpu_exporter_config_last_reload_success_timestamp_seconds":
-               "tests/test_reload.py::test_sighup_reloads_passwords_and_live_settings"}
-
-
 def test_every_documented_family_is_produced_on_some_fixture() -> None:
     documented = set(re.findall(r"^\| `([a-z0-9_]+)`", generate(), re.M))
-    produced = golden_families() | set(WITH_A_FLAG)
+    produced = golden_families()  # families only flags bring: tests/golden/flags.prom
     assert documented - produced == set(), "documented, but no golden output produces it"
 
 

@@ -42,7 +42,11 @@ DROPPED = ("process_", "python_")  # the Python process's own metrics
 ZEROED = ("gpu_exporter_collection_duration_seconds",
           "gpu_exporter_last_collection_timestamp_seconds", "gpu_exporter_build_info",
           "gpu_exporter_backend_cpu_seconds_total",
-          "gpu_xid_last_timestamp_seconds")  # the wall clock when the XID was drained
+          "gpu_xid_last_timestamp_seconds",  # the wall clock when the XID was drained
+          # Only with flags (tests/test_golden_flags.py): the wall clock of the config
+          # load, and how many OTLP pushes fit in the daemon's life so far.
+          "gpu_exporter_config_last_reload_success_timestamp_seconds",
+          "gpu_exporter_otlp_exports_total")
 
 
 def normalize(text: str) -> str:

@@ -251,12 +251,19 @@ def test_amd_machine_values_match_the_sysfs_files(tmp_path: Path) -> None:
     assert info["hw.firmware_version"] == "113-EXT90249-100" and "hw.serial_number" not in info
 
 
-def _exports(daemon: Any) -> dict[str, float]:
-    return {dict(labels)["result"]: v for (n, labels), v in parse_samples(daemon.get().text).items()
+def exports_in(text: str) -> dict[str, float]:
+    """gpu_exporter_otlp_exports_total of a /metrics text, by result."""
+    return {dict(labels)["result"]: v for (n, labels), v in parse_samples(text).items()
             if n == "gpu_exporter_otlp_exports_total"}
 
 
-def _wait_for(check: Any, timeout: float = 20.0) -> None:
+def otlp_exports(daemon: Any) -> dict[str, float]:
+    """The daemon's push counts, from a fresh scrape."""
+    return exports_in(daemon.get().text)
+
+
+def wait_for(check: Any, timeout: float = 20.0) -> None:
+    """Poll ``check`` until it is true; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -270,8 +277,8 @@ def test_500_is_counted_and_shown_429_is_retried_after_retry_after(tmp_path: Pat
                       receiver.url, "--otlp.interval", "300ms", "--otlp.timeout", "5s"],
                      tmp_path) as daemon:
             receiver.wait(1)
-            _wait_for(lambda: _exports(daemon).get("sent", 0) >= 1)
-            exports = _exports(daemon)
+            wait_for(lambda: otlp_exports(daemon).get("sent", 0) >= 1)
+            exports = otlp_exports(daemon)
             snapshot = json.loads(daemon.get("/snapshot").text)
             landing = daemon.get("/").text
             log = daemon.log()
@@ -303,7 +310,7 @@ def test_a_slow_receiver_delays_neither_metrics_nor_collection(tmp_path: Path) -
                 t0 = time.monotonic()
                 assert daemon.get().status_code == 200
                 latencies.append(time.monotonic() - t0)
-            _wait_for(lambda: _exports(daemon).get("dropped", 0) >= 5)
+            wait_for(lambda: otlp_exports(daemon).get("dropped", 0) >= 5)
             snapshot = json.loads(daemon.get("/snapshot").text)
     assert max(latencies) < 0.5, latencies
     assert receiver.max_in_flight == 1  # one export at a time: nothing piles up
@@ -315,7 +322,7 @@ def test_a_receiver_that_is_down_costs_only_a_counter(tmp_path: Path) -> None:
         url = receiver.url
     with running([*machine_args(FIXTURES / MACHINE), "--otlp.endpoint", url,
                   "--otlp.interval", "200ms", "--otlp.timeout", "300ms"], tmp_path) as daemon:
-        _wait_for(lambda: _exports(daemon).get("failed", 0) >= 2)
+        wait_for(lambda: otlp_exports(daemon).get("failed", 0) >= 2)
         snapshot = json.loads(daemon.get("/snapshot").text)
         scrape = daemon.get()
         assert scrape.status_code == 200
