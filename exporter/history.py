@@ -4,7 +4,10 @@ Fed by the Hub's snapshot listener (``History.add``, on the collector's thread),
 a scrape or a page view: ``/`` and ``/api/v1/history`` read what is already here and never
 touch a driver. Bounded: ``capacity`` samples per GPU (``--web.history`` divided by
 ``--collector.interval``), one sample per interval however often backends publish, and a
-GPU gone for a whole window is forgotten. bench/history_memory.py measures its size.
+GPU gone for a whole window is forgotten. Beside the samples, each GPU's top processes of
+the latest recorded snapshot (``top_processes``: computed once per recorded snapshot, the
+same rows the page renders), so the page's tables refresh without a reload.
+bench/history_memory.py measures its size.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from exporter.labels import Sensor
 from exporter.model import DeviceSample
 from exporter.state import Snapshot
 
+TOP_PROCESSES = 5  # the rows of a GPU's "Top processes" table
 MAX_CAPACITY = 86_400  # a day of 1 s samples per GPU: a hard bound whatever the flags say
 # The temperature a chart shows: the first sensor a GPU has (die, AMD edge, Intel package).
 TEMPERATURE_SENSORS = (Sensor.GPU, Sensor.EDGE, Sensor.PACKAGE, Sensor.JUNCTION)
@@ -35,6 +39,17 @@ def memory_ratio(d: DeviceSample) -> float | None:
     if d.memory_used_bytes is None or not d.memory_total_bytes:
         return None
     return min(1.0, max(0.0, d.memory_used_bytes / d.memory_total_bytes))
+
+
+def top_processes(d: DeviceSample) -> tuple[tuple[dict[str, Any], ...], int]:
+    """The TOP_PROCESSES processes using the most memory, largest first, as the page shows
+    them (pid, process, memory_bytes or None, pod as namespace/pod or "", container or ""),
+    and how many more there are. The one ranking behind the server render and the JSON."""
+    top = sorted(d.processes, key=lambda p: -(p.memory_used_bytes or 0))[:TOP_PROCESSES]
+    rows = tuple({"pid": p.pid, "process": p.process, "memory_bytes": p.memory_used_bytes,
+                  "pod": f"{p.namespace}/{p.pod}" if p.pod else "",
+                  "container": p.container or ""} for p in top)
+    return rows, len(d.processes) - len(rows)
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,8 @@ class History:
         self.capacity = max(2, min(MAX_CAPACITY, math.ceil(window / interval)))
         self._rings: dict[str, _Ring] = {}
         self._names: dict[str, str] = {}
+        # per GPU: its top processes and the count of the others, replaced on each sample
+        self._top: dict[str, tuple[tuple[dict[str, Any], ...], int]] = {}
         self._last: dict[str, float] = {}
         self._added = -math.inf  # when add() last read a snapshot
         self._lock = threading.Lock()
@@ -128,18 +145,27 @@ class History:
                 if ring is None:
                     ring = self._rings[gpu] = _Ring(self.capacity)
                 self._names[gpu] = d.info.name
+                self._top[gpu] = top_processes(d)
                 ring.append((round(now, 3), *(_finite(s.read(d)) for s in SERIES)))
             for gpu in [g for g, t in self._last.items() if now - t > self.window]:
-                del self._rings[gpu], self._last[gpu], self._names[gpu]
+                del self._rings[gpu], self._last[gpu], self._names[gpu], self._top[gpu]
 
     def points(self, since: float = 0.0) -> Mapping[str, list[tuple[float | None, ...]]]:
         """A copy of each GPU's samples newer than ``since`` (unix time)."""
         with self._lock:
             return {gpu: ring.samples(since) for gpu, ring in self._rings.items()}
 
+    def processes(self) -> dict[str, dict[str, Any]]:
+        """Per GPU, the top processes of the latest recorded snapshot (``rows``) and how
+        many more it had (``more``): the rows are shared, never changed once stored."""
+        with self._lock:
+            return {gpu: {"rows": list(rows), "more": more}
+                    for gpu, (rows, more) in self._top.items()}
+
     def as_json(self, since: float = 0.0, now: float | None = None) -> dict[str, Any]:
-        """The body of ``/api/v1/history``: columns per GPU, ``null`` where unknown, and
-        the server's clock (``now``), which the page's charts are drawn against."""
+        """The body of ``/api/v1/history``: columns per GPU, ``null`` where unknown, the
+        server's clock (``now``), which the page's charts are drawn against, and each
+        GPU's top processes (whatever ``since``: they replace what the page has)."""
         gpus = []
         for gpu, points in sorted(self.points(since).items(), key=lambda kv: _gpu_order(kv[0])):
             columns: dict[str, Any] = {"gpu": gpu, "name": self._names.get(gpu, ""),
@@ -151,7 +177,7 @@ class History:
                 "interval": self.interval, "window": self.window, "capacity": self.capacity,
                 "series": [{"key": s.key, "title": s.title, "unit": s.unit, "max": s.high}
                            for s in SERIES],
-                "gpus": gpus}
+                "gpus": gpus, "processes": self.processes()}
 
 
 def _gpu_order(gpu: str) -> tuple[int, str]:

@@ -3,9 +3,9 @@
 Server-rendered HTML that is complete without JavaScript: the GPU table, the charts as
 inline SVG drawn here from the ring buffer (exporter.history), the top processes with
 their pods, the health table and the backends. ``/static/app.js`` (exporter.landing_static)
-then keeps the values and charts current from ``/api/v1/history``. Nothing external:
-no fonts, scripts or CDNs, and the page's Content-Security-Policy allows only its own
-origin (no inline script or style).
+then keeps the values, charts and process tables current from ``/api/v1/history``.
+Nothing external: no fonts, scripts or CDNs, and the page's Content-Security-Policy allows
+only its own origin (no inline script or style).
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter import __version__, health
-from exporter.history import SERIES, History, Series, memory_ratio, temperature
+from exporter.history import SERIES, History, Series, memory_ratio, temperature, top_processes
 from exporter.model import DeviceSample
 from exporter.state import Snapshot
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
        "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-TOP_PROCESSES = 5
 WIDTH, HEIGHT = 300.0, 60.0  # the charts' viewBox; app.js draws in the same one
 GIB = float(1 << 30)
 MIN_SPAN = 30.0  # seconds: the narrowest x axis of a chart (app.js: the same)
@@ -85,19 +84,20 @@ def _gpu_row(gpu: str, d: DeviceSample, verdict: str) -> str:
 
 
 def _processes(gpu: str, d: DeviceSample) -> str:
-    top = sorted(d.processes, key=lambda p: -(p.memory_used_bytes or 0))[:TOP_PROCESSES]
-    if not top:
-        return "<p class=\"none\">No processes reported.</p>"
+    """The top processes (exporter.history.top_processes) in a ``div.processes`` that
+    app.js refills from ``/api/v1/history``'s ``processes``."""
+    top, more = top_processes(d)
     rows = "".join(
         "<tr>" + "".join(f"<td>{_e(c)}</td>" for c in (
-            p.pid, p.process, _fmt(None if p.memory_used_bytes is None
-                                   else p.memory_used_bytes / GIB, "GiB", 2),
-            f"{p.namespace}/{p.pod}" if p.pod else "", p.container or "")) + "</tr>"
+            p["pid"], p["process"], _fmt(None if p["memory_bytes"] is None
+                                         else p["memory_bytes"] / GIB, "GiB", 2),
+            p["pod"], p["container"])) + "</tr>"
         for p in top)
-    more = len(d.processes) - len(top)
-    return ("<table class=\"processes\"><tr><th>pid</th><th>process</th><th>memory</th>"
-            f"<th>pod</th><th>container</th></tr>{rows}</table>"
-            + (f"<p class=\"none\">and {more} more</p>" if more > 0 else ""))
+    inner = ("<p class=\"none\">No processes reported.</p>" if not top else
+             "<table><thead><tr><th>pid</th><th>process</th><th>memory</th><th>pod</th>"
+             f"<th>container</th></tr></thead><tbody>{rows}</tbody></table>"
+             + (f"<p class=\"none\">and {more} more</p>" if more > 0 else ""))
+    return f"<div class=\"processes\" data-gpu=\"{_e(gpu)}\">{inner}</div>"
 
 
 def page(snapshot: Snapshot, history: History, telemetry_path: str,

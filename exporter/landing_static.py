@@ -5,8 +5,10 @@ Content-Security-Policy that allows no inline script or style.
 The script polls ``/api/v1/history?since=<last time it has>`` (only the new samples, from
 the ring buffer) every collection interval, at least a second apart, and redraws the
 charts drawn server-side by exporter.landing with the same geometry (a 300 x 60 viewBox,
-the samples of the last ``--web.history`` seconds, a gap where a value is unknown).
-Without JavaScript the page is the same, frozen at load.
+the samples of the last ``--web.history`` seconds, a gap where a value is unknown), and
+refills each GPU's ``div.processes`` from the reply's ``processes`` with DOM methods only:
+process names are user-controlled text, so they go in through ``textContent``, never as
+markup. Without JavaScript the page is the same, frozen at load.
 """
 
 from __future__ import annotations
@@ -61,6 +63,41 @@ APP_JS = """\
     });
   }
 
+  function note(text) {
+    var p = document.createElement("p");
+    p.className = "none";
+    p.textContent = text;
+    return p;
+  }
+
+  function row(section, cells, tag) {
+    var tr = section.insertRow();
+    cells.forEach(function (text) {
+      var cell = document.createElement(tag);
+      cell.textContent = text;
+      tr.appendChild(cell);
+    });
+  }
+
+  function gib(bytes) {
+    return bytes === null ? "\u2013" : (bytes / 1073741824).toFixed(2) + " GiB";
+  }
+
+  function tables(processes) {
+    document.querySelectorAll("div.processes").forEach(function (box) {
+      var top = processes[box.dataset.gpu];
+      if (!top) return;  // GPU down or forgotten: keep what is shown
+      if (!top.rows.length) { box.replaceChildren(note("No processes reported.")); return; }
+      var table = document.createElement("table"), rows = table.createTBody();
+      row(table.createTHead(), ["pid", "process", "memory", "pod", "container"], "th");
+      top.rows.forEach(function (p) {
+        row(rows, [String(p.pid), p.process, gib(p.memory_bytes), p.pod, p.container], "td");
+      });
+      box.replaceChildren(table);
+      if (top.more > 0) box.appendChild(note("and " + top.more + " more"));
+    });
+  }
+
   function merge(reply) {
     serverNow = reply.now;
     reply.series.forEach(function (s) { units[s.key] = s.unit; });
@@ -88,6 +125,7 @@ APP_JS = """\
       .then(function (reply) {
         merge(reply);
         draw();
+        tables(reply.processes || {});
         body.dataset.live = "1";
         if (live) live.textContent = "Live, updated " + new Date().toLocaleTimeString() + ".";
       })
