@@ -87,14 +87,14 @@ APP_JS = """\
     document.querySelectorAll("div.processes").forEach(function (box) {
       var top = processes[box.dataset.gpu];
       if (!top) return;  // GPU down or forgotten: keep what is shown
-      if (!top.rows.length) { box.replaceChildren(note("No processes reported.")); return; }
       var table = document.createElement("table"), rows = table.createTBody();
       row(table.createTHead(), ["pid", "process", "memory", "pod", "container"], "th");
       top.rows.forEach(function (p) {
         row(rows, [String(p.pid), p.process, gib(p.memory_bytes), p.pod, p.container], "td");
       });
-      box.replaceChildren(table);
+      box.replaceChildren(top.rows.length ? table : note("No processes reported."));
       if (top.more > 0) box.appendChild(note("and " + top.more + " more"));
+      box.dataset.updated = String(serverNow);  // when this table was last refilled
     });
   }
 

@@ -132,6 +132,20 @@ def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> 
     memory = round(100 * (2 << 30) / card["memory_total_bytes"], 3)
     assert history["gpus"][1]["memory"][-1] == memory
     assert all(t > newest for g in later["gpus"] for t in g["t"])
+    # Top processes of the latest recorded snapshot, whatever ``since``: the NVIDIA card's
+    # one process (nvml.json: pid 3310, 2 GiB; its comm in the fixture's procfs) ...
+    comm = (MIXED / "proc" / "3310" / "comm").read_text().strip()
+    assert history["processes"]["1"] == later["processes"]["1"] == {"rows": [
+        {"pid": 3310, "process": comm, "memory_bytes": float(2 << 30), "pod": "",
+         "container": ""}], "more": 0}
+    # ... and the AMD card's from fdinfo: gnome-shell's two clients, 16384 + 412672 KiB of
+    # VRAM (proc/1874/fdinfo/14 and 15), vkcube's 98304 KiB (proc/5120/fdinfo/5).
+    amd = {r["pid"]: r for r in history["processes"]["0"]["rows"]}
+    assert amd[1874]["memory_bytes"] == (16384 + 412672) * 1024.0
+    assert amd[1874]["process"] == "gnome-shell"
+    assert amd[5120]["memory_bytes"] == 98304 * 1024.0
+    sizes = [r["memory_bytes"] or 0 for r in history["processes"]["0"]["rows"]]
+    assert sizes == sorted(sizes, reverse=True)  # largest first, as the page's table
     assert bad_since.status_code == 200 and bad_since.json()["gpus"]
     assert static.status_code == 200 and static.headers["content-type"].startswith(
         "text/javascript")
@@ -156,6 +170,39 @@ def test_landing_page_shows_top_processes_with_pods() -> None:
     assert "<td>101</td>" not in page and "and 2 more" in page
 
 
+def test_history_processes_follow_the_latest_recorded_snapshot() -> None:
+    """Computed once per recorded snapshot: a publish within the interval changes nothing,
+    the next recorded one drops a process that exited."""
+    backend = Scripted("amd", ["0000:03:00.0"])
+    hub = Hub(Config(), [backend])
+    backend.processes = (ProcessSample(pid=10, process="trainer", memory_used_bytes=3e9),
+                         ProcessSample(pid=11, process="eval", memory_used_bytes=None))
+    history = History(window=60.0, interval=1.0)
+    history.add(hub.collect_once(), now=100.0)
+    assert history.as_json(since=1e12)["processes"] == {"0": {"more": 0, "rows": [
+        {"pid": 10, "process": "trainer", "memory_bytes": 3e9, "pod": "", "container": ""},
+        {"pid": 11, "process": "eval", "memory_bytes": None, "pod": "", "container": ""}]}}
+    backend.processes = backend.processes[:1]  # pid 11 exits
+    history.add(hub.collect_once(), now=100.5)  # same interval: not recorded
+    assert [r["pid"] for r in history.processes()["0"]["rows"]] == [10, 11]
+    history.add(hub.collect_once(), now=101.0)
+    assert [r["pid"] for r in history.as_json()["processes"]["0"]["rows"]] == [10]
+    backend.processes = ()
+    history.add(hub.collect_once(), now=102.0)
+    assert history.processes() == {"0": {"rows": [], "more": 0}}
+
+
+def test_app_js_puts_process_names_in_as_text() -> None:
+    """Process names are user-controlled: app.js builds the tables with DOM methods and
+    textContent, never by parsing markup (the browser test shows the result)."""
+    from exporter.landing_static import APP_JS
+
+    assert "textContent" in APP_JS and "replaceChildren" in APP_JS
+    for parser in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write",
+                   "DOMParser", "createContextualFragment"):
+        assert parser not in APP_JS, parser
+
+
 def test_landing_and_history_need_the_same_auth_as_metrics(tmp_path: Path) -> None:
     hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
     web = tmp_path / "web.yml"
@@ -177,10 +224,17 @@ def test_history_window_flag_sets_the_capacity(tmp_path: Path) -> None:
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
                     "chromium): the page is not tried in a real browser")
 def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
-    """A real browser under the page's CSP: app.js loads, polls /api/v1/history and
-    redraws every chart; the table is there without JavaScript too."""
+    """A real browser under the page's CSP: app.js loads, polls /api/v1/history, redraws
+    every chart and refills every GPU's top processes; the tables are there without
+    JavaScript too. The fixture's procfs, copied, names pid 3310 ``<b>x</b>``: the page
+    must show that as text, not as markup."""
     assert CHROMIUM is not None
-    with running([*machine_args(MIXED), "--collector.interval", "0.2s"], tmp_path,
+    proc = tmp_path / "proc"
+    shutil.copytree(MIXED / "proc", proc, symlinks=True)
+    (proc / "3310" / "comm").write_text("<b>x</b>\n")
+    args = machine_args(MIXED)
+    args[args.index("--path.procfs") + 1] = str(proc)
+    with running([*args, "--collector.interval", "0.2s"], tmp_path,
                  nvml_json=MIXED / "nvml.json") as d:
         time.sleep(0.6)
 
@@ -208,6 +262,15 @@ def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
     assert screenshot.stat().st_size > 10_000 and screenshot.read_bytes()[:4] == b"\x89PNG"
     assert "data-live" not in raw and "<td>NVIDIA GeForce RTX 4080</td>" in raw
     assert "<td>NVIDIA GeForce RTX 4080</td>" in dom
+    # Each GPU's process table refilled by app.js (data-updated), the NVIDIA card's one
+    # process (nvml.json: pid 3310, 2 GiB) with its name as text: no <b> element.
+    boxes = re.findall(r'<div class="processes" data-gpu="(\d+)" data-updated="[\d.]+">'
+                       r"(.*?)</div>", dom)
+    assert {gpu for gpu, _ in boxes} == {"0", "1", "2"}
+    nvidia = dict(boxes)["1"]
+    assert ("<tbody><tr><td>3310</td><td>&lt;b&gt;x&lt;/b&gt;</td><td>2.00 GiB</td>"
+            "<td></td><td></td></tr></tbody>") in nvidia
+    assert "<b>" not in dom and "data-updated" not in raw
 
 
 def test_history_is_fed_by_collection_not_by_requests(tmp_path: Path) -> None:
