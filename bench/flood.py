@@ -23,7 +23,6 @@ import datetime
 import http.client
 import os
 import resource
-import signal
 import socket
 import ssl
 import subprocess
@@ -35,6 +34,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(HERE / "bench"))
+from scrape_latency import stop  # noqa: E402
 
 
 def free_port() -> int:
@@ -69,12 +70,7 @@ def daemon(repo: Path, tmp: Path, web: Path, open_files: int | None = None
     try:
         yield proc, port, log
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def get(port: int, path: str, headers: dict[str, str] | None = None,
@@ -167,6 +163,10 @@ def rss_and_fds(pid: int) -> tuple[float, int]:
 
 
 def self_signed(tmp: Path) -> tuple[Path, Path]:
+    """A key and a certificate for ``localhost`` and 127.0.0.1, valid for a day, as
+    tls.key / tls.crt in ``tmp`` (the tests' TLS daemons use it too)."""
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -175,10 +175,13 @@ def self_signed(tmp: Path) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.timezone.utc)
+    san = x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                       x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(san, critical=False).sign(key, hashes.SHA256()))
     crt, pem = tmp / "tls.crt", tmp / "tls.key"
     crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     pem.write_bytes(key.private_bytes(serialization.Encoding.PEM,

@@ -126,12 +126,17 @@ def start_daemon(real: bool, extra: Sequence[str] = (), gpus: int = 8, processes
             print(f"started pid {proc.pid} ({kind}), ready in {took:.2f}s: {what}", flush=True)
             yield target
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s: a daemon a bench started never outlives it."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import gzip
 import json
 import ssl
@@ -15,6 +14,7 @@ import bcrypt
 import httpx
 import pytest
 
+from bench.flood import self_signed as _self_signed
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 from tests.daemon import values_of as get
 
@@ -115,31 +115,6 @@ def test_basic_auth(tmp_path: Path) -> None:
         assert ok.status_code == 200 and "gpu_exporter_up" in ok.text
         assert d.get("/snapshot").status_code == 401
         assert d.get("/-/healthy").status_code == 200  # probes need no password
-
-
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                           x509.IPAddress(__import__("ipaddress").ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp_path / "tls.crt", tmp_path / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 def test_tls(tmp_path: Path) -> None:
