@@ -217,7 +217,6 @@ class NvidiaBackend:
             # Counted here; the change of state is logged once by the collector.
             errors["gpu_lost"] += 1
             g.slow, g.profiling = None, {}  # re-read in full once the GPU answers again
-            g.dev.nvlink.reset()
             g.dev.reset_counters()
             return [DeviceSample(info=g.dev.info, source=SOURCE, up=False), *g.mig.down()]
         info = g.dev.info

@@ -165,12 +165,15 @@ class NvmlDevice:
                             if (fid := field_id(nvml, n)) is not None}
         self.nvlink = NvLinks(self.call)
         self.health = Health(self.call, info.architecture)
-        self._slow_cycles = 0  # slow cycles read: which of them read the spinning counters
+        # Slow cycles read since open or the last loss: which of them read the spinning
+        # counters (COUNTERS_EVERY) and NVLink throughput and errors (nvlink.due).
+        self._slow_cycles = 0
         self._energy: float | None = None  # the last total energy read, J
 
     def reset_counters(self) -> None:
         """After the GPU was lost: the next slow cycle reads every counter afresh."""
         self._slow_cycles, self._energy, self.health.events = 0, None, None
+        self.nvlink.reset()
 
     def forget_unsupported(self) -> None:
         """Ask again for everything once found unsupported (after a MIG mode change)."""
@@ -294,8 +297,8 @@ class NvmlDevice:
         """Expensive getters (milliseconds each), every --collector.slow-interval; the two
         counters whose reads spin in the driver every COUNTERS_EVERY-th time."""
         g = self.call.get
-        due = self._slow_cycles % COUNTERS_EVERY == 0
-        self._slow_cycles += 1
+        cycle, self._slow_cycles = self._slow_cycles, self._slow_cycles + 1
+        due = cycle % COUNTERS_EVERY == 0
         if due:
             self._energy = gated(errors, u64(g(errors, "nvmlDeviceGetTotalEnergyConsumption")),
                                  1e-3, "joules")
@@ -306,7 +309,7 @@ class NvmlDevice:
             if (rate := gated(errors, kb, KIB, "bytes_per_second")) is not None:
                 pcie[key] = rate
         replays = u32(g(errors, "nvmlDeviceGetPcieReplayCounter"))
-        throughput_due, errors_due = self.nvlink.next_slow_cycle()
+        throughput_due, errors_due = self.nvlink.due(cycle)
         values = self._slow_fields(errors, throughput_due)
         return DeviceValues(
             energy_joules=self._energy,

@@ -73,15 +73,14 @@ class NvLinks:
         self.remote: dict[int, str] = {}  # link -> remote type, for links seen active
         self.absent = False  # every link index answered "absent" / "not supported"
         self._last: dict[tuple[int, str], tuple[int, float]] = {}  # (link, dir) -> (B, s)
-        self._slow_cycles = 0  # slow cycles seen: which of them read throughput / errors
         self._rates: dict[tuple[str, str], float] = {}
         self._errors: dict[tuple[str, str], int] = {}
 
-    def next_slow_cycle(self) -> tuple[bool, bool]:
-        """Count a slow cycle; (read throughput now, read errors now). The first slow
-        cycle reads both."""
-        n, self._slow_cycles = self._slow_cycles, self._slow_cycles + 1
-        return n % THROUGHPUT_EVERY == 0, n % ERRORS_EVERY == 0
+    @staticmethod
+    def due(cycle: int) -> tuple[bool, bool]:
+        """(read throughput now, read errors now) on the device's ``cycle``-th slow cycle
+        since it was opened or lost (NvmlDevice counts them); the first reads both."""
+        return cycle % THROUGHPUT_EVERY == 0, cycle % ERRORS_EVERY == 0
 
     def read_state(self, errors: Counter[str]) -> dict[tuple[str, str], bool]:
         """(link, remote) -> up, for every link that has been active (fast tier)."""
@@ -172,5 +171,5 @@ class NvLinks:
     def reset(self) -> None:
         """After a GPU loss: rates restart from a fresh pair of readings, read at once."""
         self._last.clear()
-        self._rates, self._errors, self._slow_cycles = {}, {}, 0
+        self._rates, self._errors = {}, {}
 
