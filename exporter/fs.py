@@ -113,16 +113,21 @@ class ProcFS(_Root):
         return read_bytes(self.path(*parts))
 
 
+def open_files_limit() -> int | None:
+    """The soft RLIMIT_NOFILE, None where it is unlimited: what the kept descriptors here
+    and the HTTP server's connections (exporter.server) are sized from."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
 def kept_fd_limit() -> int:
     """How many attribute descriptors the process may keep open: the HTTP server and
     the /proc scan need the rest of RLIMIT_NOFILE (1024 in many containers)."""
     try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        soft = open_files_limit()
     except (OSError, ValueError):
         return 0
-    if soft == resource.RLIM_INFINITY:
-        return MAX_KEPT_FDS
-    return max(0, min(MAX_KEPT_FDS, soft // 4))
+    return MAX_KEPT_FDS if soft is None else max(0, min(MAX_KEPT_FDS, soft // 4))
 
 
 class _FdBudget:

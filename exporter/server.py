@@ -40,6 +40,7 @@ from starlette.routing import Route
 from exporter.collector import Hub
 from exporter.config import Config, split_listen_address
 from exporter.connections import MAX_CONNECTIONS, Slots, protocol_factory
+from exporter.fs import open_files_limit
 from exporter.history import History, fan_out
 from exporter.landing import CSP
 from exporter.landing import page as landing_page
@@ -227,20 +228,10 @@ class Server(uvicorn.Server):
             loop.call_soon_threadsafe(event.set)
 
 
-def _open_files_limit() -> int | None:
-    """The soft RLIMIT_NOFILE, None where there is none."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return None if soft == resource.RLIM_INFINITY else int(soft)
-
-
 def connection_limit() -> int:
     """MAX_CONNECTIONS, or half the file descriptors where fewer are allowed: the other
     half stays for the backends (sysfs, /proc, NVML), which must never see EMFILE."""
-    soft = _open_files_limit()
+    soft = open_files_limit()
     return MAX_CONNECTIONS if soft is None else max(16, min(MAX_CONNECTIONS, soft // 2))
 
 
@@ -249,7 +240,7 @@ def accept_backlog() -> int:
     accepts up to this many connections in one wake-up before the slots close any, so
     they come on top of the slots (a half) and the kept sysfs descriptors (a quarter,
     exporter.fs): together at most 7/8 of the limit, and the backends keep the rest."""
-    soft = _open_files_limit()
+    soft = open_files_limit()
     return BACKLOG if soft is None else max(8, min(BACKLOG, soft // 8))
 
 
