@@ -3,6 +3,13 @@
 # parts that each fit one device-tool call (10 minutes). Logs go to $OUT (or ./out).
 #   bash bench/h100.sh hardware   # hardware tests, NVML call costs, memory, scrape latency
 #   bash bench/h100.sh cost       # CPU and RSS side by side with nvitop-exporter, CUDA load on
+#   bash bench/h100.sh matrix     # this machine's row of the hardware matrix: the field-values
+#                                 # overrun reproduction, tests/hardware, a soak of SOAK_S
+#                                 # (600) seconds under CUDA load, then the row as a table
+#   bash bench/h100.sh matrix-start; ...; bash bench/h100.sh matrix-wait
+#                                 # the same in two parts, for callers limited to 10 minutes a
+#                                 # command: the soak runs detached (setsid), matrix-wait
+#                                 # collects it (WAIT_S seconds at most, then exit 3)
 # Needs on PATH: python3 with nvidia-ml-py, prometheus-client, our dependencies, and for
 # "cost" nvitop-exporter (python3 -m nvitop_exporter). With CLEAN=1, "cost" runs both
 # exporters (and bench/memory.py) in a virtual environment without the system's
@@ -58,8 +65,34 @@ cost)
   done 2>&1 | tee "$OUT/cost.log"
   kill "$LOAD"
   ;;
+matrix-start)
+  DIR=${SOAK_DIR:-/tmp/gpu-exporter-matrix}
+  rm -rf "$DIR" && mkdir -p "$DIR"
+  nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv | tee "$DIR/gpus.log"
+  nvidia-smi topo -m 2>&1 | head -n 12
+  python3 bench/nvml_field_overrun.py --seconds "${REPRO_S:-10}" --runs 3 2>&1 | tee "$DIR/repro.log"
+  python3 -m pytest -v -s -p no:cacheprovider tests/hardware \
+    --deselect tests/hardware/test_soak.py::test_soak_under_cuda_load > "$DIR/hardware.log" 2>&1
+  tail -n 25 "$DIR/hardware.log"
+  GPU_EXPORTER_SOAK_S=${SOAK_S:-600} setsid nohup bash -c "python3 -m pytest -v -s \
+    -p no:cacheprovider tests/hardware/test_soak.py > $DIR/soak.log 2>&1; echo \$? > $DIR/soak.rc" \
+    > /dev/null 2>&1 < /dev/null &
+  echo "soak of ${SOAK_S:-600} s started; logs in $DIR"
+  ;;
+matrix-wait)
+  DIR=${SOAK_DIR:-/tmp/gpu-exporter-matrix}
+  end=$((SECONDS + ${WAIT_S:-580}))
+  while [ ! -f "$DIR/soak.rc" ] && [ $SECONDS -lt $end ]; do sleep 5; done
+  cp "$DIR"/*.log "$OUT/" 2>/dev/null
+  [ -f "$DIR/soak.rc" ] || { echo "the soak is still running"; exit 3; }
+  tail -n 30 "$DIR/soak.log"
+  python3 bench/matrix_table.py "$DIR" | tee "$OUT/matrix.md"
+  ;;
+matrix)
+  bash "$0" matrix-start && WAIT_S=100000 bash "$0" matrix-wait
+  ;;
 *)
-  echo "usage: $0 hardware|cost" >&2
+  echo "usage: $0 hardware|cost|matrix|matrix-start|matrix-wait" >&2
   exit 2
   ;;
 esac

@@ -39,6 +39,11 @@ from tests.fakes.nvml_real import N
 MIB = 1 << 20
 # PCI bus ids of the eight GPUs of an HGX H100 board (NVML form).
 HGX_BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
+# Every look past a caller's array by any FakeNVML (tests/conftest.py fails the test).
+OVERRUNS: list[tuple[str, int, int]] = []
+# NVLink throughput field ids (nvml.h NVML_FI_DEV_NVLINK_THROUGHPUT_{DATA,RAW}_{TX,RX}).
+NVLINK_THROUGHPUT_IDS = frozenset(getattr(N, f"NVML_FI_DEV_NVLINK_THROUGHPUT_{kind}_{d}")
+                                  for kind in ("DATA", "RAW") for d in ("TX", "RX"))
 
 
 
@@ -153,6 +158,8 @@ class FakeNVML(LinksAndMig):
         self._seq = 0
         self._clock_us = 1_700_000_000_000_000
         self.field_batches: list[int] = []  # how many fields each FieldValues call asked for
+        # (function, count, entries the caller owned): the driver looked past the caller's array
+        self.overruns: list[tuple[str, int, int]] = []
 
     # --- plumbing -------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -313,10 +320,56 @@ class FakeNVML(LinksAndMig):
             raise N.NVMLError(N.NVML_ERROR_NOT_SUPPORTED)
         return value
 
+    # --- field values: the driver's C function and nvidia-ml-py's wrapper of it ------
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        """nvidia-ml-py's lookup of a C function in libnvidia-ml; the fake has the C level
+        only for the call whose array handling matters (nvmlDeviceGetFieldValues)."""
+        if name != "nvmlDeviceGetFieldValues":
+            raise N.NVMLError(N.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._c_field_values
+
     def nvmlDeviceGetFieldValues(self, h: FakeHandle, field_ids: Any) -> Any:
-        self._enter("nvmlDeviceGetFieldValues", h)
-        self.field_batches.append(len(field_ids))
+        """nvidia-ml-py's wrapper, as it is written (13.615 ``nvmlDeviceGetFieldValues``):
+        an array of exactly ``len(field_ids)`` entries handed to the C function."""
         values = (N.c_nvmlFieldValue_t * len(field_ids))()
+        for i, request in enumerate(field_ids):
+            fid, scope = request if isinstance(request, tuple) else (request, 0)
+            values[i].fieldId, values[i].scopeId = fid, scope
+        N._nvmlCheckReturn(self._c_field_values(h, ctypes.c_int32(len(field_ids)),
+                                                ctypes.byref(values)))
+        return values
+
+    def _c_field_values(self, h: FakeHandle, count: Any, ref: Any) -> int:
+        """``nvmlReturn_t nvmlDeviceGetFieldValues(device, int valuesCount, nvmlFieldValue_t
+        *values)`` as driver 580.159.04 behaves on NVLinked H200s: it fills the ``count``
+        entries and, when the last requested field is an NVLink throughput field, reads the
+        entry one past ``count`` and writes its timestamp if that entry's field id is an
+        NVLink throughput id. The fake checks what a C library cannot: that the caller
+        passed ``c_nvmlFieldValue_t`` entries, and whether the entry past ``count`` is in
+        the caller's buffer at all. When it is not, a real driver reads (and may write)
+        another heap object: that is recorded in ``overruns``, which tests assert empty."""
+        try:
+            self._enter("nvmlDeviceGetFieldValues", h)
+        except N.NVMLError as e:
+            return int(e.value)
+        array = ref._obj  # the object byref() points at: its size is what the caller owns
+        if getattr(type(array), "_type_", None) is not N.c_nvmlFieldValue_t:
+            raise TypeError(f"nvmlDeviceGetFieldValues given {type(array).__name__}, "
+                            "not an array of c_nvmlFieldValue_t")
+        n, owned = int(count.value), len(array)
+        if not 0 < n <= owned:
+            return int(N.NVML_ERROR_INVALID_ARGUMENT)
+        self.field_batches.append(n)
+        self._fill_field_values(h, array, n)
+        if array[n - 1].fieldId in NVLINK_THROUGHPUT_IDS:  # the driver looks one past the end
+            if n >= owned:
+                self.overruns.append(("nvmlDeviceGetFieldValues", n, owned))
+                OVERRUNS.append(("nvmlDeviceGetFieldValues", n, owned))
+            elif array[n].fieldId in NVLINK_THROUGHPUT_IDS:
+                array[n].timestamp = self._clock_us
+        return int(N.NVML_SUCCESS)
+
+    def _fill_field_values(self, h: FakeHandle, values: Any, count: int) -> None:
         g = h.gpu
         retired = g.retired_pages or {}
         plain = {N.NVML_FI_DEV_MEMORY_TEMP: g.temperature_memory,
@@ -325,10 +378,9 @@ class FakeNVML(LinksAndMig):
                  N.NVML_FI_DEV_RETIRED_DBE: retired.get("double_bit"),
                  N.NVML_FI_DEV_RETIRED_PENDING: g.retired_pending,
                  N.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: g.recovery_action}
-        for i, request in enumerate(field_ids):
-            fid, scope = request if isinstance(request, tuple) else (request, 0)
+        for i in range(count):
             v = values[i]
-            v.fieldId, v.scopeId = fid, scope
+            fid, scope = v.fieldId, v.scopeId
             v.timestamp = self._clock_us
             if fid in g.field_overrides:
                 v.nvmlReturn, v.valueType, value = g.field_overrides[fid]
@@ -347,7 +399,6 @@ class FakeNVML(LinksAndMig):
             v.valueType = N.NVML_VALUE_TYPE_UNSIGNED_INT
             v.value.uiVal = value
             v.nvmlReturn = N.NVML_SUCCESS
-        return values
 
     def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
         self._enter("nvmlDeviceGetPowerUsage", h)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from exporter.backends.nvidia.backend import NvidiaBackend
+from exporter.backends.nvidia.fields import field_values
 from exporter.config import Config
 from exporter.model import DeviceSample
 
@@ -105,9 +106,9 @@ def test_nvlink_links_and_counters_match_nvidia_smi(devices: Any) -> None:
         keys = [(fid, link) for link in sorted(theirs)
                 for fid in (nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
                             nvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)]
-        before = [v.value.ullVal for v in nvml.nvmlDeviceGetFieldValues(handle, keys)]
+        before = [v.value.ullVal for v in field_values(nvml, handle, keys)]
         counters = smi_text("nvlink", "-gt", "d", "-i", str(index))
-        after = [v.value.ullVal for v in nvml.nvmlDeviceGetFieldValues(handle, keys)]
+        after = [v.value.ullVal for v in field_values(nvml, handle, keys)]
         print("--- nvidia-smi nvlink -gt d\n" + counters.strip())
         smi = {(int(link), kind.lower()): int(kib) for link, kind, kib in
                per_gpu(counters, r"Link (\d+): Data (Tx|Rx): (\d+) KiB").get(index, [])}

@@ -95,14 +95,20 @@ class Caller(Guard):
         """``nvml.<fn>(handle, *args)`` or None; raises DeviceLost / BackendFailed."""
         return self._call(errors, fn, args, kwargs, absent=False)
 
+    def get_with(self, errors: Counter[str], fn: str, func: Any, *args: Any) -> Any:
+        """As ``get``, calling ``func(handle, *args)`` in place of ``nvml.<fn>`` (a safer
+        wrapper of that NVML function); remembered and classified under ``fn``."""
+        wrapped = func if getattr(self.nvml, fn, None) is not None else None
+        return self._call(errors, fn, args, {}, absent=False, func=wrapped)
+
     def probe(self, errors: Counter[str], fn: str, *args: Any) -> Any:
         """As ``get``, but INVALID_ARGUMENT / NOT_FOUND mean "no such thing" (remembered)."""
         return self._call(errors, fn, args, {}, absent=True)
 
     def _call(self, errors: Counter[str], fn: str, args: tuple[Any, ...],
-              kwargs: dict[str, Any], absent: bool) -> Any:
+              kwargs: dict[str, Any], absent: bool, func: Any = None) -> Any:
         key = (fn, args + tuple(sorted(kwargs.items()))) if kwargs else (fn, args)
-        func = self.resolve(key, getattr(self.nvml, fn, None))
+        func = self.resolve(key, func if func is not None else getattr(self.nvml, fn, None))
         if func is None:
             return None
         try:

@@ -11,6 +11,19 @@ dropped from later calls (and costs nothing after the first cycle), a lost GPU
 raises ``GpuLost``, anything else is counted. The value's union member is picked by
 its ``valueType`` (NVML_VALUE_TYPE_*), never assumed.
 
+The call goes through ``field_values`` below, never through nvidia-ml-py's own
+``nvmlDeviceGetFieldValues``: that one allocates exactly ``count`` entries, and the
+driver reads the entry one past ``count`` when the batch ends in an NVLink throughput
+field (and writes its timestamp when that entry holds an NVLink throughput id). Two
+NVLinked H200s on driver 580.159.04 (18 links each) showed it: with exactly sized
+arrays the bytes after the array belong to another heap object, and whenever they
+read as field 138/139 the driver wrote 8 bytes into it, which crashed the daemon in
+seconds. ``field_values`` gives the driver zeroed spare entries (field id 0) after the
+requested ones, so whatever it reads or writes past ``count`` is memory we own and a
+field id it ignores. The other NVML calls that take arrays (running processes, process
+utilisation samples, GPM metrics) size their arrays from the library's own count and
+carry no caller-filled ids: they have not shown this.
+
 Field ids come from the installed nvidia-ml-py, looked up by name; a name that this
 nvidia-ml-py lacks is simply not asked for. Ids NVIDIA renumbered between releases
 (the clock-event duration fields: 251-253 in some nvml.h, 269-271 in nvidia-ml-py
@@ -20,8 +33,9 @@ another field under the same number.
 
 from __future__ import annotations
 
+import ctypes
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from exporter.backends.nvidia.calls import Caller
@@ -38,6 +52,21 @@ _MEMBERS = {
     "NVML_VALUE_TYPE_SIGNED_INT": "siVal",
     "NVML_VALUE_TYPE_UNSIGNED_SHORT": "usVal",
 }
+
+
+# Zeroed entries after the requested ones, owned by us (see the module docstring).
+SPARE_ENTRIES = 2
+
+
+def field_values(nvml: Any, handle: Any, keys: Sequence[FieldKey]) -> Any:
+    """``nvmlDeviceGetFieldValues`` for ``keys`` over an array with ``SPARE_ENTRIES``
+    zeroed entries after them; returns the requested entries. Raises ``NVMLError``."""
+    values = (nvml.c_nvmlFieldValue_t * (len(keys) + SPARE_ENTRIES))()
+    for entry, (fid, scope) in zip(values, keys, strict=False):
+        entry.fieldId, entry.scopeId = fid, scope
+    fn = nvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    nvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(keys)), ctypes.byref(values)))
+    return values[:len(keys)]
 
 
 class FieldValue(NamedTuple):
@@ -67,7 +96,8 @@ class FieldReader:
         keys = tuple(k for k in wanted if k not in self.dropped)
         if not keys:
             return {}
-        values = self.call.get(errors, "nvmlDeviceGetFieldValues", keys)
+        values = self.call.get_with(errors, "nvmlDeviceGetFieldValues",
+                                    lambda handle, k: field_values(self.nvml, handle, k), keys)
         if values is None:  # the call itself is unsupported (or failed and was counted)
             return {}
         out: dict[FieldKey, FieldValue] = {}
