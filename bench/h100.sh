@@ -74,7 +74,7 @@ matrix-start)
   python3 -m pytest -v -s -p no:cacheprovider tests/hardware \
     --deselect tests/hardware/test_soak.py::test_soak_under_cuda_load > "$DIR/hardware.log" 2>&1
   tail -n 25 "$DIR/hardware.log"
-  GPU_EXPORTER_SOAK_S=${SOAK_S:-600} setsid nohup bash -c "python3 -m pytest -v -s \
+  SOAK_SECONDS=${SOAK_S:-600} setsid nohup bash -c "python3 -m pytest -v -s \
     -p no:cacheprovider tests/hardware/test_soak.py > $DIR/soak.log 2>&1; echo \$? > $DIR/soak.rc" \
     > /dev/null 2>&1 < /dev/null &
   echo "soak of ${SOAK_S:-600} s started; logs in $DIR"

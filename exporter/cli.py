@@ -88,6 +88,9 @@ OPTIONS = (
            "exporter-toolkit web config: TLS and basic auth (default none)", "FILE"),
     Option("path.sysfs", "sysfs", parse_path, "sysfs mount point (default /sys)", "DIR"),
     Option("path.procfs", "procfs", parse_path, "procfs mount point (default /proc)", "DIR"),
+    Option("path.state", "state_dir", parse_path,
+           "directory where a run records how it ended, so the next start logs a crash or "
+           "restart loop (default systemd's $STATE_DIRECTORY, else none)", "DIR"),
     Option("path.amdgpu-ids", "amdgpu_ids", parse_path,
            "libdrm's amdgpu.ids, the AMD marketing-name table, and no other (default "
            "usr/share/libdrm/amdgpu.ids beside the sysfs root, then /usr/share/libdrm's; "
@@ -379,7 +382,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         daemon.stop(timeout=0)
         sys.stdout.buffer.write(snapshot_json(snapshot, indent=2) + b"\n")
         return 0
-    return daemon.run()
+    from exporter.lastrun import RunRecord, state_dir
+
+    directory = state_dir(config.state_dir, environ)
+    record = RunRecord(directory) if directory else None
+    if record is not None:
+        record.start()
+    code = daemon.run()
+    if record is not None:
+        record.stop()  # any orderly return logged its own reason: only a crash skips this
+    return code
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ class Config:
     sysfs: str = "/sys"
     procfs: str = "/proc"
     amdgpu_ids: str | None = None  # None: usr/share/libdrm/amdgpu.ids beside the sysfs root
+    state_dir: str | None = None  # None: systemd's $STATE_DIRECTORY, else no state kept
     interval: float = 1.0  # fast tier, seconds
     slow_interval: float = 10.0  # expensive calls, seconds
     processes_interval: float = 5.0  # per-process /proc scan

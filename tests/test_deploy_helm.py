@@ -462,7 +462,12 @@ def test_without_pod_attribution_the_pod_is_non_root_and_mounts_no_socket() -> N
     c, pod = container(by_kind(docs, "DaemonSet")), pod_spec(docs)
     assert "--no-collector.kubernetes" in c["args"]
     assert not any("kubernetes." in a for a in c["args"])
-    assert {v["name"] for v in pod["volumes"]} == {"sys", "proc"}
+    # The host's sys and proc, and the emptyDir where a run records how it ended (an
+    # emptyDir is writable by any user: the non-root exporter can keep it).
+    assert {v["name"] for v in pod["volumes"]} == {"sys", "proc", "state"}
+    assert next(v for v in pod["volumes"] if v["name"] == "state")["emptyDir"] == {
+        "sizeLimit": "1Mi"}
+    assert "--path.state=/var/lib/gpu-exporter" in c["args"]
     assert pod["securityContext"]["runAsUser"] == 10001
     assert pod["securityContext"]["runAsNonRoot"] is True
 

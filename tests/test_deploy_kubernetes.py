@@ -103,8 +103,13 @@ def test_daemonset_reads_the_host_read_only_and_unprivileged() -> None:
     assert "--path.sysfs=/host/sys" in c["args"] and "--path.procfs=/host/proc" in c["args"]
     assert "--kubernetes.pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in (
         c["args"])
-    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
+    # The one writable mount: a small emptyDir where a run records how it ended.
+    state = next(v for v in pod["volumes"] if v["name"] == "state")
+    assert state == {"name": "state", "emptyDir": {"sizeLimit": "1Mi"}}
+    assert "--path.state=/var/lib/gpu-exporter" in c["args"]
+    assert mounts.pop("state") == {"name": "state", "mountPath": "/var/lib/gpu-exporter"}
     assert volumes == {
         "sys": "/sys",
         "proc": "/proc",

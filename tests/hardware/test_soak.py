@@ -1,6 +1,6 @@
 """The daemon under a real CUDA load for a long while, checked against nvidia-smi throughout.
 
-Runs only when ``GPU_EXPORTER_SOAK_S`` gives the duration in seconds (``bash bench/h100.sh
+Runs only when ``SOAK_SECONDS`` gives the duration in seconds (``bash bench/h100.sh
 soak`` sets it to 600); skipped otherwise and without a GPU (conftest.py). The daemon runs
 with no collector flags but a 5 s slow tier (NVLink throughput every 15 s) while every
 GPU runs a matmul loop; where NVLink links are up, GPUs 0 and 1 copy to each other
@@ -34,7 +34,7 @@ import pytest
 
 from tests.hardware.test_nvidia_h100 import REPO, Samples, free_port, scrape, smi
 
-SOAK_S = float(os.environ.get("GPU_EXPORTER_SOAK_S", "0"))
+SOAK_S = float(os.environ.get("SOAK_SECONDS", "0"))
 CHECK_EVERY = 15.0
 WARMUP_S = 60.0
 MIB = 1 << 20
@@ -71,7 +71,7 @@ while time.time() < end:
     torch.cuda.synchronize(1)
 """
 
-pytestmark = pytest.mark.skipif(SOAK_S <= 0, reason="GPU_EXPORTER_SOAK_S not set")
+pytestmark = pytest.mark.skipif(SOAK_S <= 0, reason="SOAK_SECONDS not set")
 
 
 def proc_stats(pid: int) -> dict[str, float]:
@@ -194,6 +194,8 @@ def test_soak_under_cuda_load(soak_daemon: tuple[subprocess.Popen[bytes], int, P
         for p in [*load, *([p2p] if p2p else [])]:
             p.kill()
             p.wait(30)
+        if p2p is not None and p2p.stdout is not None:
+            p2p.stdout.close()
     proc.terminate()
     code = proc.wait(30)
     text = log.read_text()
