@@ -26,9 +26,11 @@ larger than ``MAX_JSON_BYTES`` (1 MiB) / ``MAX_YAML_BYTES`` (512 KiB), refused o
 ``stat`` before it is read, or listing more than ``MAX_SPEC_DEVICES`` (4,096) devices,
 refused before any is kept, is counted (``cdi_spec_too_large``) and its devices are
 unknown. Only the device -> node paths map is kept, never the parsed document.
-bench/cdi_spec_parse.py measures a load at the caps: about 0.03 s CPU and 15 MB peak RSS
-for JSON, about 0.5 s and 25 MB for YAML (libyaml), where a 4 MB spec through pure-Python
-YAML cost 14 s and ~460 MB. NVIDIA's full-node spec is about 100 KB.
+bench/cdi_spec_parse.py measures the worst spec still accepted (4,096 devices, just under
+the byte cap): about 0.03 s CPU and 6 MB peak RSS for JSON, 0.6 s and 22 MB for YAML
+(libyaml), where a 4.19 MB JSON spec of 45,708 devices (now refused on its ``stat``) cost
+14 to 35 s of CPU and ~400 MB through pure-Python YAML. NVIDIA's full-node spec is about
+100 KB.
 """
 
 from __future__ import annotations
