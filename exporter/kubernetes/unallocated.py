@@ -62,11 +62,9 @@ def unallocated_rows(devices: Sequence[tuple[str, DeviceSample]]) -> Iterable[Ro
             if (gpu, d.info.uuid, p.pid) in seen:
                 continue
             seen.add((gpu, d.info.uuid, p.pid))
-            rows.append((FAMILY, DOC, {
-                "gpu": gpu, "uuid": d.info.uuid, "vendor": d.info.vendor,
-                "source": p.source or d.source_of("processes"),
-                "namespace": p.namespace or "", "pod": p.pod or "",
-                "container": p.container or "", "pid": str(p.pid), "process": p.process,
-                "scope": scope}))
+            values = (gpu, d.info.uuid, d.info.vendor, p.source or d.source_of("processes"),
+                      p.namespace or "", p.pod or "", p.container or "", str(p.pid),
+                      p.process, scope)
+            rows.append((FAMILY, DOC, dict(zip(SPEC.labels, values, strict=True))))
     return sorted(rows, key=lambda r: (int(r[2]["gpu"]) if r[2]["gpu"].isdigit() else 0,
                                        r[2]["gpu"], r[2]["uuid"], int(r[2]["pid"])))
