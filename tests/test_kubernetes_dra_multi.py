@@ -151,3 +151,53 @@ def test_own_cdi_ids_of_both_shapes() -> None:
         a, b, c]
     # A device without CDI ids first: the next one owns its whole list.
     assert own_cdi_ids([("amd", "p", "x", ()), ("amd", "p", "a", a)]) == [(), a]
+
+
+def test_the_backend_attributes_every_gpu_of_the_real_backends(tmp_path: Path) -> None:
+    """The kubernetes backend (kubelet and runtime fakes, every pod of the fixture at
+    once) against the GPUs the real NVIDIA (fake NVML, minors 0-7), AMD and Intel
+    backends report on the fixture's sysfs: each GPU carries exactly the claims whose
+    devices name it."""
+    from exporter.backends.amd.backend import AmdBackend
+    from exporter.backends.intel.backend import IntelBackend
+    from exporter.backends.nvidia.backend import NvidiaBackend
+    from exporter.config import Config
+    from exporter.discovery import DrmDiscovery
+    from exporter.kubernetes.backend import KubernetesBackend
+    from tests.fakes.fake_nvml import FakeGPU, FakeNVML
+    from tests.fakes.kubelet import FakeRuntime
+
+    node = Node.load(MULTI / "kubelet.json")
+    with FakeKubelet(tmp_path / "kubelet.sock", node) as kubelet, \
+            FakeRuntime(tmp_path / "containerd.sock", node) as runtime:
+        config = Config(procfs=str(MULTI / "proc"), sysfs=str(SYS),
+                        kubernetes_pod_resources_socket=str(kubelet.socket),
+                        kubernetes_cri_socket=str(runtime.socket),
+                        kubernetes_cdi_spec_dirs=tuple(CDI_DIRS))
+        backend = KubernetesBackend(config)
+        backend.open()
+        cycle = backend.sample(slow=True)
+        attribution = backend.attribution()
+        backend.close()
+    assert attribution is not None and dict(cycle.errors) == {}
+    nvml = FakeNVML([FakeGPU(index=n, minor=n, uuid=f"GPU-{n:08x}-0000-4000-8000-000000000000",
+                             pci_bus_id=f"0000:3{n}:00.0") for n in range(8)])
+    discovery = DrmDiscovery(SysFS(SYS), hotplug=False)
+    devices = []
+    for vendor in (NvidiaBackend(config, nvml=nvml), AmdBackend(config, discovery),
+                   IntelBackend(config, discovery)):
+        vendor.open()
+        devices.extend(vendor.sample(slow=True).devices)
+    assert len(devices) == 24
+    got = {}
+    for d in devices:
+        key = (("node", d.info.device_node) if d.info.vendor == "nvidia"
+               else ("pci", d.info.pci_bus_id))
+        got[key] = {a.claim for a in attribution.allocations(d.info)}
+    want: dict[tuple[str, str], set[str]] = {k: set() for k in got}
+    for pod in PODS.values():
+        claim = pod["containers"][0]["claims"][0]
+        for key in truth(pod):
+            want[key].add(f"train/{claim['name']}")
+    assert got == want
+    assert all(len(claims) >= 1 for claims in got.values())  # x8 claims cover every GPU
