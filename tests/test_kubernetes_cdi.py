@@ -224,3 +224,21 @@ def test_json_is_parsed_as_json_and_yaml_as_yaml() -> None:
     assert parse_spec('{"kind": "v.com/c", "devices": [{"name": "a"}]}') == {"v.com/c=a": ()}
     assert parse_spec("[" * 100_000, json_text=True) is None  # too deep: malformed, no raise
     assert cdi.LIBYAML  # PyYAML's wheels carry libyaml; the image installs the wheel
+
+
+def test_the_registry_keeps_at_most_its_total_of_devices(tmp_path: Path) -> None:
+    from exporter.kubernetes import cdi
+
+    run = tmp_path / "run"
+    run.mkdir()
+    per_file = cdi.MAX_SPEC_DEVICES
+    files = cdi.MAX_TOTAL_DEVICES // per_file + 1
+    for n in range(files):  # each within the per-file caps; together one file too many
+        doc = json.loads(big_json_spec(per_file))
+        doc["kind"] = f"v{n}.example.com/gpu"
+        (run / f"spec{n:02d}.json").write_text(json.dumps(doc))
+    reg = CdiRegistry([str(run)])
+    assert reg.refresh() == {"cdi_spec_too_large": 1}
+    assert len(reg.devices) == cdi.MAX_TOTAL_DEVICES
+    assert [os.path.basename(p) for p in reg.bad] == [f"spec{files - 1:02d}.json"]
+    assert not any(k.startswith(f"v{files - 1}.example.com/") for k in reg.devices)

@@ -25,7 +25,9 @@ Cost: a ``.json`` spec is parsed by the json module, a ``.yaml``/``.yml`` one by
 larger than ``MAX_JSON_BYTES`` (1 MiB) / ``MAX_YAML_BYTES`` (512 KiB), refused on its
 ``stat`` before it is read, or listing more than ``MAX_SPEC_DEVICES`` (4,096) devices,
 refused before any is kept, is counted (``cdi_spec_too_large``) and its devices are
-unknown. Only the device -> node paths map is kept, never the parsed document.
+unknown; so is a spec whose devices would take the registry past ``MAX_TOTAL_DEVICES``
+(16,384, in directory and file-name order), until the file changes. Only the device ->
+node paths map is kept, never the parsed document.
 bench/cdi_spec_parse.py measures the worst spec still accepted (4,096 devices, just under
 the byte cap): about 0.03 s CPU and 6 MB peak RSS for JSON, 0.6 s and 22 MB for YAML
 (libyaml), where a 4.19 MB JSON spec of 45,708 devices (now refused on its ``stat``) cost
@@ -51,6 +53,7 @@ DEFAULT_DIRS = ("/etc/cdi", "/var/run/cdi")
 MAX_JSON_BYTES = 1024 * 1024
 MAX_YAML_BYTES = 512 * 1024
 MAX_SPEC_DEVICES = 4096
+MAX_TOTAL_DEVICES = 16384  # over every spec file: what the registry keeps
 SUFFIXES = (".json", ".yaml", ".yml")
 UNREADABLE, TOO_LARGE = "cdi_spec_unreadable", "cdi_spec_too_large"
 LIBYAML = hasattr(yaml, "CSafeLoader")
@@ -125,10 +128,17 @@ class CdiRegistry:
         seen: dict[str, _File] = {}
         merged: dict[str, tuple[str, ...]] = {}
         bad = []
+        kept = 0
         for directory in self.dirs:
             here: dict[str, tuple[str, ...] | None] = {}
             for path in _spec_files(directory):
                 entry = self._load(path)
+                count = len(entry.devices) if entry.devices is not None else 0
+                if kept + count > MAX_TOTAL_DEVICES:
+                    # Not kept (its map dropped); refused until the file changes.
+                    entry = _File(entry.stamp, None, TOO_LARGE)
+                else:
+                    kept += count
                 seen[path] = entry
                 if entry.devices is None:
                     errors[entry.error] += 1
