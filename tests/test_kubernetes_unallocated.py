@@ -172,3 +172,33 @@ def test_nothing_while_the_runtime_does_not_answer(tmp_path: Path) -> None:
     cache = ContainerCache(ProcFS(tmp_path))
     assert [r[0] for r in Attribution({}, {}, cache).join_rows(devices)] == [FAMILY]
     assert list(Attribution({}, {}, cache, containers_known=False).join_rows(devices)) == []
+
+
+def test_the_backend_serves_none_while_the_runtime_is_away(tmp_path: Path) -> None:
+    """The kubernetes backend with the kubelet answering and no CRI socket: every process
+    would look like a host process, so none is listed; once the runtime answers, the
+    fixture's pod on a GPU it was not given is."""
+    from exporter.config import Config
+    from exporter.kubernetes.backend import KubernetesBackend
+
+    scenario = Node.load(NODE_DIR / "kubelet-unallocated.json")
+    devices = [("3", gpu("GPU-0f3c2b1a-9e8d-4c7b-a6f5-e4d3c2b1a098",
+                         (proc(7404, "llm", "llm-server-0", "server"), proc(7808))))]
+    with FakeKubelet(tmp_path / "kubelet.sock", scenario) as kubelet:
+        config = Config(procfs=str(NODE_DIR / "proc"), sysfs=str(MIXED_SYS),
+                        kubernetes_pod_resources_socket=str(kubelet.socket),
+                        kubernetes_cri_socket=str(tmp_path / "containerd.sock"))
+        backend = KubernetesBackend(config)
+        backend.open()
+        try:
+            backend.sample(slow=True)
+            joins = backend.joins()
+            assert joins is not None and list(joins.join_rows(devices)) == []
+            with FakeRuntime(tmp_path / "containerd.sock", scenario):
+                backend.sample(slow=True)
+                joins = backend.joins()
+                assert joins is not None
+                got = [(r[2]["pid"], r[2]["scope"]) for r in joins.join_rows(devices)]
+                assert got == [("7404", "pod"), ("7808", "host")]
+        finally:
+            backend.close()
