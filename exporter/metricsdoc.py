@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from exporter import health, slurm
 from exporter.fieldspec import MetricSpec
-from exporter.kubernetes import podlabels
+from exporter.kubernetes import podlabels, unallocated
 from exporter.render.families import (
     ALLOCATION,
     DEVICE_SPECS,
@@ -80,7 +80,7 @@ def generate() -> str:
               "Value 1, one series per fact, to join on (`* on(...) group_left(...)`); never "
               "copied onto the per-GPU series.", "",
               "| name | type | labels | help |", "|---|---|---|---|",
-              *_rows(podlabels.SPEC), *_rows(slurm.SPEC)]
+              *_rows(podlabels.SPEC), *_rows(unallocated.SPEC), *_rows(slurm.SPEC)]
     lines += ["", "## The exporter itself", "", "| name | type | labels | help |",
               "|---|---|---|---|"]
     for spec in EXPORTER:

@@ -121,6 +121,9 @@ FAMILIES: dict[str, Target] = {
     "gpu_process_host_memory_bytes": _T("gpu.process.host_memory.usage", "By"),
     # Join series; a pod label label_<name> becomes k8s.pod.label.<name> (the conventions').
     "gpu_kubernetes_pod_labels_info": _T("gpu.kubernetes.pod.labels", "1"),
+    "gpu_kubernetes_unallocated_process_info": _T(
+        "gpu.kubernetes.unallocated_process", "1",
+        labels={"scope": "gpu.kubernetes.unallocated_process.scope"}),
     "gpu_slurm_job_info": _T("gpu.slurm.job", "1", labels={"job": "gpu.slurm.job.id"}),
     # The exporter's own: labels become gpu_exporter.<label>.
     "gpu_exporter_build_info": _T("gpu_exporter.build.info", "1",

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import health, slurm
 from exporter.fieldspec import Kind, MetricSpec, value_specs
-from exporter.kubernetes import podlabels
+from exporter.kubernetes import podlabels, unallocated
 from exporter.labels import VOCABULARIES, Engine
 from exporter.model import DeviceSample, DeviceValues
 from exporter.render.families import (
@@ -36,7 +36,7 @@ from tests.test_golden import ONE_CYCLE
 
 ALL_SPECS: list[MetricSpec] = [INFO, UP, ALLOCATION, *(s for _, s in DEVICE_SPECS),
                                *(s for _, s in PROCESS_SPECS), *EXPORTER, health.STATUS,
-                               health.CHECK, podlabels.SPEC, slurm.SPEC]
+                               health.CHECK, podlabels.SPEC, unallocated.SPEC, slurm.SPEC]
 # family name as served -> (help, type)
 DECLARED = {name: (doc, spec.kind.value) for spec in ALL_SPECS
             for name, doc in families_of(spec)}

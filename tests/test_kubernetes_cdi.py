@@ -159,3 +159,86 @@ def test_a_dra_mig_device_carries_its_pod_not_its_parent(tmp_path: Path) -> None
     gi_only = {"k8s.gpu.nvidia.com/device=mig": (f"/dev/nvidia{minor}",
                                                   "/dev/nvidia-caps/nvidia-cap90")}
     assert index_claims([claimed], gi_only, resolver) == ([], {"dra_device_node_unknown": 1})
+
+
+def big_json_spec(devices: int, pad: int = 0) -> str:
+    """A spec in the NVIDIA DRA driver's device-spec shape (json.dumps, not ours)."""
+    return json.dumps({"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvidia.com/device",
+                       "devices": [{"name": f"gpu-{i}" + "x" * pad, "containerEdits": {
+                           "deviceNodes": [{"path": f"/dev/nvidia{i % 8}"}]}}
+                                   for i in range(devices)]})
+
+
+def test_a_spec_over_the_bound_is_refused_and_counted_once(tmp_path: Path) -> None:
+    from exporter.kubernetes import cdi
+
+    run = tmp_path / "run"
+    run.mkdir()
+    # Over the byte cap: refused on its stat, one error, no device kept.
+    text = big_json_spec(100, pad=cdi.MAX_JSON_BYTES // 100)
+    assert len(text) > cdi.MAX_JSON_BYTES
+    (run / "big.json").write_text(text)
+    # Under the byte cap but over the device cap.
+    many = big_json_spec(cdi.MAX_SPEC_DEVICES + 1)
+    assert len(many) < cdi.MAX_JSON_BYTES
+    (run / "many.json").write_text(many)
+    # A YAML spec still works, next to them; a good JSON one too.
+    (run / "intel.yaml").write_text((CDI / "etc" / "intel.com-gpu.yaml").read_text())
+    (run / "ok.json").write_text(big_json_spec(8))
+    reg = CdiRegistry([str(run)])
+    assert reg.refresh() == {"cdi_spec_too_large": 2}  # one per refused file
+    assert sorted(os.path.basename(p) for p in reg.bad) == ["big.json", "many.json"]
+    assert not any(name.startswith("k8s.gpu.nvidia.com/device=gpu-9") for name in reg.devices)
+    assert reg.devices["k8s.gpu.nvidia.com/device=gpu-7"] == ("/dev/nvidia7",)
+    assert reg.devices["intel.com/gpu=0000-09-00-0-0x56a0"] == ("/dev/dri/card2",
+                                                                "/dev/dri/renderD130")
+    # Unchanged files are not read again: their stamps decide (a refused one stays
+    # refused, one error per refresh, never parsed twice).
+    calls: list[str] = []
+    real = cdi.parse_spec
+
+    def counting(text: str, json_text: bool = False) -> dict[str, tuple[str, ...]] | None:
+        calls.append(text[:20])
+        return real(text, json_text)
+
+    cdi.parse_spec = counting  # type: ignore[assignment]
+    try:
+        assert reg.refresh() == {"cdi_spec_too_large": 2}
+        assert calls == []
+        (run / "ok.json").write_text(big_json_spec(4))  # changed: read once
+        reg.refresh()
+        assert len(calls) == 1
+    finally:
+        cdi.parse_spec = real
+    assert "k8s.gpu.nvidia.com/device=gpu-7" not in reg.devices
+
+
+def test_json_is_parsed_as_json_and_yaml_as_yaml() -> None:
+    from exporter.kubernetes import cdi
+
+    # YAML-only syntax in a .json file is malformed JSON: no YAML fallback.
+    yaml_text = "kind: v.com/c\ndevices:\n- name: a\n"
+    assert parse_spec(yaml_text, json_text=True) is None
+    assert parse_spec(yaml_text) == {"v.com/c=a": ()}
+    # JSON is YAML too: a .yaml file holding JSON still parses.
+    assert parse_spec('{"kind": "v.com/c", "devices": [{"name": "a"}]}') == {"v.com/c=a": ()}
+    assert parse_spec("[" * 100_000, json_text=True) is None  # too deep: malformed, no raise
+    assert cdi.LIBYAML  # PyYAML's wheels carry libyaml; the image installs the wheel
+
+
+def test_the_registry_keeps_at_most_its_total_of_devices(tmp_path: Path) -> None:
+    from exporter.kubernetes import cdi
+
+    run = tmp_path / "run"
+    run.mkdir()
+    per_file = cdi.MAX_SPEC_DEVICES
+    files = cdi.MAX_TOTAL_DEVICES // per_file + 1
+    for n in range(files):  # each within the per-file caps; together one file too many
+        doc = json.loads(big_json_spec(per_file))
+        doc["kind"] = f"v{n}.example.com/gpu"
+        (run / f"spec{n:02d}.json").write_text(json.dumps(doc))
+    reg = CdiRegistry([str(run)])
+    assert reg.refresh() == {"cdi_spec_too_large": 1}
+    assert len(reg.devices) == cdi.MAX_TOTAL_DEVICES
+    assert [os.path.basename(p) for p in reg.bad] == [f"spec{files - 1:02d}.json"]
+    assert not any(k.startswith(f"v{files - 1}.example.com/") for k in reg.devices)

@@ -269,3 +269,47 @@ def _get(url: str) -> bytes:
     status, body = get(url)
     assert status == 200
     return body
+
+
+def nvml_pod_memory() -> dict[tuple[str, str], float]:
+    """Device memory of each pod's NVIDIA processes, from nvml.json and the cgroups."""
+    out: dict[tuple[str, str], float] = {}
+    for g in json.loads((NODE_DIR / "nvml.json").read_text())["gpus"]:
+        for p in g["processes"]:
+            ns, pod, _ = pod_of_pid(str(p["pid"]))
+            if pod:
+                out[(ns, pod)] = out.get((ns, pod), 0.0) + p["used_memory_bytes"]
+    return out
+
+
+def test_pod_recording_rules(prometheus: str) -> None:
+    memory = by(query(prometheus, "namespace_pod:gpu_process_memory_used_bytes:sum"),
+                "namespace", "pod")
+    assert set(memory) == {(ns, pod) for ns, pod, _ in containers().values()
+                           if pod != "partition-job"}
+    for key, value in nvml_pod_memory().items():  # NVIDIA-only pods: NVML's numbers
+        assert memory[key] == value, key
+    assert memory[("ml", "train-b-5c4e")] == nvml_pod_memory()[("ml", "train-b-5c4e")]
+    busy = by(query(prometheus, "namespace_pod:gpu_process_engine_busy_seconds:rate5m"),
+              "namespace", "pod")
+    assert set(busy) == {("vision", "detector-6b8d")}  # amdgpu fdinfo's busy counters
+
+
+def test_unallocated_panel_lists_the_processes_in_no_pod(prometheus: str) -> None:
+    """Every pod here holds the GPU it uses: the panel lists the host processes only, and
+    they keep empty pod labels (never the exporter's own pod)."""
+    board = dict(targets(load("gpu-processes")))
+    result = query(prometheus, to_promql(board["Processes outside their allocation"]))
+    got = {(r["metric"]["gpu"], r["metric"]["pid"]): r["metric"]  # type: ignore[index]
+           for r in result}
+    gpus = json.loads((NODE_DIR / "nvml.json").read_text())["gpus"]
+    nvidia_host = {str(p["pid"]) for g in gpus for p in g["processes"]
+                   if pod_of_pid(str(p["pid"])) == ("", "", "")}
+    assert nvidia_host <= {pid for _, pid in got}
+    assert {"7808", "7707", "3310"} <= nvidia_host  # docker, unknown cgroup, the host
+    for labels in got.values():
+        assert labels["scope"] == "host"
+        assert pod_of_pid(labels["pid"]) == ("", "", "")
+        assert labels.get("pod", "") == "" and labels.get("namespace", "") == ""
+    assert len(query(prometheus, "instance_gpu:gpu_kubernetes_unallocated_process_info:count")
+               ) >= 3

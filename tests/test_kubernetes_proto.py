@@ -71,7 +71,8 @@ def test_dra_claims_from_upstream_bytes() -> None:
     # The device without CDI names (no device nodes to resolve) yields no Claim.
     assert parse_claims(response) == (Claim(
         PodRef("ml", "train-a", "trainer"), "ml/shared-gpu", "gpu.nvidia.com",
-        ("k8s.gpu.nvidia.com/device=gpu-1", "k8s.gpu.nvidia.com/claim=uid-1-gpu-1")),)
+        ("k8s.gpu.nvidia.com/device=gpu-1", "k8s.gpu.nvidia.com/claim=uid-1-gpu-1"),
+        "node-1", "gpu-1"),)
 
 
 def test_our_dra_messages_use_upstream_numbers() -> None:

@@ -8,6 +8,7 @@
 - ``podlabels``: ``--kubernetes.pod-labels``, pod sandbox labels -> a join series;
 - ``cgroup``: ``/proc/<pid>/cgroup`` -> container id and pod UID;
 - ``attribution``: device-plugin id formats, and the immutable Enricher;
+- ``unallocated``: processes on a GPU their pod was not given, or in no pod;
 - ``backend``: the ``kubernetes`` backend that refreshes it all on its own tier.
 
 grpcio and protobuf are imported only when a client is created (``rpc``), so importing

@@ -46,6 +46,7 @@ from exporter.kubernetes.podlabels import DOC as POD_LABELS_DOC
 from exporter.kubernetes.podlabels import FAMILY as POD_LABELS_FAMILY
 from exporter.kubernetes.podlabels import PodLabels
 from exporter.kubernetes.podresources import Grant
+from exporter.kubernetes.unallocated import unallocated_rows
 from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef, normalize_pci_bus_id
 
 if TYPE_CHECKING:
@@ -164,17 +165,24 @@ class Attribution:
 
     def __init__(self, allocations: Mapping[tuple[str, str], tuple[Allocation, ...]],
                  containers: Mapping[str, PodRef], cache: ContainerCache,
-                 pod_labels: Sequence[PodLabels] = ()) -> None:
+                 pod_labels: Sequence[PodLabels] = (), containers_known: bool = True) -> None:
         self._allocations = MappingProxyType(dict(allocations))
         self._containers = containers
         self._cache = cache
         self._pod_labels = tuple(pod_labels)
+        # The runtime answered this cycle: a process in no known container is outside
+        # every pod (exporter.kubernetes.unallocated), not merely unknown.
+        self._containers_known = containers_known
 
     def join_rows(self, devices: Sequence[tuple[str, DeviceSample]]) -> Iterable[Row]:
-        """``gpu_kubernetes_pod_labels_info`` (exporter.kubernetes.podlabels)."""
-        return [(POD_LABELS_FAMILY, POD_LABELS_DOC, {
+        """``gpu_kubernetes_pod_labels_info`` (exporter.kubernetes.podlabels) and
+        ``gpu_kubernetes_unallocated_process_info`` (exporter.kubernetes.unallocated)."""
+        rows: list[Row] = [(POD_LABELS_FAMILY, POD_LABELS_DOC, {
             "namespace": p.namespace, "pod": p.pod, "source": "cri", **dict(p.labels)})
             for p in self._pod_labels]
+        if self._containers_known:
+            rows.extend(unallocated_rows(devices))
+        return rows
 
     def allocations(self, info: DeviceInfo) -> Sequence[Allocation]:
         found: list[Allocation] = []

@@ -7,7 +7,8 @@ runtime which pod each running container belongs to (CRI ``ListContainers``; wit
 ``--kubernetes.pod-labels`` also ``ListPodSandbox``), each with a 1 s timeout, and
 keeps an immutable ``Attribution`` that labels the merged devices and processes: the
 collector asks for it after each sample (the ``Attributes`` hook, backends.base), and
-for the pod labels' join series (the ``Joins`` hook). It reports no devices of its own.
+for the join series (the ``Joins`` hook: pod labels, and processes on a GPU their pod
+was not given, exporter.kubernetes.unallocated). It reports no devices of its own.
 
 States (``gpu_exporter_backend_up{backend="kubernetes"}``):
 - pod-resources socket absent, refusing or timing out: down with the reason; the
@@ -114,7 +115,7 @@ class KubernetesBackend:
         self.cache.sweep()
         errors.update(self.cache.take_errors())
         self._attribution = Attribution(allocations, self._containers, self.cache,
-                                        self._pod_labels)
+                                        self._pod_labels, self._cri_state == "")
         return Cycle(devices=(), errors=dict(errors))
 
     def attribution(self) -> Attribution | None:
@@ -122,8 +123,9 @@ class KubernetesBackend:
         return self._attribution
 
     def joins(self) -> Attribution | None:
-        """The pod labels' join series, with --kubernetes.pod-labels (the Joins hook)."""
-        return self._attribution if self._allow is not None else None
+        """The join series (the Joins hook): the pod labels, with --kubernetes.pod-labels,
+        and the processes using a GPU their pod was not given."""
+        return self._attribution
 
     def _refresh_cdi(self) -> Counter[str]:
         errors = self.cdi.refresh()

@@ -26,6 +26,16 @@ each name's device nodes, and a device node names one GPU:
   decides. Nodes every GPU of a vendor shares (``/dev/nvidiactl``, ``/dev/nvidia-uvm*``,
   ``/dev/nvidia-modeset``, ``/dev/kfd``) name no GPU: skipped.
 
+How the kubelet lists a claim's devices: in ``GetDynamicResources``
+(kubernetes/kubernetes ``pkg/kubelet/cm/container_manager_linux.go``, commit
+001332b04220), the CDI device list is declared once per driver of a claim, outside the
+loop over that driver's devices, and each ``ClaimResource`` gets the list as it stands
+after appending its own device's CDI ids: the n-th device of a driver carries the ids of
+devices 1..n. ``own_cdi_ids`` takes back each device's own ids: what its entry adds to
+the previous entry's of the same driver. A kubelet that lists only the device's own ids
+(the list does not extend the previous one) is read as it is. ``pool_name`` and
+``device_name`` identify the device.
+
 Counted, never guessed (``gpu_exporter_collection_errors_total{backend="kubernetes"}``):
 ``cdi_device_unknown`` (a claim's CDI name in no spec: not written yet, or removed),
 ``dra_device_node_unknown`` (a GPU-looking node we cannot map: no such DRM node in sysfs,
@@ -39,7 +49,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.fs import ProcFS, SysFS, read_bytes
@@ -64,7 +74,30 @@ class Claim:
     pod: PodRef
     claim: str  # "<namespace>/<name>"
     driver: str
-    cdi_devices: tuple[str, ...]
+    cdi_devices: tuple[str, ...]  # this device's own CDI names (own_cdi_ids)
+    pool: str = ""
+    device: str = ""
+
+
+def own_cdi_ids(entries: Sequence[tuple[str, str, str, tuple[str, ...]]]
+                ) -> list[tuple[str, ...]]:
+    """Each (driver, pool, device, CDI names) entry of one claim -> the device's own names.
+
+    The kubelet's list is cumulative per driver (the module's docstring): an entry whose
+    list extends the previous entry's of the same driver owns the part it adds; one that
+    does not (a kubelet listing each device's own names) owns its whole list. An entry
+    that adds nothing (a device without CDI names) owns none.
+    """
+    previous: dict[str, tuple[str, ...]] = {}
+    out = []
+    for driver, _, _, names in entries:
+        before = previous.get(driver, ())
+        if before and len(names) >= len(before) and names[:len(before)] == before:
+            out.append(names[len(before):])
+        else:
+            out.append(names)
+        previous[driver] = names
+    return out
 
 
 class NodeResolver:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.kubernetes.dra import Claim
+from exporter.kubernetes.dra import Claim, own_cdi_ids
 from exporter.kubernetes.rpc import UnixChannel
 from exporter.model import PodRef
 
@@ -44,7 +44,10 @@ def parse_claims(response: Any) -> tuple[Claim, ...]:
     """A ListPodResourcesResponse -> one Claim per (container, claim, allocated device).
 
     ``dynamic_resources`` (kubelet 1.27+, on by default since 1.34) lists the container's
-    ResourceClaims; each ``claim_resources`` entry is one allocated device of one driver.
+    ResourceClaims; each ``claim_resources`` entry is one allocated device of one driver,
+    named by ``pool_name``/``device_name``. Its ``cdi_devices`` are cumulative per
+    (claim, driver) on the kubelets that exist (exporter.kubernetes.dra.own_cdi_ids):
+    the device's own names are what it adds to the previous entry's.
     """
     claims = []
     for pod in response.pod_resources:
@@ -52,10 +55,13 @@ def parse_claims(response: Any) -> tuple[Claim, ...]:
             ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
             for dynamic in container.dynamic_resources:
                 name = f"{dynamic.claim_namespace or pod.namespace}/{dynamic.claim_name}"
-                for resource in dynamic.claim_resources:
-                    cdi = tuple(d.name for d in resource.cdi_devices if d.name)
-                    if resource.driver_name and cdi:
-                        claims.append(Claim(ref, name, resource.driver_name, cdi))
+                listed = [(r.driver_name, r.pool_name, r.device_name,
+                           tuple(d.name for d in r.cdi_devices if d.name))
+                          for r in dynamic.claim_resources]
+                for (driver, pool, device, _), cdi in zip(listed, own_cdi_ids(listed),
+                                                          strict=True):
+                    if driver and cdi:
+                        claims.append(Claim(ref, name, driver, cdi, pool, device))
     return tuple(claims)
 
 

@@ -7,7 +7,9 @@ and from scenario data (``Node``, loadable from a fixture's ``kubelet.json``). R
 are encoded with tests/fakes/protowire.py from the upstream field numbers, including
 fields the exporter's trimmed protos leave out (CPU ids, memory, NUMA topology, DRA
 claims, images, annotations), so the exporter's decoding is checked against the real
-wire format, not against its own generated classes.
+wire format, not against its own generated classes. A claim's CDI device lists are
+cumulative per driver, as the real kubelet's ``GetDynamicResources`` sends them
+(``encode_claim``).
 
 Each server can ``stop()`` (removing its socket, as a kubelet restart does), start
 again on the same path, answer slower than the client's timeout, or refuse a method
@@ -75,6 +77,8 @@ class Node:
     # Containers the runtime runs that the kubelet did not make (no pod labels).
     foreign: list[str] = field(default_factory=list)
     exited: list[str] = field(default_factory=list)  # ids of exited kubelet containers
+    # DRA claims' CDI lists as the kubelet writes them (encode_claim); False: each device's own.
+    cumulative_cdi: bool = True
 
     @classmethod
     def load(cls, path: Path) -> Node:
@@ -107,19 +111,33 @@ def encode_list(node: Node) -> bytes:
             cbody += pw.blob(4, pw.string(1, "memory") + pw.uint(2, 1 << 30)
                              + pw.blob(3, _topology(0)))
             for claim in c.claims:
-                cbody += pw.blob(5, encode_claim(claim))
+                cbody += pw.blob(5, encode_claim(claim, node.cumulative_cdi))
             body += pw.blob(3, cbody)
         out += pw.blob(1, body)
     return out
 
 
-def encode_claim(claim: DraClaim) -> bytes:
-    """DynamicResource, with class_name (1), which kubelets before 1.31 still send."""
+def encode_claim(claim: DraClaim, cumulative: bool = True) -> bytes:
+    """DynamicResource, with class_name (1), which kubelets before 1.31 still send.
+
+    As the kubelet builds it (kubernetes/kubernetes ``pkg/kubelet/cm/
+    container_manager_linux.go``, ``GetDynamicResources``, commit 001332b04220): the
+    claim's devices grouped by driver (a Go map: any driver order), and per driver one
+    CDI list declared outside the loop over its devices, so each ClaimResource carries
+    the CDI names of that driver's devices up to and including its own. With
+    ``cumulative=False``, each lists its own names only (a kubelet that fixes this).
+    """
     out = pw.string(1, "gpu.example.com") + pw.string(2, claim.name) + pw.string(3, claim.namespace)
+    by_driver: dict[str, list[ClaimDevice]] = {}
     for d in claim.devices:
-        cdi = b"".join(pw.blob(1, pw.string(1, name)) for name in d.cdi)
-        out += pw.blob(4, cdi + pw.string(2, d.driver) + pw.string(3, d.pool)
-                       + pw.string(4, d.device))
+        by_driver.setdefault(d.driver, []).append(d)
+    for driver, devices in by_driver.items():
+        cdi_devices: list[str] = []
+        for d in devices:
+            cdi_devices = [*cdi_devices, *d.cdi] if cumulative else list(d.cdi)
+            cdi = b"".join(pw.blob(1, pw.string(1, name)) for name in cdi_devices)
+            out += pw.blob(4, cdi + pw.string(2, driver) + pw.string(3, d.pool)
+                           + pw.string(4, d.device))
     return out
 
 
