@@ -70,7 +70,8 @@ matrix-start)
   rm -rf "$DIR" && mkdir -p "$DIR"
   nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv | tee "$DIR/gpus.log"
   nvidia-smi topo -m 2>&1 | head -n 12
-  python3 bench/nvml_field_overrun.py --seconds "${REPRO_S:-10}" --runs 3 2>&1 | tee "$DIR/repro.log"
+  [ "${REPRO:-1}" = 1 ] && python3 bench/nvml_field_overrun.py --seconds "${REPRO_S:-10}" \
+    --runs 3 2>&1 | tee "$DIR/repro.log"
   python3 -m pytest -v -s -p no:cacheprovider tests/hardware \
     --deselect tests/hardware/test_soak.py::test_soak_under_cuda_load > "$DIR/hardware.log" 2>&1
   tail -n 25 "$DIR/hardware.log"

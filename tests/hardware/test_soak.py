@@ -3,8 +3,9 @@
 Runs only when ``SOAK_SECONDS`` gives the duration in seconds (``bash bench/h100.sh
 soak`` sets it to 600); skipped otherwise and without a GPU (conftest.py). The daemon runs
 with no collector flags but a 5 s slow tier (NVLink throughput every 15 s) while every
-GPU runs a matmul loop; where NVLink links are up, GPUs 0 and 1 copy to each other
-(peer-to-peer) in the middle third of the soak. Every ``CHECK_EVERY`` seconds it scrapes
+GPU runs a matmul loop (``SOAK_SKIP_LOAD=0,1`` leaves those GPUs to another workload);
+where NVLink links are up, the last two GPUs copy to each other (peer-to-peer) in the
+middle third of the soak. Every ``CHECK_EVERY`` seconds it scrapes
 ``/metrics`` and reads nvidia-smi at the same moment. It asserts:
 
 - the daemon never exits, and logs no ``error`` line;
@@ -35,6 +36,7 @@ import pytest
 from tests.hardware.test_nvidia_h100 import REPO, Samples, free_port, scrape, smi
 
 SOAK_S = float(os.environ.get("SOAK_SECONDS", "0"))
+SKIP_LOAD = {int(i) for i in os.environ.get("SOAK_SKIP_LOAD", "").split(",") if i.strip()}
 CHECK_EVERY = 15.0
 WARMUP_S = 60.0
 MIB = 1 << 20
@@ -60,15 +62,16 @@ while time.time() < end:
 
 P2P = """
 import sys, time, torch
-x = torch.empty(1 << 28, dtype=torch.float32, device="cuda:0")  # 1 GiB
-y = torch.empty_like(x, device="cuda:1")
+a, b = int(sys.argv[2]), int(sys.argv[3])
+x = torch.empty(1 << 28, dtype=torch.float32, device=f"cuda:{a}")  # 1 GiB
+y = torch.empty_like(x, device=f"cuda:{b}")
 end = time.time() + float(sys.argv[1])
-print("p2p", torch.cuda.can_device_access_peer(0, 1), flush=True)
+print("p2p", torch.cuda.can_device_access_peer(a, b), flush=True)
 while time.time() < end:
     y.copy_(x, non_blocking=True)
     x.copy_(y, non_blocking=True)
-    torch.cuda.synchronize(0)
-    torch.cuda.synchronize(1)
+    torch.cuda.synchronize(a)
+    torch.cuda.synchronize(b)
 """
 
 pytestmark = pytest.mark.skipif(SOAK_S <= 0, reason="SOAK_SECONDS not set")
@@ -131,10 +134,11 @@ def test_soak_under_cuda_load(soak_daemon: tuple[subprocess.Popen[bytes], int, P
     proc, port, log = soak_daemon
     uuids = [r[0] for r in smi("--query-gpu=uuid")]
     active = nvlink_active()
-    nvlinked = len(uuids) >= 2 and bool(active.get(0)) and bool(active.get(1))
+    pair = (len(uuids) - 2, len(uuids) - 1)
+    nvlinked = len(uuids) >= 2 and bool(active.get(pair[0])) and bool(active.get(pair[1]))
     env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     load = [subprocess.Popen([sys.executable, "-c", MATMUL, str(i), str(SOAK_S + 30)], env=env)
-            for i in range(len(uuids))]
+            for i in range(len(uuids)) if i not in SKIP_LOAD]
     p2p: subprocess.Popen[str] | None = None
     p2p_window = (SOAK_S / 3, 2 * SOAK_S / 3)
     misses = {"memory": 0, "power": 0, "util": 0}
@@ -151,7 +155,7 @@ def test_soak_under_cuda_load(soak_daemon: tuple[subprocess.Popen[bytes], int, P
                 + log.read_text()[-4000:]
             if nvlinked and p2p is None and elapsed >= p2p_window[0]:
                 p2p = subprocess.Popen([sys.executable, "-c", P2P,
-                                        str(p2p_window[1] - p2p_window[0])],
+                                        str(p2p_window[1] - p2p_window[0]), *map(str, pair)],
                                        env=env, stdout=subprocess.PIPE, text=True)
             if elapsed >= WARMUP_S:
                 if first is None:
