@@ -12,6 +12,7 @@ bench/history_memory.py measures its size.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -222,6 +223,20 @@ class _Ring:
         self.next = (self.next + 1) % self.capacity
         self.count = min(self.count + 1, self.capacity)
 
+    def columns(self, since: float) -> list[list[float | None]]:
+        """The samples newer than ``since`` as columns (time, then one per series), oldest
+        first, None where unknown: array slices, not a Python loop per value."""
+        first = (self.next - self.count) % self.capacity
+        ordered = (self.data[first * WIDTH:(first + self.count) * WIDTH]
+                   if first + self.count <= self.capacity
+                   else self.data[first * WIDTH:] + self.data[:self.next * WIDTH])
+        times = ordered[0::WIDTH]
+        start = bisect.bisect_right(times, since)  # times only grow
+        out: list[list[float | None]] = [list(times[start:])]
+        for i in range(1, WIDTH):
+            out.append([None if v != v else v for v in ordered[i::WIDTH][start:]])  # NaN
+        return out
+
     def samples(self, since: float) -> list[tuple[float | None, ...]]:
         first = (self.next - self.count) % self.capacity
         out = []
@@ -304,11 +319,13 @@ class History:
         pusher's (``otlp``, where it runs)."""
         gpus = []
         devices, backends = self.tables()
-        for gpu, points in sorted(self.points(since).items(), key=lambda kv: _gpu_order(kv[0])):
+        with self._lock:
+            copies = {gpu: ring.columns(since) for gpu, ring in self._rings.items()}
+        for gpu, cols in sorted(copies.items(), key=lambda kv: _gpu_order(kv[0])):
             columns: dict[str, Any] = {"gpu": gpu, "name": self._names.get(gpu, ""),
-                                       "t": [p[0] for p in points]}
+                                       "t": cols[0]}
             for i, s in enumerate(SERIES, start=1):
-                columns[s.key] = [p[i] for p in points]
+                columns[s.key] = cols[i]
             gpus.append(columns)
         return {"now": round(time.time() if now is None else now, 3),
                 "interval": self.interval, "window": self.window, "capacity": self.capacity,

@@ -50,19 +50,43 @@ def chart_path(times: Sequence[float], values: Sequence[float | None], now: floa
 
     The x axis is the whole window, ``now - window`` at the left edge and ``now`` at the
     right, as the axis labels say. ``high``: the top of the scale; None: a quarter above
-    the largest value, so a constant line is drawn below the top edge.
+    the largest value, so a constant line is drawn below the top edge. One point per
+    pixel column of the viewBox, the largest value of the samples there (a peak is never
+    averaged away), so a 15 minute window of 1 s samples draws 300 points, not 900
+    (app.js: the same).
     """
-    top = scale_top(values, high)
-    parts, points, pen = [], 0, "M"
-    for t, v in zip(times, values, strict=True):
+    return path_of(pixels(times, now, window), values, high)
+
+
+def pixels(times: Sequence[float], now: float, window: float) -> list[int]:
+    """The pixel column of each sample time: ``now - window`` is 0, ``now`` WIDTH."""
+    scale_x = WIDTH / window
+    left = WIDTH - now * scale_x  # x = left + t * scale_x
+    return [max(0, int(left + t * scale_x)) for t in times]
+
+
+def path_of(xs: Sequence[int], values: Sequence[float | None],
+            high: float | None) -> tuple[str, int]:
+    """chart_path with the samples' pixel columns computed once for a GPU's charts."""
+    scale_y = HEIGHT / scale_top(values, high)
+    parts: list[str] = []
+    pen, column, best = "M", -1, None  # the pixel column being filled, its largest value
+    for x, v in zip(xs, values, strict=True):
         if v is None:
-            pen = "M"
+            if best is not None:
+                parts.append(f"{pen}{column},{HEIGHT - min(max(best * scale_y, 0.0), HEIGHT):.1f}")
+            pen, best = "M", None
             continue
-        x = max(0.0, WIDTH - (now - t) / window * WIDTH)
-        y = HEIGHT - min(max(v / top, 0.0), 1.0) * HEIGHT
-        parts.append(f"{pen}{x:.1f},{y:.1f}")
-        pen, points = "L", points + 1
-    return " ".join(parts), points
+        if best is None or x != column:
+            if best is not None:
+                parts.append(f"{pen}{column},{HEIGHT - min(max(best * scale_y, 0.0), HEIGHT):.1f}")
+                pen = "L"
+            column, best = x, v
+        elif v > best:
+            best = v
+    if best is not None:
+        parts.append(f"{pen}{column},{HEIGHT - min(max(best * scale_y, 0.0), HEIGHT):.1f}")
+    return " ".join(parts), len(parts)
 
 
 def scale_top(values: Sequence[float | None], high: float | None) -> float:
@@ -86,9 +110,9 @@ def _minutes(seconds: float) -> str:
 
 
 def _chart(gpu: str, s: Series, column: Mapping[str, Any], device: Mapping[str, Any] | None,
-           now: float, window: float) -> str:
+           xs: Sequence[int], window: float) -> str:
     high = chart_high(s, device)
-    d, points = chart_path(column["t"], column[s.key], now, window, high)
+    d, points = path_of(xs, column[s.key], high)
     last = next((v for v in reversed(column[s.key]) if v is not None), None)
     top = scale_top(column[s.key], high)
     grid = "".join(f"<line x1=\"0\" x2=\"{WIDTH:g}\" y1=\"{HEIGHT * f:g}\" "
@@ -108,6 +132,12 @@ def _chart(gpu: str, s: Series, column: Mapping[str, Any], device: Mapping[str, 
             f"{'' if points == 0 else ' hidden'}>no data</span>"
             f"<span class=\"xleft\">{_minutes(window)}</span><span class=\"xmid\">"
             f"{_minutes(window / 2)}</span><span class=\"xright\">now</span></div></figure>")
+
+
+def _charts(gpu: str, column: Mapping[str, Any], device: Mapping[str, Any] | None,
+            now: float, window: float) -> str:
+    xs = pixels(column["t"], now, window)  # one time axis for the GPU's charts
+    return "".join(_chart(gpu, s, column, device, xs, window) for s in SERIES)
 
 
 def _row(cells: Sequence[tuple[str, str, str]], attrs: str = "") -> str:
@@ -189,13 +219,13 @@ def page(snapshot: Snapshot, history: History, telemetry_path: str,
     cards = "".join(
         f"<section class=\"gpu\" id=\"gpu-{_e(gpu)}\"><h3>GPU {_e(gpu)}: {_e(d['name'])}</h3>"
         "<div class=\"charts\">"
-        + "".join(_chart(gpu, s, columns.get(gpu, empty), by_gpu.get(gpu), now, history.window)
-                  for s in SERIES)
+        + _charts(gpu, columns.get(gpu, empty), by_gpu.get(gpu), now, history.window)
         + f"</div><h4>Top processes</h4><div class=\"processes\" data-gpu=\"{_e(gpu)}\">"
         + processes_table(processes.get(gpu, {"rows": [], "more": 0})) + "</div></section>"
         for gpu, d in by_gpu.items())
     otlp_row = body["otlp"]
-    minutes = history.window / 60
+    span = (f"{history.window / 60:g} minutes" if history.window >= 120
+            else f"{history.window:g} seconds")
     return (
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
@@ -217,8 +247,8 @@ def page(snapshot: Snapshot, history: History, telemetry_path: str,
         f"<table class=\"gpus cards\"{'' if devices else ' hidden'}><thead><tr>"
         + "".join(f"<th>{_e(label)}</th>" for _, label in GPU_COLUMNS)
         + f"</tr></thead><tbody id=\"gpu-rows\">{rows}</tbody></table>"
-        f"<h2>Health problems</h2><div id=\"health\">{_health(devices)}</div>"
-        f"<h2>Charts</h2><p class=\"none\">The last {minutes:g} minutes, one sample per "
+        f"<h2>GPU health</h2><div id=\"health\">{_health(devices)}</div>"
+        f"<h2>Charts</h2><p class=\"none\">The last {span}, one sample per "
         f"{history.interval:g} s; temperature is the hottest sensor's.</p>"
         f"<p id=\"new-gpu\" class=\"none\" hidden></p>{cards}"
         "<h2>Backends</h2><table class=\"backends cards\"><thead><tr>"

@@ -51,16 +51,27 @@ _APP_JS = """\
     return 0;
   }
 
-  function path(col, key, scale) {  // landing.chart_path: the x axis is the whole window
-    var values = col[key], d = [], pen = "M", n = 0;
+  function path(col, key, scale) {  // landing.chart_path: a point per pixel, its largest value
+    var values = col[key], d = [], pen = "M", n = 0, column = -1, best = null;
+    function point() {
+      var y = H - Math.min(Math.max(best * H / scale, 0), H);
+      d.push(pen + column + "," + y.toFixed(1));
+      pen = "L"; n++; best = null;
+    }
     for (var i = 0; i < col.t.length; i++) {
       var v = values[i];
-      if (v === null || v === undefined) { pen = "M"; continue; }
-      var x = Math.max(0, W - (serverNow - col.t[i]) / span * W);
-      var y = H - Math.min(Math.max(v / scale, 0), 1) * H;
-      d.push(pen + x.toFixed(1) + "," + y.toFixed(1));
-      pen = "L"; n++;
+      if (v === null || v === undefined) {
+        if (best !== null) point();
+        pen = "M";
+        continue;
+      }
+      var x = Math.max(0, Math.floor(W - (serverNow - col.t[i]) * W / span));
+      if (best === null || x !== column) {
+        if (best !== null) point();
+        column = x; best = v;
+      } else if (v > best) best = v;
     }
+    if (best !== null) point();
     return [d.join(" "), n];
   }
 

@@ -104,10 +104,8 @@ def bar(ratio: float | None, width: int = BAR, style: str | None = None) -> Text
 def spark(values: Sequence[float | None], width: int) -> Text:
     """The last ``width`` utilisation samples (percent), one block each; a gap where
     the value is unknown."""
-    out = Text()
-    for v in list(values)[-width:]:
-        out.append(" " if v is None else SPARKS[min(7, max(0, int(v / 100 * 8)))], "cyan")
-    return out
+    return Text("".join(" " if v is None else SPARKS[min(7, max(0, int(v / 100 * 8)))]
+                        for v in list(values)[-width:]), style="cyan")
 
 
 def _pct(ratio: float | None) -> str:
@@ -189,7 +187,9 @@ def panel(dev: Mapping[str, Any], util: Sequence[float | None], selected: bool,
     state, state_style = STATE.get(dev["state"], (dev["state"], ""))
     title = Text.assemble((f" GPU {dev['gpu']} ", "bold reverse" if selected else "bold"),
                           f" {dev['name']} · {dev['vendor']} · ", (state, state_style), " ")
-    return Panel(Group(*lines), title=title, title_align="left", width=width,
+    body = Text("\n", no_wrap=True, overflow="ellipsis").join(lines)  # one text, no wrapping
+    body.no_wrap, body.overflow = True, "ellipsis"
+    return Panel(body, title=title, title_align="left", width=width,
                  border_style="bold cyan" if selected else "grey50")
 
 

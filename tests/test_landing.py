@@ -143,12 +143,17 @@ def test_chart_path_breaks_at_unknown_values_and_scales_to_the_window() -> None:
     d, points = chart_path([0.0, 50.0, 75.0, 100.0], [0.0, None, 50.0, 100.0], now=100.0,
                            window=100.0, high=100.0)
     assert points == 3
-    assert d == "M0.0,60.0 M225.0,30.0 L300.0,0.0"  # a gap where the value is unknown
+    assert d == "M0,60.0 M225,30.0 L300,0.0"  # a gap where the value is unknown
+    # one point per pixel column, the largest value of its samples: 80, not 10 or 20
+    assert chart_path([0.0, 0.1, 0.2, 50.0], [10.0, 80.0, 20.0, 30.0], now=100.0,
+                      window=100.0, high=100.0) == ("M0,12.0 L150,42.0", 2)
     assert chart_path([], [], 1.0, 1.0, None) == ("", 0)
 
 
 def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> None:
-    with running([*machine_args(MIXED), "--collector.interval", "0.2s"], tmp_path,
+    # a 30 s window: 0.1 s a pixel, so that 0.2 s samples are points of their own
+    with running([*machine_args(MIXED), "--collector.interval", "0.2s",
+                  "--web.history", "30s"], tmp_path,
                  nvml_json=MIXED / "nvml.json") as d:
         time.sleep(1.0)
         r = d.get("/")
@@ -361,7 +366,7 @@ def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
     """A real browser under the page's CSP: app.js loads, polls /api/v1/history, redraws
     every chart and refills every table. The fixture changes while the page is open (the
     AMD card's junction to 112 °C over its 110 °C critical, 226 W, 93 % busy, as hwmon
-    and sysfs files): the GPUs table, the health problems and the chart captions follow
+    and sysfs files): the GPUs table, the GPU health list and the chart captions follow
     without a reload. The copied procfs names pid 3310 ``<b>x</b>``: shown as text, not
     markup. Screenshots at 1400 and 420 px are kept (paths printed); at 420 px nothing
     is wider than the screen."""
@@ -375,7 +380,7 @@ def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
     args = machine_args(MIXED)
     args[args.index("--path.procfs") + 1] = str(proc)
     args[args.index("--path.sysfs") + 1] = str(sysfs)
-    with running([*args, "--collector.interval", "0.2s"], tmp_path,
+    with running([*args, "--collector.interval", "0.2s", "--web.history", "30s"], tmp_path,
                  nvml_json=MIXED / "nvml.json") as d:
         time.sleep(0.6)
         raw = d.get("/").text  # what a browser without JavaScript shows
