@@ -116,7 +116,7 @@ def device_state(d: DeviceSample, health: Verdict | None, stale: bool, gpu: str)
     engines = d.engine_utilization_ratio
     clocks = d.clocks_hertz
     fans = list(d.fan_speed_ratio.values())
-    state = "down" if not d.up else "stale" if stale else "up"
+    state = "stale" if stale else "down" if not d.up else "up"  # stale: its values unknown
     status = STATUS_NAMES[health.status] if health is not None else ""
     reasons = [{"check": f.check, "status": STATUS_NAMES[f.status], "reason": f.reason}
                for f in health.findings] if health is not None else []

@@ -403,6 +403,10 @@ def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
             wide, narrow = tmp_path / "landing-1400.png", tmp_path / "landing-420.png"
             wide_size = browser.screenshot(wide, 1400)
             narrow_size = browser.screenshot(narrow, 420)
+            d.proc.terminate()  # the daemon gone: the page says its values are stale
+            browser.wait("document.body.dataset.live === '0'")
+            offline = browser.js("[document.getElementById('live').textContent, "
+                                 "document.body.className]")
         finally:
             browser.close()
     print(f"landing page screenshots: {wide} {narrow}")
@@ -441,6 +445,39 @@ def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
     for shot in (wide, narrow):
         assert shot.stat().st_size > 10_000 and shot.read_bytes()[:4] == b"\x89PNG"
     assert wide_size[0] == 1400 and narrow_size[0] == 420  # nothing runs off the screen
+    assert offline[0].startswith("Not updating (") and "stale" in offline[0]
+    assert offline[1] == "offline"
+
+
+def test_a_stale_backend_and_its_gpu_read_stale(tmp_path: Path) -> None:
+    """NVML hangs after 1.5 s (the fake's fault): past --stale-after the backend reads
+    stale with its reason in /api/v1/history, and so does its GPU (withdrawn from
+    /metrics, but not known to be down)."""
+    nvml = tmp_path / "nvml.json"
+    nvml.write_text(json.dumps({"gpus": [{"pci_bus_id": "00000000:41:00.0"}], "faults": {
+        "hang": {"function": "nvmlDeviceGetPowerUsage", "after_seconds": 1.5}}}))
+    machine = FIXTURES / "amd-rdna3-rx7800xt"
+    args = [*machine_args(machine), "--collector.interval", "200ms", "--stale-after", "800ms"]
+    with running(args, tmp_path, nvml_json=nvml) as d:
+        first = d.get("/api/v1/history").json()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            body = d.get("/api/v1/history").json()
+            if {b["backend"]: b["state"] for b in body["backends"]}["nvidia"] == "stale":
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"nvidia never stale: {body['backends']}")
+        page = d.get("/").text
+    states = {dev["vendor"]: dev["state"] for dev in first["devices"]}
+    assert states == {"amd": "up", "nvidia": "up"}
+    nvidia = next(b for b in body["backends"] if b["backend"] == "nvidia")
+    assert nvidia["reason"] == "no completed collection within --stale-after"
+    states = {dev["vendor"]: dev["state"] for dev in body["devices"]}
+    assert states == {"amd": "up", "nvidia": "stale"}  # not known to be down: stale
+    assert {r["backend"]: r["state"] for r in table_rows(page, "backend-rows")}["nvidia"] \
+        == "◌ stale"
+    assert {r["vendor"]: r["state"] for r in gpu_rows(page).values()}["nvidia"] == "◌ stale"
 
 
 def test_history_is_fed_by_collection_not_by_requests(tmp_path: Path) -> None:
