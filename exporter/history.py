@@ -261,9 +261,10 @@ class History:
         # per GPU: its top processes and the count of the others, replaced on each sample
         self._top: dict[str, tuple[tuple[dict[str, Any], ...], int]] = {}
         self._last: dict[str, float] = {}
-        # the tables of the latest recorded snapshot (``current``), replaced on each sample
-        self._devices: list[dict[str, Any]] = []
-        self._backends: list[dict[str, Any]] = []
+        # the tables of the latest recorded snapshot (``current``), replaced on each sample;
+        # None until the first is recorded (the JSON's null: "not known yet", not "none")
+        self._devices: list[dict[str, Any]] | None = None
+        self._backends: list[dict[str, Any]] | None = None
         self._added = -math.inf  # when add() last read a snapshot
         self._lock = threading.Lock()
 
@@ -305,7 +306,7 @@ class History:
             return {gpu: {"rows": list(rows), "more": more}
                     for gpu, (rows, more) in self._top.items()}
 
-    def tables(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def tables(self) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
         """The devices and backends of the latest recorded snapshot (``current``)."""
         with self._lock:
             return self._devices, self._backends

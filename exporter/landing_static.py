@@ -240,9 +240,11 @@ _APP_JS = """\
       .then(function (reply) {
         merge(reply);
         draw();
-        gpuTable(reply.devices || []);
-        healthList(reply.devices || []);
-        backendTable(reply.backends || [], reply.otlp);
+        if (reply.devices) {  // null until the exporter has recorded a first sample
+          gpuTable(reply.devices);
+          healthList(reply.devices);
+          backendTable(reply.backends, reply.otlp);
+        }
         processes(reply.processes || {});
         body.dataset.live = "1";
         body.classList.remove("offline");

@@ -68,7 +68,9 @@ class Model:
     keep: int = 240  # utilisation samples kept per GPU
 
     def merge(self, reply: Mapping[str, Any]) -> None:
-        self.devices = list(reply.get("devices") or [])
+        if reply.get("devices") is None:  # nothing recorded yet: still waiting
+            return
+        self.devices = list(reply["devices"])
         self.processes = dict(reply.get("processes") or {})
         self.interval = float(reply.get("interval") or 1.0)
         self.updated = float(reply.get("now") or time.time())

@@ -188,6 +188,10 @@ def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> 
     # from the fixture's files here; no VRAM size in this fixture: "no data", never 0.
     assert rows["0"]["hottest sensor"] == amd_hottest(MIXED / "sys" / AMD_CARD)
     assert rows["0"]["memory"] == "no data"
+    # the AMD card's memory chart: no value ever, "no data" over the empty chart
+    assert '<span data-gpu="0" data-last="memory">no data</span>' in page
+    assert '<span class="nodata" data-gpu="0" data-nodata="memory">no data</span>' in page
+    assert '<span class="nodata" data-gpu="0" data-nodata="power" hidden>' in page
     assert "Intel Arc B580" in rows["2"]["name"]
     charts = charts_of(page).charts
     assert {c["data-gpu"] for c in charts} == {"0", "1", "2"}
@@ -296,6 +300,8 @@ def test_history_devices_have_every_value_top_shows_and_null_where_absent() -> N
     so everything else is null, never 0; the health verdict and its checks come along."""
     backend = Scripted("amd", ["0000:03:00.0"])
     history = History(60.0, 1.0)
+    # nothing recorded yet: null (not known), which the page and top leave alone
+    assert (history.as_json()["devices"], history.as_json()["backends"]) == (None, None)
     history.add(Hub(Config(), [backend]).collect_once(), now=100.0)
     dev = history.as_json(now=100.0)["devices"][0]
     assert dev["power_watts"] == 10.0 and dev["state"] == "up"

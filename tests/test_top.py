@@ -197,6 +197,17 @@ def test_top_without_a_terminal_or_a_daemon_fails_in_one_line(tmp_path: Path) ->
     assert result.stderr.strip() == "gpu-exporter: error: top needs a terminal"
 
 
+def test_top_without_the_extra_says_how_to_get_it() -> None:
+    """Without rich (made unimportable here), one line naming the extra, exit 2."""
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['rich'] = None; "
+         "from exporter.cli import main; sys.exit(main(['top']))"],
+        capture_output=True, text=True, cwd=REPO, env=daemon_env(None), timeout=60)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith("gpu-exporter: error: top needs the top extra: "
+                                    "pip install 'gpu-exporter[top]'")
+
+
 def _reply(backend: Scripted, now: float = 100.0) -> dict[str, object]:
     history = History(60.0, 1.0)
     hub = Hub(Config(), [backend])
