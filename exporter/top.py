@@ -33,7 +33,6 @@ from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
@@ -132,8 +131,8 @@ def _line(label: str, *parts: Text | str) -> Text:
 
 
 def panel(dev: Mapping[str, Any], util: Sequence[float | None], selected: bool,
-          width: int) -> Panel:
-    """One GPU's panel, ``width`` columns wide."""
+          width: int) -> list[Text]:
+    """One GPU's panel, ``width`` columns wide, as its screen lines."""
     inner = max(20, width - 4)
     bar_w = max(6, min(BAR, (inner - 30) // 2))
     long_w = max(10, min(2 * bar_w + 16, inner - 9 - 34))  # room for "2.0 / 16.0 GiB, ..."
@@ -189,10 +188,24 @@ def panel(dev: Mapping[str, Any], util: Sequence[float | None], selected: bool,
     state, state_style = STATE.get(dev["state"], (dev["state"], ""))
     title = Text.assemble((f" GPU {dev['gpu']} ", "bold reverse" if selected else "bold"),
                           f" {dev['name']} · {dev['vendor']} · ", (state, state_style), " ")
-    body = Text("\n", no_wrap=True, overflow="ellipsis").join(lines)  # one text, no wrapping
-    body.no_wrap, body.overflow = True, "ellipsis"
-    return Panel(body, title=title, title_align="left", width=width,
-                 border_style="bold cyan" if selected else "grey50")
+    return boxed(lines, title, width, "bold cyan" if selected else "grey50")
+
+
+def boxed(lines: Sequence[Text], title: Text, width: int, border: str) -> list[Text]:
+    """``lines`` in a rounded box ``width`` cells wide, ``title`` in its top edge: one
+    Text per screen line (drawn here rather than by rich's Panel, a third of the cost)."""
+    inner = width - 4
+    title = title.copy()
+    title.truncate(max(0, width - 5))
+    top = Text.assemble(("╭─ ", border), title,
+                        ("─" * max(0, width - 4 - title.cell_len) + "╮", border))
+    out = [top]
+    for line in lines:
+        for part in line.split("\n"):
+            part.truncate(inner, overflow="ellipsis", pad=True)
+            out.append(Text.assemble(("│ ", border), part, (" │", border)))
+    out.append(Text("╰" + "─" * (width - 2) + "╯", style=border))
+    return out
 
 
 def processes(top: Mapping[str, Any] | None, sort: str, gpu: str) -> Table:
@@ -205,7 +218,7 @@ def processes(top: Mapping[str, Any] | None, sort: str, gpu: str) -> Table:
     more = (top or {}).get("more") or 0
     table = Table(title=f"GPU {gpu}: top processes by {sort}"
                   + (f" ({more} more)" if more else ""), title_justify="left",
-                  expand=True, header_style="bold")
+                  header_style="bold")
     for name, justify in (("pid", "right"), ("process", "left"), ("memory", "right"),
                           ("util", "right"), ("pod", "left"), ("container", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -236,13 +249,15 @@ def frame(model: Model, view: View, source: str, width: int) -> RenderableType:
     view.selected %= len(model.devices)
     columns = 2 if width >= 150 and len(model.devices) > 1 else 1
     panel_w = width // columns
-    grid = Table.grid(expand=False)
-    for _ in range(columns):
-        grid.add_column(width=panel_w)
     panels = [panel(d, model.util.get(d["gpu"], []), i == view.selected, panel_w)
               for i, d in enumerate(model.devices)]
+    rows: list[Text] = []
     for i in range(0, len(panels), columns):
-        grid.add_row(*panels[i:i + columns])
+        side = panels[i:i + columns]
+        for n in range(max(len(p) for p in side)):
+            rows.append(Text.assemble(*(p[n] if n < len(p) else " " * panel_w for p in side)))
+    grid = Text("\n").join(rows)
+    grid.no_wrap, grid.overflow = True, "crop"
     dev = model.devices[view.selected]
     keys = Text(" ←/→ Tab or 0-9: select GPU   s: sort processes   q: quit", style="dim")
     return Group(header, grid, processes(model.processes.get(dev["gpu"]), view.sort,

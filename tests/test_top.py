@@ -258,6 +258,8 @@ def test_frame_of_eight_gpus_and_no_gpu() -> None:
     text = _text(model, top.View(), width=200)
     assert len(re.findall(r"╭─  GPU \d ", text)) == 8
     assert re.search(r"╭─  GPU 0 .*╭─  GPU 1 ", text)  # two columns at 200
+    edges = [line for line in text.splitlines() if line.startswith(("╭─  GPU", "╰─"))]
+    assert len(edges) == 8 and {len(line) for line in edges} == {200}  # two boxes of 100
     empty = top.Model()
     empty.merge(_reply(Scripted("amd", [])))
     assert "No GPU found" in _text(empty, top.View())
