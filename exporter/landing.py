@@ -55,7 +55,7 @@ def chart_path(times: Sequence[float], values: Sequence[float | None], now: floa
     averaged away), so a 15 minute window of 1 s samples draws 300 points, not 900
     (app.js: the same).
     """
-    return path_of(pixels(times, now, window), values, high)
+    return path_of(runs(pixels(times, now, window)), values, high)
 
 
 def pixels(times: Sequence[float], now: float, window: float) -> list[int]:
@@ -65,28 +65,48 @@ def pixels(times: Sequence[float], now: float, window: float) -> list[int]:
     return [max(0, int(left + t * scale_x)) for t in times]
 
 
-def path_of(xs: Sequence[int], values: Sequence[float | None],
+def runs(xs: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(pixel column, first, end) of each run of samples in the same column: computed
+    once for a GPU's charts, which share their times."""
+    out, first = [], 0
+    for i in range(1, len(xs) + 1):
+        if i == len(xs) or xs[i] != xs[first]:
+            out.append((xs[first], first, i))
+            first = i
+    return out
+
+
+def path_of(columns: Sequence[tuple[int, int, int]], values: Sequence[float | None],
             high: float | None) -> tuple[str, int]:
-    """chart_path with the samples' pixel columns computed once for a GPU's charts."""
+    """chart_path over ``runs``: a point per pixel column, the largest of its values; a
+    gap (the pen lifted) at an unknown value."""
     scale_y = HEIGHT / scale_top(values, high)
     parts: list[str] = []
-    pen, column, best = "M", -1, None  # the pixel column being filled, its largest value
-    for x, v in zip(xs, values, strict=True):
-        if v is None:
-            if best is not None:
-                parts.append(f"{pen}{column},{HEIGHT - min(max(best * scale_y, 0.0), HEIGHT):.1f}")
-            pen, best = "M", None
+    pen = "M"
+    for x, first, end in columns:
+        chunk = values[first:end]
+        if None not in chunk:  # the usual case: one max() in C
+            best: float = max(chunk)  # type: ignore[type-var,assignment]
+            parts.append(f"{pen}{x},{_y(best, scale_y)}")
+            pen = "L"
             continue
-        if best is None or x != column:
-            if best is not None:
-                parts.append(f"{pen}{column},{HEIGHT - min(max(best * scale_y, 0.0), HEIGHT):.1f}")
-                pen = "L"
-            column, best = x, v
-        elif v > best:
-            best = v
-    if best is not None:
-        parts.append(f"{pen}{column},{HEIGHT - min(max(best * scale_y, 0.0), HEIGHT):.1f}")
+        top: float | None = None
+        for v in chunk:
+            if v is None:
+                if top is not None:
+                    parts.append(f"{pen}{x},{_y(top, scale_y)}")
+                pen, top = "M", None
+            elif top is None or v > top:
+                top = v
+        if top is not None:
+            parts.append(f"{pen}{x},{_y(top, scale_y)}")
+            pen = "L"
     return " ".join(parts), len(parts)
+
+
+def _y(value: float, scale_y: float) -> int:
+    """The y of a value, in whole viewBox units (a pixel of the 60 px chart)."""
+    return int(HEIGHT + 0.5 - min(max(value * scale_y, 0.0), HEIGHT))
 
 
 def scale_top(values: Sequence[float | None], high: float | None) -> float:
@@ -110,7 +130,7 @@ def _minutes(seconds: float) -> str:
 
 
 def _chart(gpu: str, s: Series, column: Mapping[str, Any], device: Mapping[str, Any] | None,
-           xs: Sequence[int], window: float) -> str:
+           xs: Sequence[tuple[int, int, int]], window: float) -> str:
     high = chart_high(s, device)
     d, points = path_of(xs, column[s.key], high)
     last = next((v for v in reversed(column[s.key]) if v is not None), None)
@@ -136,7 +156,7 @@ def _chart(gpu: str, s: Series, column: Mapping[str, Any], device: Mapping[str, 
 
 def _charts(gpu: str, column: Mapping[str, Any], device: Mapping[str, Any] | None,
             now: float, window: float) -> str:
-    xs = pixels(column["t"], now, window)  # one time axis for the GPU's charts
+    xs = runs(pixels(column["t"], now, window))  # one time axis for the GPU's charts
     return "".join(_chart(gpu, s, column, device, xs, window) for s in SERIES)
 
 

@@ -54,8 +54,8 @@ _APP_JS = """\
   function path(col, key, scale) {  // landing.chart_path: a point per pixel, its largest value
     var values = col[key], d = [], pen = "M", n = 0, column = -1, best = null;
     function point() {
-      var y = H - Math.min(Math.max(best * H / scale, 0), H);
-      d.push(pen + column + "," + y.toFixed(1));
+      var y = Math.floor(H + 0.5 - Math.min(Math.max(best * H / scale, 0), H));
+      d.push(pen + column + "," + y);
       pen = "L"; n++; best = null;
     }
     for (var i = 0; i < col.t.length; i++) {

@@ -143,10 +143,10 @@ def test_chart_path_breaks_at_unknown_values_and_scales_to_the_window() -> None:
     d, points = chart_path([0.0, 50.0, 75.0, 100.0], [0.0, None, 50.0, 100.0], now=100.0,
                            window=100.0, high=100.0)
     assert points == 3
-    assert d == "M0,60.0 M225,30.0 L300,0.0"  # a gap where the value is unknown
+    assert d == "M0,60 M225,30 L300,0"  # a gap where the value is unknown
     # one point per pixel column, the largest value of its samples: 80, not 10 or 20
     assert chart_path([0.0, 0.1, 0.2, 50.0], [10.0, 80.0, 20.0, 30.0], now=100.0,
-                      window=100.0, high=100.0) == ("M0,12.0 L150,42.0", 2)
+                      window=100.0, high=100.0) == ("M0,12 L150,42", 2)
     assert chart_path([], [], 1.0, 1.0, None) == ("", 0)
 
 
