@@ -129,6 +129,14 @@ def _minutes(seconds: float) -> str:
     return f"-{seconds / 60:g} min" if seconds >= 120 else f"-{seconds:g} s"
 
 
+def _sensor(gpu: str, s: Series, device: Mapping[str, Any] | None) -> str:
+    """The temperature chart's sensor, named (the hottest one now)."""
+    if s.key != "temperature":
+        return ""
+    sensor = device["temperature"]["sensor"] if device and device["temperature"] else ""
+    return f" <span class=\"sensor\" data-gpu=\"{_e(gpu)}\" data-sensor=\"\">{_e(sensor)}</span>"
+
+
 def _chart(gpu: str, s: Series, column: Mapping[str, Any], device: Mapping[str, Any] | None,
            xs: Sequence[tuple[int, int, int]], window: float) -> str:
     high = chart_high(s, device)
@@ -139,7 +147,7 @@ def _chart(gpu: str, s: Series, column: Mapping[str, Any], device: Mapping[str, 
                    f"y2=\"{HEIGHT * f:g}\" class=\"grid\"/>" for f in (0.25, 0.5, 0.75))
     return (f"<figure class=\"chart\"><figcaption>{_e(s.title)} <span data-gpu=\"{_e(gpu)}\" "
             f"data-last=\"{s.key}\">{'no data' if last is None else f'{last:.0f} {s.unit}'}"
-            "</span></figcaption><div class=\"plot\">"
+            f"</span>{_sensor(gpu, s, device)}</figcaption><div class=\"plot\">"
             f"<span class=\"ytop\" data-gpu=\"{_e(gpu)}\" data-top=\"{s.key}\">{top:.0f} "
             f"{_e(s.unit)}</span><span class=\"ybottom\">0</span>"
             f"<svg class=\"chart\" viewBox=\"0 0 {WIDTH:g} {HEIGHT:g}\" "

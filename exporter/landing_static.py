@@ -99,6 +99,10 @@ _APP_JS = """\
       var none = find("span", gpu, "data-nodata", key);
       if (none) none.hidden = drawn[1] > 0;
     });
+    document.querySelectorAll("[data-sensor]").forEach(function (el) {
+      var dev = devices[el.dataset.gpu];
+      if (dev) el.textContent = dev.temperature ? dev.temperature.sensor : "";
+    });
     document.querySelectorAll("[data-last]").forEach(function (el) {
       var col = data[el.dataset.gpu];
       if (!col || !col[el.dataset.last]) return;
@@ -279,6 +283,7 @@ section.gpu { border-top: 1px solid #ddd; margin-top: 1em; }
 .charts { display: flex; flex-wrap: wrap; gap: 1em 1.5em; }
 figure { margin: 0; }
 figcaption { font-size: 0.9em; }
+figcaption .sensor { color: #555; }
 .plot { display: grid; grid-template-columns: 4.5em 300px; grid-template-rows: 30px 30px auto;
         font-size: 0.75em; color: #555; }
 .plot .ytop { grid-column: 1; grid-row: 1; text-align: right; padding-right: 0.3em;

@@ -439,6 +439,8 @@ def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
     power = next(c for c in parsed.charts if c["data-gpu"] == "0" and c["data-key"] == "power")
     assert power["data-max"] == "236"  # 0 to the power limit (power1_cap: 236 W)
     assert 'data-top="power">236 W</span>' in dom and 'data-top="temperature">110 °C' in dom
+    assert '<span class="sensor" data-gpu="0" data-sensor="">junction</span>' in dom
+    assert '<span class="sensor" data-gpu="0" data-sensor="">memory</span>' in raw
     # Each GPU's process table refilled by app.js (data-updated), the NVIDIA card's one
     # process (nvml.json: pid 3310, 2 GiB) with its name as text: no <b> element.
     boxes = re.findall(r'<div class="processes" data-gpu="(\d+)" data-updated="[\d.]+">'
