@@ -174,6 +174,8 @@ def test_top_in_tmux_over_https_with_basic_auth(tmp_path: Path) -> None:
 
 @needs_tmux
 def test_top_over_a_unix_socket_and_ctrl_c(tmp_path: Path) -> None:
+    """Over the daemon's unix socket; when the daemon goes away the header says so and
+    the last values stay; Ctrl-C exits 0 with the terminal as it was."""
     with tempfile.TemporaryDirectory(prefix="gx") as short:  # a unix path is <= 107 bytes
         sock = f"{short}/x.sock"
         with running([*machine_args(MIXED), "--collector.interval", "0.5s",
@@ -182,6 +184,10 @@ def test_top_over_a_unix_socket_and_ctrl_c(tmp_path: Path) -> None:
             assert d.proc.poll() is None
             with tmux(f"gxtopc-{tmp_path.name}", top_command("--from", f"unix:{sock}")) as t:
                 t.wait("NVIDIA GeForce RTX 4080")
+                d.proc.terminate()  # the daemon gone: said in the header, values kept
+                screen = t.wait("Not updating: ")
+                assert "(values below are stale)" in screen
+                assert "NVIDIA GeForce RTX 4080" in screen
                 t.keys("C-c")
                 screen = t.wait("END")
     assert "EXIT=0\nicanon echo END" in screen
