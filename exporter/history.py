@@ -1,4 +1,6 @@
-"""The ring buffer of recent per-GPU values behind the landing page's charts.
+"""The ring buffer of recent per-GPU values behind the landing page's charts, and the
+current tables (GPUs, backends, top processes) that the page and ``gpu-exporter top``
+refresh from ``/api/v1/history``.
 
 Fed by the Hub's snapshot listener (``History.add``, on the collector's thread), never by
 a scrape or a page view: ``/`` and ``/api/v1/history`` read what is already here and never
@@ -32,8 +34,11 @@ MAX_CAPACITY = 86_400  # a day of 1 s samples per GPU: a hard bound whatever the
 TEMPERATURE_SENSORS = (Sensor.GPU, Sensor.EDGE, Sensor.PACKAGE, Sensor.JUNCTION,
                        Sensor.MEMORY, Sensor.VRAM)
 # The limit a temperature is drawn and judged against, the first a GPU has: the hottest
-# sensor's own, else the GPU's (NVIDIA, Intel have one table for the die).
-CRITICAL_THRESHOLDS = ("critical", "shutdown", "slowdown", "max_operating")
+# sensor's own (amdgpu hwmon's crit), else the GPU's: the one where the GPU starts to slow
+# itself down, which the health verdict counts as degraded (docs/health.md), before the
+# one where it shuts down. NVIDIA's memory sensor has a limit of its own.
+CRITICAL_THRESHOLDS = ("critical", "slowdown", "shutdown", "max_operating")
+SENSOR_THRESHOLDS = {Sensor.MEMORY: "memory_max_operating"}
 GIB = float(1 << 30)
 
 
@@ -60,8 +65,11 @@ def critical(d: DeviceSample, sensor: str) -> float | None:
         limit = d.temperature_limits_celsius.get((sensor, name))
         if limit is not None:
             return float(limit)
-    return next((float(d.temperature_thresholds_celsius[n]) for n in CRITICAL_THRESHOLDS
-                 if n in d.temperature_thresholds_celsius), None)
+    thresholds = d.temperature_thresholds_celsius
+    own = SENSOR_THRESHOLDS.get(sensor)
+    if own is not None and own in thresholds:
+        return float(thresholds[own])
+    return next((float(thresholds[n]) for n in CRITICAL_THRESHOLDS if n in thresholds), None)
 
 
 def heat(celsius: float | None, limit: float | None) -> str:

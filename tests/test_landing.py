@@ -176,14 +176,14 @@ def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> 
     assert [p["used_memory_bytes"] for p in card["processes"]] == [2 << 30]
     assert (FakeGPU.power_mw, FakeGPU.temperature_gpu) == (69850, 41)
     rows = gpu_rows(page)
-    # the hottest sensor, named: the fake's memory sensor (48 °C) over its die (41 °C);
-    # 92 °C: the fake's memory max operating threshold, the first limit it has
-    assert FakeGPU.temperature_memory == 48
+    # the hottest sensor, named: the fake's memory sensor (48 °C) over its die (41 °C),
+    # and that sensor's own limit, NVML's memory max operating threshold
+    assert FakeGPU.temperature_memory == 48 and FakeGPU().thresholds["mem_max"] == 95
     assert rows["1"] == {
         "gpu": "1", "name": "NVIDIA GeForce RTX 4080", "vendor": "nvidia", "state": "● up",
         "utilisation": "0 %", "memory": "2.0 / 16.0 GiB (13 %)",
         "power / limit": f"70 W / {card['power_limit_mw'] // 1000} W",
-        "hottest sensor": "48 °C memory (critical 92)", "health": "✔ healthy"}
+        "hottest sensor": "48 °C memory (critical 95)", "health": "✔ healthy"}
     # The AMD card: its hottest hwmon sensor and that sensor's own critical limit, read
     # from the fixture's files here; no VRAM size in this fixture: "no data", never 0.
     assert rows["0"]["hottest sensor"] == amd_hottest(MIXED / "sys" / AMD_CARD)
