@@ -38,7 +38,7 @@ TEMPERATURE_SENSORS = (Sensor.GPU, Sensor.EDGE, Sensor.PACKAGE, Sensor.JUNCTION,
 # itself down, which the health verdict counts as degraded (docs/health.md), before the
 # one where it shuts down. NVIDIA's memory sensor has a limit of its own.
 CRITICAL_THRESHOLDS = ("critical", "slowdown", "shutdown", "max_operating")
-SENSOR_THRESHOLDS = {Sensor.MEMORY: "memory_max_operating"}
+SENSOR_THRESHOLDS: dict[str, str] = {Sensor.MEMORY: "memory_max_operating"}
 GIB = float(1 << 30)
 
 
