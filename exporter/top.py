@@ -33,7 +33,6 @@ from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from exporter import __version__
@@ -208,27 +207,48 @@ def boxed(lines: Sequence[Text], title: Text, width: int, border: str) -> list[T
     return out
 
 
-def processes(top: Mapping[str, Any] | None, sort: str, gpu: str) -> Table:
-    """The selected GPU's top processes (the daemon's five by memory) in ``sort`` order."""
+PROCESS_COLUMNS = (("pid", True), ("process", False), ("memory", True), ("util", True),
+                   ("pod", False), ("container", False))  # (header, right-aligned)
+
+
+def processes(top: Mapping[str, Any] | None, sort: str, gpu: str, width: int) -> Text:
+    """The selected GPU's top processes (the daemon's five by memory) in ``sort`` order,
+    as a table of text lines at most ``width`` wide (the process name gives way)."""
     rows = list((top or {}).get("rows") or [])
     key = {"memory": lambda p: -(p["memory_bytes"] or 0),
            "utilisation": lambda p: -(p.get("utilization") or 0),
            "pid": lambda p: p["pid"], "name": lambda p: p["process"]}[sort]
     rows.sort(key=key)
     more = (top or {}).get("more") or 0
-    table = Table(title=f"GPU {gpu}: top processes by {sort}"
-                  + (f" ({more} more)" if more else ""), title_justify="left",
-                  header_style="bold")
-    for name, justify in (("pid", "right"), ("process", "left"), ("memory", "right"),
-                          ("util", "right"), ("pod", "left"), ("container", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for p in rows:
-        table.add_row(str(p["pid"]), p["process"],
-                      ABSENT if p["memory_bytes"] is None else f"{p['memory_bytes'] / GIB:.2f} GiB",
-                      _pct(p.get("utilization")), p["pod"] or "-", p["container"] or "-")
-    if not rows:
-        table.add_row("", "no processes reported", "", "", "", "")
-    return table
+    cells = [[str(p["pid"]), p["process"],
+              ABSENT if p["memory_bytes"] is None else f"{p['memory_bytes'] / GIB:.2f} GiB",
+              _pct(p.get("utilization")).strip(), p["pod"] or "-", p["container"] or "-"]
+             for p in rows] or [["", "no processes reported", "", "", "", ""]]
+    widths = [max(len(h), *(len(c[i]) for c in cells))
+              for i, (h, _) in enumerate(PROCESS_COLUMNS)]
+    spare = width - (sum(widths) + 3 * len(widths) + 1)
+    if spare < 0:  # too narrow: the process name is cut first
+        widths[1] = max(4, widths[1] + spare)
+
+    def line(values: Sequence[str], style: str = "") -> Text:
+        out = Text("│", style="grey50")
+        for (_, right), w, v in zip(PROCESS_COLUMNS, widths, values, strict=True):
+            v = v[:w]
+            out.append(" " + (v.rjust(w) if right else v.ljust(w)) + " ", style)
+            out.append("│", "grey50")
+        return out
+
+    rule = "─" * (sum(widths) + 3 * len(widths) - 1)
+    lines = [Text(f"GPU {gpu}: top processes by {sort}" + (f" ({more} more)" if more else ""),
+                  style="bold"),
+             Text(f"┌{rule}┐", style="grey50"),
+             line([h for h, _ in PROCESS_COLUMNS], "bold"),
+             Text(f"├{rule}┤", style="grey50"),
+             *(line(c) for c in cells),
+             Text(f"└{rule}┘", style="grey50")]
+    out = Text("\n").join(lines)
+    out.no_wrap, out.overflow = True, "crop"
+    return out
 
 
 def frame(model: Model, view: View, source: str, width: int) -> RenderableType:
@@ -261,7 +281,7 @@ def frame(model: Model, view: View, source: str, width: int) -> RenderableType:
     dev = model.devices[view.selected]
     keys = Text(" ←/→ Tab or 0-9: select GPU   s: sort processes   q: quit", style="dim")
     return Group(header, grid, processes(model.processes.get(dev["gpu"]), view.sort,
-                                         dev["gpu"]), keys)
+                                         dev["gpu"], width), keys)
 
 
 def key(view: View, model: Model, k: str) -> bool:
