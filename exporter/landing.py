@@ -12,6 +12,7 @@ Content-Security-Policy allows only its own origin (no inline script or style).
 
 from __future__ import annotations
 
+import bisect
 import html
 import time
 from collections.abc import Mapping, Sequence
@@ -55,24 +56,25 @@ def chart_path(times: Sequence[float], values: Sequence[float | None], now: floa
     averaged away), so a 15 minute window of 1 s samples draws 300 points, not 900
     (app.js: the same).
     """
-    return path_of(runs(pixels(times, now, window)), values, high)
+    return path_of(runs(times, now, window), values, high)
 
 
-def pixels(times: Sequence[float], now: float, window: float) -> list[int]:
-    """The pixel column of each sample time: ``now - window`` is 0, ``now`` WIDTH."""
-    scale_x = WIDTH / window
-    left = WIDTH - now * scale_x  # x = left + t * scale_x
-    return [max(0, int(left + t * scale_x)) for t in times]
-
-
-def runs(xs: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(pixel column, first, end) of each run of samples in the same column: computed
-    once for a GPU's charts, which share their times."""
-    out, first = [], 0
-    for i in range(1, len(xs) + 1):
-        if i == len(xs) or xs[i] != xs[first]:
-            out.append((xs[first], first, i))
-            first = i
+def runs(times: Sequence[float], now: float, window: float) -> list[tuple[int, int, int]]:
+    """(pixel column, first, end) of each run of samples that fall in the same pixel
+    column (``now - window`` is column 0, ``now`` column WIDTH), found by bisecting the
+    sorted times at each column's edge: computed once for a GPU's charts, which share
+    their times."""
+    out: list[tuple[int, int, int]] = []
+    first, n, start = 0, len(times), now - window
+    for column in range(1, int(WIDTH) + 1):
+        if first == n:
+            return out
+        end = bisect.bisect_left(times, start + column * window / WIDTH, first)
+        if end > first:
+            out.append((column - 1, first, end))
+            first = end
+    if first < n:
+        out.append((int(WIDTH), first, n))
     return out
 
 
@@ -81,7 +83,14 @@ def path_of(columns: Sequence[tuple[int, int, int]], values: Sequence[float | No
     """chart_path over ``runs``: a point per pixel column, the largest of its values; a
     gap (the pen lifted) at an unknown value."""
     scale_y = HEIGHT / scale_top(values, high)
-    parts: list[str] = []
+    if None not in values:  # the usual case: no gap, one comprehension
+        known: Sequence[float] = values  # type: ignore[assignment]
+        parts = [f"L{x},{int(HEIGHT + 0.5 - min(max(max(known[a:b]) * scale_y, 0.0), HEIGHT))}"
+                 for x, a, b in columns]
+        if parts:
+            parts[0] = "M" + parts[0][1:]
+        return " ".join(parts), len(parts)
+    parts = []
     pen = "M"
     for x, first, end in columns:
         chunk = values[first:end]
@@ -164,7 +173,7 @@ def _chart(gpu: str, s: Series, column: Mapping[str, Any], device: Mapping[str, 
 
 def _charts(gpu: str, column: Mapping[str, Any], device: Mapping[str, Any] | None,
             now: float, window: float) -> str:
-    xs = runs(pixels(column["t"], now, window))  # one time axis for the GPU's charts
+    xs = runs(column["t"], now, window)  # one time axis for the GPU's charts
     return "".join(_chart(gpu, s, column, device, xs, window) for s in SERIES)
 
 
