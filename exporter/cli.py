@@ -53,6 +53,9 @@ USAGE_EPILOG = """commands:
               reason a backend is off: the first thing to run when a metric is missing.
               With --from URL, print what the running daemon sees (inside a container
               its view of the host differs from a fresh process's)
+  top         a full-screen terminal dashboard of a running daemon (--from URL, default
+              http://127.0.0.1:9445), refreshed from its /api/v1/history; needs the top
+              extra: pip install 'gpu-exporter[top]'
 
 Every flag can also be set with GPU_EXPORTER_<NAME> (dots and dashes become underscores,
 e.g. GPU_EXPORTER_WEB_LISTEN_ADDRESS=:9445) or in --config.file (YAML, same keys).
@@ -184,23 +187,24 @@ def env_name(key: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="gpu-exporter", usage="gpu-exporter [snapshot] [flags]",
+        prog="gpu-exporter", usage="gpu-exporter [snapshot|top] [flags]",
         description="Prometheus exporter for NVIDIA, AMD, Intel and Apple GPUs, per GPU and per "
         "process.", epilog=USAGE_EPILOG, formatter_class=_HelpFormatter,
         argument_default=argparse.SUPPRESS)
     p.add_argument("--version", action="version",
                    version=f"gpu-exporter {__version__} (python {platform.python_version()})")
-    p.add_argument("command", nargs="?", choices=("snapshot",), metavar="snapshot", default=None,
-                   help="run one collection and print it as JSON (see below)")
+    p.add_argument("command", nargs="?", choices=("snapshot", "top"), metavar="snapshot|top",
+                   default=None, help="run one collection and print it as JSON, or watch a "
+                   "running daemon in the terminal (see below)")
     p.add_argument("--from", dest="from", metavar="URL",
-                   help="snapshot only: print the running daemon's /snapshot instead "
-                   "(e.g. http://127.0.0.1:9445, https://user:password@host:9445 for "
-                   "basic auth, unix:/run/gpu-exporter.sock)")
+                   help="snapshot: print the running daemon's /snapshot instead; top: the "
+                   "daemon to watch (e.g. http://127.0.0.1:9445, https://user:password@host:9445 "
+                   "for basic auth, unix:/run/gpu-exporter.sock)")
     p.add_argument("--tls.ca-file", dest="tls.ca-file", metavar="FILE",
-                   help="snapshot --from https:// or unix: only: the CA that signed the "
+                   help="snapshot --from, top: https:// or unix: only: the CA that signed the "
                    "daemon's certificate (default: the system's CAs)")
     p.add_argument("--tls.insecure-skip-verify", dest="tls.insecure-skip-verify",
-                   action="store_true", help="snapshot --from only: do not verify the "
+                   action="store_true", help="snapshot --from, top only: do not verify the "
                    "daemon's certificate")
     p.add_argument("--config.file", dest="config.file", metavar="FILE",
                    help="YAML file with the same keys as the flags")
@@ -331,10 +335,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     source = args.pop("from", None)
     ca_file = args.pop("tls.ca-file", None)
     insecure = bool(args.pop("tls.insecure-skip-verify", False))
+    if command == "top":  # a client of a running daemon: no collection, no config
+        try:
+            from exporter.top import main as top
+        except ImportError as e:
+            return _fail(f"top needs the top extra: pip install 'gpu-exporter[top]' ({e})")
+        return top(source or "http://127.0.0.1:9445", ca_file=ca_file, insecure=insecure)
+    # structlog imports rich where it is installed (the top extra) for its console
+    # tracebacks, about 5 MiB the daemon has no use for (its logs are logfmt or JSON).
+    sys.modules.setdefault("rich", None)  # type: ignore[arg-type]
     if source is not None and command != "snapshot":
-        return _fail("--from: only with the snapshot command")
+        return _fail("--from: only with the snapshot or top command")
     if source is None and (ca_file is not None or insecure):
-        return _fail("--tls.ca-file, --tls.insecure-skip-verify: only with snapshot --from")
+        return _fail("--tls.ca-file, --tls.insecure-skip-verify: only with snapshot --from or top")
     try:
         config = _load(args, environ)
     except ConfigError as e:

@@ -1,4 +1,6 @@
-"""The ring buffer of recent per-GPU values behind the landing page's charts.
+"""The ring buffer of recent per-GPU values behind the landing page's charts, and the
+current tables (GPUs, backends, top processes) that the page and ``gpu-exporter top``
+refresh from ``/api/v1/history``.
 
 Fed by the Hub's snapshot listener (``History.add``, on the collector's thread), never by
 a scrape or a page view: ``/`` and ``/api/v1/history`` read what is already here and never
@@ -12,6 +14,7 @@ bench/history_memory.py measures its size.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -20,19 +23,65 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.labels import Sensor
+from exporter.health import STATUS_NAMES, Verdict
+from exporter.labels import Clock, Sensor
 from exporter.model import DeviceSample
-from exporter.state import Snapshot
+from exporter.state import BackendState, Snapshot
 
 TOP_PROCESSES = 5  # the rows of a GPU's "Top processes" table
 MAX_CAPACITY = 86_400  # a day of 1 s samples per GPU: a hard bound whatever the flags say
-# The temperature a chart shows: the first sensor a GPU has (die, AMD edge, Intel package).
-TEMPERATURE_SENSORS = (Sensor.GPU, Sensor.EDGE, Sensor.PACKAGE, Sensor.JUNCTION)
+# Where two sensors read the same, the one named first (die, edge, package) is shown.
+TEMPERATURE_SENSORS = (Sensor.GPU, Sensor.EDGE, Sensor.PACKAGE, Sensor.JUNCTION,
+                       Sensor.MEMORY, Sensor.VRAM)
+# The limit a temperature is drawn and judged against, the first a GPU has: the hottest
+# sensor's own (amdgpu hwmon's crit), else the GPU's: the one where the GPU starts to slow
+# itself down, which the health verdict counts as degraded (docs/health.md), before the
+# one where it shuts down. NVIDIA's memory sensor has a limit of its own.
+CRITICAL_THRESHOLDS = ("critical", "slowdown", "shutdown", "max_operating")
+SENSOR_THRESHOLDS: dict[str, str] = {Sensor.MEMORY: "memory_max_operating"}
+GIB = float(1 << 30)
+
+
+def hottest(d: DeviceSample) -> tuple[str, float] | None:
+    """(sensor, °C) of the GPU's hottest sensor (the one its health and Grafana watch)."""
+    temps = d.temperatures_celsius
+    if not temps:
+        return None
+    order: dict[str, int] = {s: i for i, s in enumerate(TEMPERATURE_SENSORS)}
+    sensor = min(temps, key=lambda s: (-float(temps[s]), order.get(s, len(order)), s))
+    return str(sensor), float(temps[sensor])
 
 
 def temperature(d: DeviceSample) -> float | None:
-    temps = d.temperatures_celsius
-    return next((float(temps[s]) for s in TEMPERATURE_SENSORS if s in temps), None)
+    """The hottest sensor's temperature: what the page's chart and table show."""
+    hot = hottest(d)
+    return None if hot is None else hot[1]
+
+
+def critical(d: DeviceSample, sensor: str) -> float | None:
+    """The temperature at which ``sensor`` is critical: its own limit where the source
+    reads one per sensor (amdgpu hwmon), else the GPU's threshold."""
+    for name in CRITICAL_THRESHOLDS:
+        limit = d.temperature_limits_celsius.get((sensor, name))
+        if limit is not None:
+            return float(limit)
+    thresholds = d.temperature_thresholds_celsius
+    own = SENSOR_THRESHOLDS.get(sensor)
+    if own is not None and own in thresholds:
+        return float(thresholds[own])
+    return next((float(thresholds[n]) for n in CRITICAL_THRESHOLDS if n in thresholds), None)
+
+
+def heat(celsius: float | None, limit: float | None) -> str:
+    """cool / warm / hot / critical: a share of the critical limit (below 60 %, 85 %,
+    100 %, at or above it), or with no known limit 50 / 75 °C and above."""
+    if celsius is None:
+        return ""
+    if limit:
+        share = celsius / limit
+        return ("cool" if share < 0.6 else "warm" if share < 0.85 else
+                "hot" if share < 1.0 else "critical")
+    return "cool" if celsius < 50 else "warm" if celsius < 75 else "hot"
 
 
 def memory_ratio(d: DeviceSample) -> float | None:
@@ -43,13 +92,97 @@ def memory_ratio(d: DeviceSample) -> float | None:
 
 def top_processes(d: DeviceSample) -> tuple[tuple[dict[str, Any], ...], int]:
     """The TOP_PROCESSES processes using the most memory, largest first, as the page shows
-    them (pid, process, memory_bytes or None, pod as namespace/pod or "", container or ""),
-    and how many more there are. The one ranking behind the server render and the JSON."""
+    them (pid, process, memory_bytes or None, pod as namespace/pod or "", container or "",
+    utilization: the busiest engine's share or None), and how many more there are. The
+    one ranking behind the server render, the JSON and ``gpu-exporter top``."""
     top = sorted(d.processes, key=lambda p: -(p.memory_used_bytes or 0))[:TOP_PROCESSES]
     rows = tuple({"pid": p.pid, "process": p.process, "memory_bytes": p.memory_used_bytes,
                   "pod": f"{p.namespace}/{p.pod}" if p.pod else "",
-                  "container": p.container or ""} for p in top)
+                  "container": p.container or "",
+                  "utilization": max(p.utilization_ratio.values(), default=None)}
+                 for p in top)
     return rows, len(d.processes) - len(rows)
+
+
+def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
+    return "no data" if value is None else f"{value:.{digits}f} {unit}"
+
+
+def _pct(ratio: float | None) -> str:
+    return "no data" if ratio is None else f"{100 * ratio:.0f} %"
+
+
+def device_state(d: DeviceSample, health: Verdict | None, stale: bool, gpu: str) -> dict[str, Any]:
+    """One whole GPU as the page's tables and ``gpu-exporter top`` show it: identity,
+    state (up, down, stale), the current values (``null``: never reported, never 0),
+    the hottest sensor with its critical limit and heat, the health verdict with its
+    reasons, and ``cells``, the page's table text, so the server render and the page's
+    refresh write the same words."""
+    hot = hottest(d)
+    sensor, celsius = hot if hot is not None else ("", None)
+    limit = critical(d, sensor) if hot is not None else None
+    engines = d.engine_utilization_ratio
+    clocks = d.clocks_hertz
+    fans = list(d.fan_speed_ratio.values())
+    state = "stale" if stale else "down" if not d.up else "up"  # stale: its values unknown
+    status = STATUS_NAMES[health.status] if health is not None else ""
+    reasons = [{"check": f.check, "status": STATUS_NAMES[f.status], "reason": f.reason}
+               for f in health.findings] if health is not None else []
+    used, total = d.memory_used_bytes, d.memory_total_bytes
+    free = d.memory_free_bytes
+    if free is None and used is not None and total:
+        free = max(0.0, total - used)
+    mem = memory_ratio(d)
+    memory_text = "no data" if used is None else (
+        f"{used / GIB:.1f} / {(total or 0) / GIB:.1f} GiB"
+        + ("" if mem is None else f" ({100 * mem:.0f} %)"))
+    temp_text = "no data" if celsius is None else (
+        f"{celsius:.0f} °C {sensor}" + ("" if limit is None else f" (critical {limit:.0f})"))
+    power_text = _fmt(d.power_watts, "W") + (
+        "" if d.power_limit_watts is None or d.power_watts is None
+        else f" / {d.power_limit_watts:.0f} W")
+    return {
+        "gpu": gpu, "name": d.info.name or d.info.uuid, "vendor": d.info.vendor,
+        "uuid": d.info.uuid, "state": state,
+        "utilization": d.utilization_ratio,
+        "memory_utilization": d.memory_utilization_ratio,
+        "encoder": engines.get("encoder"), "decoder": engines.get("decoder"),
+        "memory_used_bytes": used, "memory_total_bytes": total, "memory_free_bytes": free,
+        "power_watts": d.power_watts, "power_limit_watts": d.power_limit_watts,
+        "temperature": {"sensor": sensor, "celsius": celsius, "critical": limit,
+                        "heat": heat(celsius, limit)} if hot is not None else None,
+        "temperatures": {str(k): float(v) for k, v in d.temperatures_celsius.items()},
+        "fan": max(fans) if fans else None,
+        "clocks": {c: clocks.get(c) for c in (Clock.GRAPHICS, Clock.MEMORY, Clock.SM)},
+        "pcie": {"generation": d.pcie_link_generation, "width": d.pcie_link_width,
+                 "max_generation": d.pcie_link_max_generation,
+                 "max_width": d.pcie_link_max_width,
+                 "tx": d.pcie_throughput_bytes_per_second.get("tx"),
+                 "rx": d.pcie_throughput_bytes_per_second.get("rx")},
+        "health": {"status": status, "reasons": reasons},
+        "cells": {"state": state, "utilization": _pct(d.utilization_ratio),
+                  "memory": memory_text, "power": power_text, "temperature": temp_text,
+                  "health": status or "no data"},
+    }
+
+
+def backend_state(s: BackendState) -> dict[str, Any]:
+    """One backend as the page's backends table shows it."""
+    return {"backend": s.name, "state": "stale" if s.stale else "up" if s.up else "down",
+            "reason": "no completed collection within --stale-after" if s.stale else s.reason,
+            "devices": len(s.last.devices) if s.last else 0}
+
+
+def current(snapshot: Snapshot) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every whole GPU (``device_state``) and every backend (``backend_state``) of a
+    snapshot: what the page's tables show, from the one function for both the server
+    render and ``/api/v1/history``."""
+    stale = {dev.info.key for s in snapshot.backends if s.stale and s.last is not None
+             for dev in s.last.devices}
+    verdicts = {gpu: v for gpu, _, v in snapshot.health}
+    devices = [device_state(d, verdicts.get(gpu), d.info.key in stale, gpu)
+               for gpu, d in snapshot.devices if not d.info.parent_key]
+    return devices, [backend_state(s) for s in snapshot.backends]
 
 
 @dataclass(frozen=True)
@@ -98,6 +231,20 @@ class _Ring:
         self.next = (self.next + 1) % self.capacity
         self.count = min(self.count + 1, self.capacity)
 
+    def columns(self, since: float) -> list[list[float | None]]:
+        """The samples newer than ``since`` as columns (time, then one per series), oldest
+        first, None where unknown: array slices, not a Python loop per value."""
+        first = (self.next - self.count) % self.capacity
+        ordered = (self.data[first * WIDTH:(first + self.count) * WIDTH]
+                   if first + self.count <= self.capacity
+                   else self.data[first * WIDTH:] + self.data[:self.next * WIDTH])
+        times = ordered[0::WIDTH]
+        start = bisect.bisect_right(times, since)  # times only grow
+        out: list[list[float | None]] = [list(times[start:])]
+        for i in range(1, WIDTH):
+            out.append([None if v != v else v for v in ordered[i::WIDTH][start:]])  # NaN
+        return out
+
     def samples(self, since: float) -> list[tuple[float | None, ...]]:
         first = (self.next - self.count) % self.capacity
         out = []
@@ -122,6 +269,10 @@ class History:
         # per GPU: its top processes and the count of the others, replaced on each sample
         self._top: dict[str, tuple[tuple[dict[str, Any], ...], int]] = {}
         self._last: dict[str, float] = {}
+        # the tables of the latest recorded snapshot (``current``), replaced on each sample;
+        # None until the first is recorded (the JSON's null: "not known yet", not "none")
+        self._devices: list[dict[str, Any]] | None = None
+        self._backends: list[dict[str, Any]] | None = None
         self._added = -math.inf  # when add() last read a snapshot
         self._lock = threading.Lock()
 
@@ -137,6 +288,7 @@ class History:
             if now - self._added < self.interval * 0.9:
                 return
             self._added = now
+            self._devices, self._backends = current(snapshot)
             for gpu, d in snapshot.devices:
                 if not d.up or d.info.parent_key:  # charts are per whole GPU
                     continue
@@ -162,22 +314,37 @@ class History:
             return {gpu: {"rows": list(rows), "more": more}
                     for gpu, (rows, more) in self._top.items()}
 
-    def as_json(self, since: float = 0.0, now: float | None = None) -> dict[str, Any]:
+    def tables(self) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+        """The devices and backends of the latest recorded snapshot (``current``)."""
+        with self._lock:
+            return self._devices, self._backends
+
+    def as_json(self, since: float = 0.0, now: float | None = None,
+                otlp: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The body of ``/api/v1/history``: columns per GPU, ``null`` where unknown, the
-        server's clock (``now``), which the page's charts are drawn against, and each
-        GPU's top processes (whatever ``since``: they replace what the page has)."""
+        server's clock (``now``), which the page's charts are drawn against, and, whatever
+        ``since`` (they replace what the page has), each GPU's top processes, every whole
+        GPU's current state (``devices``), every backend's (``backends``) and the OTLP
+        pusher's (``otlp``, where it runs)."""
         gpus = []
-        for gpu, points in sorted(self.points(since).items(), key=lambda kv: _gpu_order(kv[0])):
+        devices, backends = self.tables()
+        with self._lock:
+            copies = {gpu: ring.columns(since) for gpu, ring in self._rings.items()}
+        for gpu, cols in sorted(copies.items(), key=lambda kv: _gpu_order(kv[0])):
             columns: dict[str, Any] = {"gpu": gpu, "name": self._names.get(gpu, ""),
-                                       "t": [p[0] for p in points]}
+                                       "t": cols[0]}
             for i, s in enumerate(SERIES, start=1):
-                columns[s.key] = [p[i] for p in points]
+                columns[s.key] = cols[i]
             gpus.append(columns)
         return {"now": round(time.time() if now is None else now, 3),
                 "interval": self.interval, "window": self.window, "capacity": self.capacity,
                 "series": [{"key": s.key, "title": s.title, "unit": s.unit, "max": s.high}
                            for s in SERIES],
-                "gpus": gpus, "processes": self.processes()}
+                "gpus": gpus, "processes": self.processes(), "devices": devices,
+                "backends": backends,
+                "otlp": None if otlp is None else {
+                    "state": "failing" if otlp.get("last_error") else "ok",
+                    "detail": str(otlp.get("last_error") or otlp.get("endpoint") or "")}}
 
 
 def _gpu_order(gpu: str) -> tuple[int, str]:

@@ -131,12 +131,16 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         return HTMLResponse(body, headers={"Content-Security-Policy": CSP})
 
     async def history_json(request: Request) -> Response:
-        try:
+        try:  # a unix time; anything else is the client's mistake, said as such
             since = float(request.query_params.get("since", "0"))
         except ValueError:
-            since = 0.0
+            since = math.nan
+        if not math.isfinite(since):
+            return PlainTextResponse("since: not a number of seconds since the epoch\n",
+                                     status_code=400)
+        otlp = renderer.otlp() if renderer.otlp is not None else None
         body = await asyncio.wrap_future(renderer.worker.call(
-            lambda: json.dumps(history.as_json(since if math.isfinite(since) else 0.0),
+            lambda: json.dumps(history.as_json(since, otlp=otlp),
                                separators=(",", ":")).encode()))
         return Response(body, media_type="application/json",
                         headers={"Cache-Control": "no-store"})

@@ -83,8 +83,8 @@ def redact_url(address: str) -> str:
     return f"{scheme}{sep}{userinfo.partition(':')[0]}:***@{host}"
 
 
-def _snapshot_url(address: str) -> tuple[str, str | None, str | None]:
-    """(the /snapshot URL without credentials, user, password); ValueError when bad."""
+def _snapshot_url(address: str, endpoint: str = "/snapshot") -> tuple[str, str | None, str | None]:
+    """(the ``endpoint`` URL without credentials, user, password); ValueError when bad."""
     import urllib.parse
 
     url = address if "://" in address else f"http://{address}"
@@ -96,7 +96,7 @@ def _snapshot_url(address: str) -> tuple[str, str | None, str | None]:
     if port:
         netloc += f":{port}"
     path = parts.path.rstrip("/")
-    target = urllib.parse.urlunsplit((parts.scheme, netloc, f"{path}/snapshot", "", ""))
+    target = urllib.parse.urlunsplit((parts.scheme, netloc, f"{path}{endpoint}", "", ""))
     user = urllib.parse.unquote(parts.username) if parts.username is not None else None
     return target, user, urllib.parse.unquote(parts.password or "")
 
@@ -117,8 +117,9 @@ def _context(https: bool, ca_file: str | None, insecure: bool,
 
 
 def fetch_snapshot(address: str, timeout: float = 10.0, ca_file: str | None = None,
-                   insecure: bool = False) -> bytes:
-    """The running daemon's ``/snapshot`` (``gpu-exporter snapshot --from URL``).
+                   insecure: bool = False, endpoint: str = "/snapshot") -> bytes:
+    """The running daemon's ``/snapshot`` (``gpu-exporter snapshot --from URL``), or its
+    ``endpoint`` (with its query: ``gpu-exporter top`` reads ``/api/v1/history``).
 
     ``address`` is a base URL (``http://127.0.0.1:9445``, ``https://user:pw@host:9445``),
     a bare ``host:port``, or ``unix:/path`` (the daemon's unix socket listener; TLS over
@@ -138,14 +139,15 @@ def fetch_snapshot(address: str, timeout: float = 10.0, ca_file: str | None = No
     if address.startswith("unix:"):
         conn = UnixHTTPConnection(address[len("unix:"):], timeout,
                                   _context(False, ca_file, insecure, check_hostname=False))
-        path = "/snapshot"
+        path = endpoint
     else:
+        query = endpoint.partition("?")
         try:
-            target, user, password = _snapshot_url(address)
+            target, user, password = _snapshot_url(address, query[0])
         except ValueError as e:
             raise OSError(f"bad URL: {e}") from None
         parts = urllib.parse.urlsplit(target)
-        host, port, path = parts.hostname or "", parts.port, parts.path
+        host, port, path = parts.hostname or "", parts.port, parts.path + query[1] + query[2]
         if user is not None:
             token = base64.b64encode(f"{user}:{password}".encode()).decode()
             headers["Authorization"] = f"Basic {token}"
