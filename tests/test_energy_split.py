@@ -108,7 +108,7 @@ def _run(tmp: Path, machine: str, vendor_backend: Any, energy_glob: str
                     amdgpu_ids=str(FIXTURES / machine / "usr/share/libdrm/amdgpu.ids"))
     discovery = DrmDiscovery(SysFS(str(sys_root)), hotplug=False)
     hub = Hub(config, [vendor_backend(config, discovery), FdinfoBackend(config, discovery)])
-    clock, windows = Clock(), []
+    clock, windows = Clock(), list[Window]()
     hub.energy.clock, hub.energy.on_window = clock, windows.append
     first = hub.collect_once()
     first.devices  # noqa: B018 - merged (and fed) before the files change
@@ -201,7 +201,7 @@ def test_nvidia_split_follows_the_sm_samples_and_their_sum_is_the_busy_share() -
     config = Config(procfs="/nonexistent", slow_interval=1.0)
     backend = NvidiaBackend(config, fake)
     hub = Hub(config, [backend])
-    clock, windows = Clock(), []
+    clock, windows = Clock(), list[Window]()
     hub.energy.clock, hub.energy.on_window = clock, windows.append
     hub.collect_once()
     for _ in range(6):  # the energy counter is read every third slow cycle
@@ -241,7 +241,7 @@ def split(clock: Clock, windows: list[Window]) -> EnergySplit:
 
 
 def test_a_snapshot_read_twice_or_late_counts_nothing_twice() -> None:
-    clock, windows = Clock(), []
+    clock, windows = Clock(), list[Window]()
     s = split(clock, windows)
     s.attribute(1, [device(100.0, proc(1, gfx=10.0))])
     clock.now += 10
@@ -258,7 +258,7 @@ def test_a_snapshot_read_twice_or_late_counts_nothing_twice() -> None:
 def test_no_per_process_engine_data_puts_everything_in_idle() -> None:
     """A MIG parent (processes on its instances, no samples) or a source without per-process
     engine time: the whole increase is idle, and no process gets a series."""
-    clock, windows = Clock(), []
+    clock, windows = Clock(), list[Window]()
     s = split(clock, windows)
     s.attribute(1, [device(100.0, ProcessSample(pid=7, process="x", memory_used_bytes=1.0))])
     clock.now += 5
@@ -274,7 +274,7 @@ def test_counters_never_go_back_and_windows_always_add_up_through_churn() -> Non
     counters reset, the GPU counter resets once: every window adds up to the counter's
     increase, and no served counter ever goes back for one process identity."""
     rng = random.Random(31)
-    clock, windows = Clock(), []
+    clock, windows = Clock(), list[Window]()
     s = split(clock, windows)
     energy = 1000.0
     counters: dict[int, float] = {}
@@ -316,7 +316,7 @@ def test_counters_never_go_back_and_windows_always_add_up_through_churn() -> Non
 
 
 def test_pod_labels_on_process_energy_series() -> None:
-    clock, windows = Clock(), []
+    clock, windows = Clock(), list[Window]()
     s = split(clock, windows)
     pod = replace(proc(1, gfx=1.0), pod="trainer-0", namespace="ml", container="main")
     s.attribute(1, [device(10.0, pod)])
