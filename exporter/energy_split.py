@@ -136,37 +136,43 @@ class EnergySplit:
                                                       busy=dict(p.engine_busy_seconds))
             if known is not None and known.name == p.process:
                 known.seen = now
-        self._integrate(g, listed, now)
+        reading = self._integrate(g, listed, now)
         if energy < g.energy:  # the counter went back (driver reload): a new baseline
             g.energy, g.at = energy, now
             for pid, p in listed.items():
                 g.processes[pid].busy = dict(p.engine_busy_seconds)
-        elif energy > g.energy and self._closes(g, listed, now):
+        elif energy > g.energy and self._closes(g, listed, reading, now):
             self._close(key, g, energy, listed, now)
         for pid in [pid for pid, st in g.processes.items() if now - st.seen > self.max_window]:
             del g.processes[pid]
 
-    def _integrate(self, g: _Gpu, listed: Mapping[int, ProcessSample], now: float) -> None:
-        """Ratios (NVML's per-process samples) describe the time since the reading before:
-        a new reading (changed, or a reading interval later) adds ratio x that time."""
+    def _integrate(self, g: _Gpu, listed: Mapping[int, ProcessSample], now: float) -> bool:
+        """Ratios (NVML's per-process samples, xe's cycle counts) describe the time since
+        the reading before: a new reading (changed, or a reading interval later) adds
+        ratio x that time. True when there was one."""
         ratios = {pid: dict(p.utilization_ratio) for pid, p in listed.items()
                   if not p.engine_busy_seconds}
+        if not ratios and not g.ratios:
+            g.ratio_at = now
+            return False
         if ratios == g.ratios and now - g.ratio_at < 0.95 * self.reading_interval:
-            return
+            return False
         seconds = max(0.0, now - g.ratio_at)
         for pid, engines in ratios.items():
             pending = g.processes[pid].pending
             for engine, r in engines.items():
                 pending[engine] = pending.get(engine, 0.0) + min(1.0, max(0.0, r)) * seconds
         g.ratios, g.ratio_at = ratios, now
+        return True
 
-    def _closes(self, g: _Gpu, listed: Mapping[int, ProcessSample], now: float) -> bool:
-        counted = [p for p in listed.values() if p.engine_busy_seconds]
-        if not counted:
-            return True  # ratios (read with the energy counter) or no data at all
-        if now - g.at >= self.max_window:
+    def _closes(self, g: _Gpu, listed: Mapping[int, ProcessSample], reading: bool,
+                now: float) -> bool:
+        """The energy counter moved: close when per-process data came with it (a counter
+        moved, a new ratio reading), when there is none (all idle), or on a long wait."""
+        if not listed or reading or now - g.at >= self.max_window:
             return True
-        return any(g.processes[p.pid].busy != dict(p.engine_busy_seconds) for p in counted)
+        return any(g.processes[p.pid].busy != dict(p.engine_busy_seconds)
+                   for p in listed.values() if p.engine_busy_seconds)
 
     def _close(self, key: str, g: _Gpu, energy: float, listed: Mapping[int, ProcessSample],
                now: float) -> None:

@@ -331,3 +331,22 @@ def test_pod_labels_on_process_energy_series() -> None:
     assert (sample.labels["pod"], sample.labels["namespace"], sample.labels["container"]) == \
         ("trainer-0", "ml", "main")
     assert sample.labels["source"] == SOURCE
+
+
+def test_ratio_readings_slower_than_the_energy_counter_close_windows_at_each_reading() -> None:
+    """xe's per-process cycle ratios come with each /proc scan (here every 5 s) while its
+    energy counter moves every second: windows close at the readings, each reading
+    counting for the time since the one before, so nothing goes to idle that was busy."""
+    clock, windows = Clock(), list[Window]()
+    s = EnergySplit(1.0, max_window=21.0, reading_interval=5.0, clock=clock,
+                    on_window=windows.append)
+    shown = {0: 0.9, 5: 0.5, 10: 0.5, 15: 0.3}  # each reading: the 5 s before it
+    ratio = 0.9
+    for t in range(21):
+        ratio = shown.get(t, ratio)
+        (d,) = s.attribute(t + 1, [device(1000.0 + 10 * t, proc(1, ratio=ratio))])
+        clock.now += 1.0
+    assert [(w.seconds, w.joules) for w in windows] == [(5.0, 50.0)] * 4
+    assert [w.parts[1] for w in windows] == pytest.approx([25.0, 25.0, 15.0, 15.0])
+    assert d.processes[0].energy_joules == pytest.approx(80.0)
+    assert d.idle_energy_joules == pytest.approx(120.0)
