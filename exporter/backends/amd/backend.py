@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from exporter.backends.amd.pcie_bw import FILE as PCIE_BW
-from exporter.backends.amd.pcie_bw import PcieBwReader
 from exporter.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.discovery import DrmCard, DrmDiscovery
@@ -30,6 +28,7 @@ from exporter.model import DeviceInfo, DeviceSample
 
 if TYPE_CHECKING:
     from exporter.backends.amd.ids import AmdgpuIds
+    from exporter.backends.amd.pcie_bw import PcieBwReader
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +38,7 @@ class _Card:
 
     def __init__(self, card: DrmCard, info: DeviceInfo) -> None:
         from exporter.backends.amd.card import CardCounters
+        from exporter.backends.amd.pcie_bw import FILE as PCIE_BW
 
         self.card = card
         self.info = info
@@ -81,6 +81,8 @@ class AmdBackend:
             root = self.discovery.sysfs.path("class", "drm")
             raise BackendUnavailable(f"no amdgpu card under {root}")
         if self._pcie is None:
+            from exporter.backends.amd.pcie_bw import PcieBwReader
+
             self._pcie = PcieBwReader()
         self._refresh(cards)
         return [self._cards[c.card].info for c in cards]
