@@ -249,7 +249,12 @@ def run_scenarios(h: Harness, a: Worker, b: Worker, seconds: float, t: float,
         first = h.wait_windows(1)  # start right after a window closed
         run()
         last = h.wait_windows(settle) - 1  # the windows that hold the last busy samples
-        return parts_by_pid(h.closed, first, last)
+        parts, idle = parts_by_pid(h.closed, first, last)
+        names = {a.pid: "A", b.pid: "B"}
+        log(f"  {last - first + 1} windows: " + ", ".join(
+            f"{names.get(pid, pid)} {j:.1f} J" for pid, j in sorted(parts.items()))
+            + f", idle {idle:.1f} J")
+        return parts, idle
 
     def together() -> None:
         a.go(seconds)
@@ -311,6 +316,10 @@ def main() -> int:
             w.ready()
         print(f"GPU {args.gpu} ({h.bus}), workers A={workers[0].pid} B={workers[1].pid}, "
               f"slow interval {args.slow_interval:g} s", flush=True)
+        if h.wait_windows(1, timeout=20 * args.slow_interval) == 0:
+            print("no window closed: no energy readings from NVML on this GPU "
+                  f"({len(h.readings())} read)")
+            return 2
         rows = run_scenarios(h, workers[0], workers[1], args.seconds, args.t)
     finally:
         for w in workers:
