@@ -17,6 +17,7 @@ Run from the repository root: ``python3 bench/energy_split.py`` (Python 3.12, to
 CUDA, nvidia-ml-py; about 2.5 minutes). ``--gpu N`` picks the GPU (NVML index, PCI
 order); ``--slow-interval`` the exporter's slow tier (default 1 s: NVML's per-process
 samples are read each slow cycle, the energy counter every third one).
+``--cost`` (no GPU): what the split adds to a snapshot, 8 GPUs x 4 and x 64 processes.
 """
 
 from __future__ import annotations
@@ -295,9 +296,47 @@ def report(rows: Sequence[Row], checked: int, worst: float, tolerance: float,
     return all(r.ok for r in rows)
 
 
+def cost(gpus: int = 8, processes: int = 64, rounds: int = 200) -> tuple[float, float]:
+    """Milliseconds the split adds to one snapshot's merge (median of ``rounds``): feeding
+    a new snapshot (every sample a new reading, a window closing on every GPU) and serving
+    one already fed. No GPU needed: ``--cost``."""
+    import statistics
+
+    from exporter.energy_split import EnergySplit
+    from exporter.model import DeviceInfo, DeviceSample, ProcessSample
+
+    def snapshot(step: int) -> list[DeviceSample]:
+        return [DeviceSample(
+            info=DeviceInfo(vendor="nvidia", pci_bus_id=f"0000:{i + 1:02x}:00.0", uuid=f"g{i}"),
+            source="nvml", energy_joules=1000.0 + step,
+            processes=tuple(ProcessSample(pid=1000 + j, process="python3", utilization_ratio={
+                "sm": (j % 50 + step % 7) / 100}) for j in range(processes)))
+            for i in range(gpus)]
+
+    now = [0.0]
+    split = EnergySplit(1.0, 21.0, 1.0, clock=lambda: now[0])
+    fed, served = [], []
+    for step in range(rounds):
+        devices = snapshot(step)
+        now[0] += 1.0
+        t0 = time.perf_counter()
+        split.attribute(step, devices)
+        t1 = time.perf_counter()
+        split.attribute(step, devices)
+        fed.append(t1 - t0)
+        served.append(time.perf_counter() - t1)
+    return statistics.median(fed) * 1e3, statistics.median(served) * 1e3
+
+
 def main() -> int:
     if "--worker" in sys.argv:
         worker_main()
+        return 0
+    if "--cost" in sys.argv:
+        for n in (4, 64):
+            fed, served = cost(processes=n)
+            print(f"8 GPUs x {n} processes: feed {fed:.2f} ms, serve again {served:.2f} ms "
+                  "per snapshot (median)")
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu", type=int, default=0, help="NVML index of the GPU (PCI order)")

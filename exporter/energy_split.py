@@ -37,7 +37,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from exporter.model import DeviceSample, ProcessSample
 
@@ -214,8 +215,8 @@ class EnergySplit:
         if g is None or not d.up:
             return d
         processes = tuple(_with_energy(p, g.processes.get(p.pid)) for p in d.processes)
-        return replace(d, idle_energy_joules=g.idle, processes=processes,
-                       field_sources={**d.field_sources, "idle_energy_joules": SOURCE})
+        return _copy(d, idle_energy_joules=g.idle, processes=processes,
+                     field_sources={**d.field_sources, "idle_energy_joules": SOURCE})
 
 
 def _busy(state: _Process, p: ProcessSample, seconds: float) -> dict[str, float]:
@@ -235,5 +236,18 @@ def _busy(state: _Process, p: ProcessSample, seconds: float) -> dict[str, float]
 def _with_energy(p: ProcessSample, state: _Process | None) -> ProcessSample:
     if state is None or state.name != p.process:
         return p
-    return replace(p, energy_joules=state.joules,
-                   field_sources={**p.field_sources, "energy_joules": SOURCE})
+    return _copy(p, energy_joules=state.joules,
+                 field_sources={**p.field_sources, "energy_joules": SOURCE})
+
+
+T = TypeVar("T")
+
+
+def _copy(sample: T, **changes: Any) -> T:
+    """``dataclasses.replace`` without re-running ``__init__`` over every field (as
+    ``DeviceValues.overlay`` does): the samples keep nothing but their fields in
+    ``__dict__``. A third of the cost of a snapshot's split at 64 processes a GPU."""
+    new = object.__new__(type(sample))
+    new.__dict__.update(sample.__dict__)
+    new.__dict__.update(changes)
+    return new
