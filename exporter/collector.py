@@ -41,6 +41,7 @@ from exporter.backends.base import (
     SupervisesChild,
 )
 from exporter.config import Config
+from exporter.energy_split import EnergySplit
 from exporter.joins import JoinSource
 from exporter.merge import cap_processes as cap_processes  # the rule, for tests and bench
 from exporter.model import BackendSample, DeviceInfo, DeviceSample
@@ -97,6 +98,11 @@ class Hub:
         self._numbered = False
         self._timing = logs.Every(TIMING_INTERVAL)  # --log.level debug: cycle times
         self._cuts = CutCounter()
+        # Per-process energy: fed once an interval from publish(), windows up to a few
+        # of the slowest per-process tier (exporter.energy_split).
+        self.energy = EnergySplit(
+            config.interval, reading_interval=config.slow_interval,
+            max_window=2 * max(config.slow_interval, config.processes_interval) + config.interval)
         self._generation = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -419,12 +425,15 @@ class Hub:
                         seen=self._seen_view, cuts=self._cuts,
                         max_processes_per_gpu=self.config.max_processes_per_gpu,
                         threads=self._threads_by_backend,
-                        health_xid_window=self.config.health_xid_window)
+                        health_xid_window=self.config.health_xid_window,
+                        energy=self.energy)
 
     def publish(self) -> Snapshot:
         with self._lock:
             snapshot = self._build()
             self.snapshot = snapshot
+        if self.energy.due():
+            snapshot.devices  # noqa: B018 - the merge feeds the energy split, once an interval
         if self.listener is not None:
             self.listener(snapshot)
         return snapshot

@@ -95,6 +95,11 @@ class ProcessSample:
     host_memory_bytes: float | None = value(  # RSS
         "gpu_process_host_memory_bytes", "Resident host memory (RSS) of the GPU process.",
         unit="bytes")
+    # Filled after the merge by exporter.energy_split, never by a backend.
+    energy_joules: float | None = value(
+        "gpu_process_energy_joules_total",
+        "GPU energy attributed to the process by its share of engine busy time.",
+        Kind.COUNTER, unit="joules", note="Source `estimate` (docs/energy.md).")
     container: str | None = None
     pod: str | None = None
     namespace: str | None = None
@@ -162,6 +167,12 @@ class DeviceValues:
     energy_joules: float | None = value(  # counter since driver load
         "gpu_energy_joules_total", "Energy consumed since the driver loaded.", Kind.COUNTER,
         unit="joules")
+    # Filled after the merge by exporter.energy_split, never by a backend.
+    idle_energy_joules: float | None = value(
+        "gpu_idle_energy_joules_total",
+        "GPU energy attributed to no process: idle time, and all of it where per-process "
+        "engine data is missing.", Kind.COUNTER, unit="joules",
+        note="Source `estimate` (docs/energy.md).")
     performance_state: int | None = value(
         "gpu_performance_state", "Performance state (P-state number).")
     pcie_link_generation: int | None = value(

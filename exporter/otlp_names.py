@@ -74,6 +74,7 @@ FAMILIES: dict[str, Target] = {
     "gpu_power_instant_watts": _T("gpu.power.instant", "W"),
     "gpu_power_limit_watts": _T("gpu.power.limit", "W"),
     "gpu_energy_joules_total": _T("hw.energy", "J", SUM),
+    "gpu_idle_energy_joules_total": _T("gpu.idle_energy", "J", SUM),
     "gpu_performance_state": _T("gpu.performance_state", "1"),
     "gpu_pcie_link_generation": _T("gpu.pcie.link.generation", "1"),
     "gpu_pcie_link_width": _T("gpu.pcie.link.width", "{lane}"),
@@ -119,6 +120,7 @@ FAMILIES: dict[str, Target] = {
     "gpu_process_utilization_ratio": _T("gpu.process.utilization", "1"),
     "gpu_process_engine_busy_seconds_total": _T("gpu.process.engine.busy_time", "s", SUM),
     "gpu_process_host_memory_bytes": _T("gpu.process.host_memory.usage", "By"),
+    "gpu_process_energy_joules_total": _T("gpu.process.energy", "J", SUM),
     # Join series; a pod label label_<name> becomes k8s.pod.label.<name> (the conventions').
     "gpu_kubernetes_pod_labels_info": _T("gpu.kubernetes.pod.labels", "1"),
     "gpu_kubernetes_unallocated_process_info": _T(

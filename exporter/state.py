@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from exporter.backends.base import Enricher
+from exporter.energy_split import EnergySplit
 from exporter.health import DEFAULT_XID_WINDOW, Verdict, verdicts
 from exporter.joins import JoinSource
 from exporter.merge import View, cap, enrich, merge
@@ -69,6 +70,8 @@ class Snapshot:
     # backend -> its collector thread (gpu_exporter_backend_cpu_seconds_total)
     threads: Mapping[str, threading.Thread] = field(default_factory=dict)
     health_xid_window: float = DEFAULT_XID_WINDOW  # --health.xid-window
+    # The Hub's per-process energy split (exporter.energy_split), fed by each merge.
+    energy: EnergySplit | None = None
 
     @property
     def devices(self) -> tuple[tuple[str, DeviceSample], ...]:
@@ -82,7 +85,7 @@ class Snapshot:
 
     @cached_property
     def _merged(self) -> tuple[tuple[tuple[str, DeviceSample], ...], int]:
-        """The merge, then the process cap, then pod attribution.
+        """The merge, then the process cap, then pod attribution, then the energy split.
 
         Computed once per snapshot, on first use (the renderer, ``/snapshot``), not on
         every publish: a snapshot nobody reads costs no merge.
@@ -93,6 +96,8 @@ class Snapshot:
         truncated = self.cuts.add(cut)
         enricher = next((s.enricher for s in self.backends if s.serving and s.enricher), None)
         merged = enrich(merged, enricher)
+        if self.energy is not None:
+            merged = self.energy.attribute(self.generation, merged)
         out = []
         for d in merged:
             index = self.gpu_index.get(d.info.parent_key or d.info.key)

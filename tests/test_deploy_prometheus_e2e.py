@@ -197,7 +197,8 @@ def test_rules_load_and_evaluate(prometheus: str) -> None:
     status, body = get(f"{prometheus}/api/v1/rules")
     assert status == 200
     groups = json.loads(body)["data"]["groups"]
-    assert {g["name"] for g in groups} == {"gpu-exporter.rules", "gpu-exporter.alerts"}
+    assert {g["name"] for g in groups} == {"gpu-exporter.rules", "gpu-exporter.alerts",
+                                           "gpu-exporter.energy.rules"}
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and not query(prometheus, "vendor:gpu_utilization_ratio:avg"):
         time.sleep(0.5)

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,7 +157,10 @@ def prometheus(fake_node: tuple[FakeKubelet, FakeRuntime, Path]) -> Iterator[str
     if not Path(PROMETHEUS).exists():
         pytest.skip("no prometheus binary (Debian package prometheus)")
     kubelet, runtime, tmp = fake_node
+    # A 1 s slow tier: NVML's energy counter (every third slow cycle) and per-process
+    # samples move within the test's wait, for the energy rules.
     args = [*node_args(kubelet, runtime), "--collector.interval", "1s",
+            "--collector.slow-interval", "1s",
             "--collector.processes.interval", "1s", "--kubernetes.interval", "1s"]
     with running(args, tmp, nvml_json=NODE_DIR / "nvml.json") as daemon:
         port = free_port()
@@ -236,6 +240,51 @@ def test_namespace_recording_rules(prometheus: str) -> None:
     busy = by(query(prometheus, "namespace:gpu_process_engine_busy_seconds:rate5m"), "namespace")
     # Busy-time counters come from amdgpu's fdinfo (ns); xe reports cycles, ratios only.
     assert set(busy) == {("vision",)}
+
+
+def test_pod_energy_recording_rules(prometheus: str) -> None:
+    """Each process's share of its GPU's energy is its SM sample (their sum is below 1 on
+    each GPU: the rest is idle), so per pod the energy rates are in the ratio of the pods'
+    sm_util sums from nvml.json; host processes are in no pod."""
+    gpus = json.loads((NODE_DIR / "nvml.json").read_text())["gpus"]
+    share: dict[tuple[str, str], float] = {}
+    for g in gpus:
+        for p in g["processes"]:
+            ns, pod, _ = pod_of_pid(str(p["pid"]))
+            if pod and p.get("sm_util") is not None:
+                share[(ns, pod)] = share.get((ns, pod), 0.0) + p["sm_util"] / 100
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        energy = by(query(prometheus, "namespace_pod:gpu_process_energy_joules:rate5m"),
+                    "namespace", "pod")
+        if set(energy) == set(share) and all(energy[k] for k, v in share.items() if v) \
+                or set(energy) > set(share):
+            break
+        time.sleep(0.5)
+    # Both rules as one evaluation of their group wrote them: at a moment already past,
+    # after the one the loop saw.
+    at = time.time() + 1
+    time.sleep(2)
+
+    def rule(name: str, *labels: str) -> dict[tuple[str, ...], float]:
+        body = _get(f"{prometheus}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": name, "time": f"{at:.3f}"}))
+        return by(json.loads(body)["data"]["result"], *labels)
+
+    energy = rule("namespace_pod:gpu_process_energy_joules:rate5m", "namespace", "pod")
+    assert set(energy) == set(share)
+    # Pods on one GPU: their counters grow in the same windows, so the ratio is exact.
+    (gpu0,) = [g for g in gpus if any(p["pid"] == 7101 for p in g["processes"])]
+    pods0 = {pod_of_pid(str(p["pid"]))[:2] for p in gpu0["processes"]} & set(share)
+    first = min(pods0)
+    for pod in pods0:
+        assert energy[pod] / energy[first] == pytest.approx(share[pod] / share[first], rel=1e-3)
+    by_ns = rule("namespace:gpu_process_energy_joules:rate5m", "namespace")
+    assert {ns for (ns,) in by_ns} == {ns for ns, _ in share}
+    for (ns,) in by_ns:
+        assert by_ns[(ns,)] == pytest.approx(sum(v for k, v in energy.items() if k[0] == ns))
+    idle = rule("instance_gpu:gpu_idle_energy_joules:rate5m", "uuid")
+    assert set(idle) >= {(g["uuid"],) for g in gpus}  # and the Intel card's
 
 
 def test_pod_panels_return_the_pods(prometheus: str) -> None:

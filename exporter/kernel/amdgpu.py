@@ -1,11 +1,11 @@
 """Pure parsers for amdgpu's text sysfs attributes (text in, values out; no I/O).
 
 Owns the formats of ``pp_dpm_sclk`` / ``pp_dpm_mclk`` (DPM level tables),
-``pp_dpm_pcie`` and the RAS ``ras/<block>_err_count`` files. Numbers go through
+``pp_dpm_pcie``, ``pcie_bw`` and the RAS ``ras/<block>_err_count`` files. Numbers go through
 exporter.units (link speeds too: ``units.parse_link_speed``); a level whose number
 is garbage (400 digits, a negative clock) is dropped and counted, never raised.
-Kernel reference: Documentation/gpu/amdgpu/thermal.rst ("pp_dpm_*") and amdgpu-ras
-("ras/<block>_err_count").
+Kernel reference: Documentation/gpu/amdgpu/thermal.rst ("pp_dpm_*"), driver-misc.rst
+("pcie_bw") and amdgpu-ras ("ras/<block>_err_count").
 """
 
 from __future__ import annotations
@@ -79,3 +79,28 @@ def parse_ras_count(text: str | None) -> tuple[dict[str, int], int]:
             continue
         out["uncorrected" if kind.lower() == "ue" else "corrected"] = count
     return out, bad
+
+
+# The maximum payload sizes PCIe allows (bytes): 128 << 0..5.
+PCIE_MPS = frozenset(128 << i for i in range(6))
+
+
+def parse_pcie_bw(text: str | None) -> tuple[float, float] | None:
+    """``pcie_bw`` -> (received, sent) bytes per second, or None when it is not three
+    numbers with a valid payload size (bad input: the caller counts it).
+
+    The driver counts PCIe messages for one second inside the read and prints
+    "<received> <sent> <mps>" (amdgpu_pm.c: count0 is event 40, messages received;
+    count1 event 104, posted requests sent; mps the maximum payload size in bytes).
+    A message carries at most mps bytes, so count x mps is an upper bound of the bytes,
+    the estimate rocm-smi makes too (which reads the first number as "sent").
+    """
+    words = (text or "").split()
+    if len(words) != 3:
+        return None
+    received, sent, mps = (units.parse_int(w) for w in words)
+    if received is None or sent is None or mps not in PCIE_MPS or received < 0 or sent < 0:
+        return None
+    rx = units.bounded(received * mps, "bytes_per_second")
+    tx = units.bounded(sent * mps, "bytes_per_second")
+    return None if rx is None or tx is None else (rx, tx)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
@@ -27,6 +28,7 @@ from exporter.model import DeviceInfo, DeviceSample
 
 if TYPE_CHECKING:
     from exporter.backends.amd.ids import AmdgpuIds
+    from exporter.backends.amd.pcie_bw import PcieBwReader
 
 log = structlog.get_logger(__name__)
 
@@ -36,12 +38,15 @@ class _Card:
 
     def __init__(self, card: DrmCard, info: DeviceInfo) -> None:
         from exporter.backends.amd.card import CardCounters
+        from exporter.backends.amd.pcie_bw import FILE as PCIE_BW
 
         self.card = card
         self.info = info
         self.counters = CardCounters()
         self.reader = AttrReader()
         self.lost = False
+        self.device_dir = os.fspath(card.device_dir)
+        self.pcie_bw = os.path.exists(os.path.join(self.device_dir, PCIE_BW))
 
 
 class AmdBackend:
@@ -57,6 +62,8 @@ class AmdBackend:
         self._cards: dict[str, _Card] = {}  # card name -> state
         self._generation = -1
         self._ids: AmdgpuIds | None = None  # the marketing-name table, with the first card
+        self._driver_version: str | None = None  # read with the first card
+        self._pcie: PcieBwReader | None = None  # pcie_bw on its own thread (slow tier)
         # open() only reads the cached card list: the collector may retry it every cycle.
 
     @property
@@ -73,6 +80,10 @@ class AmdBackend:
         if not cards:
             root = self.discovery.sysfs.path("class", "drm")
             raise BackendUnavailable(f"no amdgpu card under {root}")
+        if self._pcie is None:
+            from exporter.backends.amd.pcie_bw import PcieBwReader
+
+            self._pcie = PcieBwReader()
         self._refresh(cards)
         return [self._cards[c.card].info for c in cards]
 
@@ -84,6 +95,8 @@ class AmdBackend:
         gone = [st for name, st in self._cards.items() if current.get(name) != st.card]
         for st in gone:
             st.reader.close()
+            if self._pcie is not None:
+                self._pcie.forget(st.device_dir)
             del self._cards[st.card.card]
         if self.discovery.generation != self._generation:
             for st in self._cards.values():
@@ -95,12 +108,14 @@ class AmdBackend:
         return gone
 
     def _device_info(self, card: DrmCard) -> DeviceInfo:
-        from exporter.backends.amd.card import device_info
+        from exporter.backends.amd.card import device_info, driver_version
         from exporter.backends.amd.ids import AmdgpuIds, lookup_paths
 
         if self._ids is None:
             self._ids = AmdgpuIds(*lookup_paths(self.config.sysfs, self.config.amdgpu_ids))
-        return device_info(card, self._ids)
+        if self._driver_version is None:
+            self._driver_version = driver_version(self.config.sysfs, self.config.procfs)
+        return device_info(card, self._ids, self._driver_version)
 
     def sample(self, slow: bool) -> Cycle:
         from exporter.backends.amd.card import SOURCE  # loaded: open() found a card
@@ -110,6 +125,11 @@ class AmdBackend:
         if self.discovery.listing_error is not None:
             errors["drm_listing"] += 1  # the last known cards are read meanwhile
         devices = [self._read(st, errors, slow) for st in self._cards.values()]
+        if self._pcie is not None:
+            if slow:
+                self._pcie.request([st.device_dir for st in self._cards.values()
+                                    if st.pcie_bw and not st.lost])
+            errors.update(self._pcie.take_errors())
         # A card that vanished is reported once as down, then its series go away.
         for st in gone:
             if st.info.pci_bus_id not in {d.info.pci_bus_id for d in devices}:
@@ -131,7 +151,9 @@ class AmdBackend:
             return DeviceSample(info=st.info, source=SOURCE, up=False)
         st.lost = False
         try:
-            return read_card(st.card, st.info, errors, st.counters, st.reader, slow)
+            sample = read_card(st.card, st.info, errors, st.counters, st.reader, slow)
+            rates = self._pcie.rates(st.device_dir) if self._pcie and st.pcie_bw else {}
+            return replace(sample, pcie_throughput_bytes_per_second=rates) if rates else sample
         except Exception as exc:  # a card torn down mid-read: keep the others going
             errors["card"] += 1
             log.debug("amdgpu card read failed", card=st.card.card, reason=str(exc))
@@ -143,3 +165,6 @@ class AmdBackend:
         for st in self._cards.values():
             st.reader.close()
         self._cards.clear()
+        if self._pcie is not None:
+            self._pcie.close()
+            self._pcie = None

@@ -26,7 +26,7 @@ from exporter.backends.amd.ids import AmdgpuIds
 from exporter.backends.amd.rates import AccumulatorRates, ResidencyFlags
 from exporter.backends.base import KERNEL
 from exporter.discovery import DrmCard
-from exporter.fs import AttrReader
+from exporter.fs import AttrReader, ProcFS, SysFS
 from exporter.kernel import hwmon
 from exporter.kernel.amdgpu import (
     DpmLevel,
@@ -85,9 +85,18 @@ class _Files:
         return self.r.link_width(self.dir, name, self.errors)
 
 
-def device_info(card: DrmCard, ids: AmdgpuIds | None = None) -> DeviceInfo:
+def driver_version(sysfs: str, procfs: str) -> str:
+    """The amdgpu module's version where it has one (the DKMS driver of ROCm writes
+    ``/sys/module/amdgpu/version``; the in-tree driver has none), else the kernel
+    release, which is the in-tree driver's version: what rocm-smi and amd-smi report."""
+    return (SysFS(sysfs).read_text("module", "amdgpu", "version")
+            or ProcFS(procfs).read_text("sys", "kernel", "osrelease") or "")
+
+
+def device_info(card: DrmCard, ids: AmdgpuIds | None = None,
+                driver_version: str = "") -> DeviceInfo:
     """Static identity: product_name (else libdrm's name for device + revision),
-    unique_id (the uuid), vbios_version."""
+    unique_id (the uuid), vbios_version; ``driver_version`` is the backend's."""
     r = _Files(AttrReader(keep=False), os.fspath(card.device_dir), Counter())
     unique_id = r.text("unique_id")
     name = r.text("product_name") or ""
@@ -99,6 +108,7 @@ def device_info(card: DrmCard, ids: AmdgpuIds | None = None) -> DeviceInfo:
         uuid=unique_id or pci_uuid(card.pci_bus_id),
         name=name,
         driver=card.driver,
+        driver_version=driver_version,
         vbios_version=r.text("vbios_version") or "",
         serial=r.text("serial_number") or "",
         device_node=card.card,
