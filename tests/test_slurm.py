@@ -10,8 +10,8 @@ import os
 import threading
 from pathlib import Path
 
-from exporter.config import Config
 from exporter import slurm
+from exporter.config import Config
 from exporter.slurm import SlurmBackend
 from tests.daemon import FIXTURES, machine_args, running, values_of
 
