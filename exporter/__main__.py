@@ -2,6 +2,16 @@
 
 import sys
 
-from exporter.cli import main
+from exporter.early import hold_sighup
 
-sys.exit(main())
+
+def run() -> int:
+    """The ``gpu-exporter`` command: SIGHUP is held before the heavy imports."""
+    hold_sighup()
+    from exporter.cli import main
+
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(run())

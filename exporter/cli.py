@@ -13,7 +13,13 @@ starts and stops everything.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m exporter.cli: hold SIGHUP before the heavy imports
+    from exporter.early import hold_sighup
+
+    hold_sighup()
+
 import argparse
+import difflib
 import os
 import platform
 import re
@@ -190,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpu-exporter", usage="gpu-exporter [snapshot|top] [flags]",
         description="Prometheus exporter for NVIDIA, AMD, Intel and Apple GPUs, per GPU and per "
         "process.", epilog=USAGE_EPILOG, formatter_class=_HelpFormatter,
-        argument_default=argparse.SUPPRESS)
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False)  # --web.l would change meaning as flags are added
     p.add_argument("--version", action="version",
                    version=f"gpu-exporter {__version__} (python {platform.python_version()})")
     p.add_argument("command", nargs="?", choices=("snapshot", "top"), metavar="snapshot|top",
@@ -322,15 +329,65 @@ def _load(args: dict[str, Any], environ: Mapping[str, str]) -> Config:
     return config
 
 
+def unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """The first argument that looks like a flag and is none, with the nearest flag as a
+    hint; None when every one is known. Checked before parsing: argparse would take the
+    misspelt flag's value for the ``snapshot`` command and say that instead."""
+    known = parser._option_string_actions  # every spelling, --no- forms included
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-") or arg == "-" or re.fullmatch(r"-\d[\d.e]*", arg):
+            continue
+        name = arg.split("=", 1)[0]
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, [k for k in known if k.startswith("--")], 1)
+        return f"unrecognized argument {name}" + (f" (did you mean {close[0]}?)"
+                                                   if close else "")
+    return None
+
+
+def missing_paths(config: Config) -> str | None:
+    """A --path.sysfs or --path.procfs given that is not a directory: a forgotten
+    container mount would otherwise look like a machine without GPUs. The defaults are
+    not checked (a Mac has no /sys; the Apple backend does not read it)."""
+    defaults = Config()
+    for key, path, default in (("path.sysfs", config.sysfs, defaults.sysfs),
+                               ("path.procfs", config.procfs, defaults.procfs)):
+        if path != default and not os.path.isdir(path):
+            what = "does not exist" if not os.path.lexists(path) else "is not a directory"
+            return (f"--{key}: {path} {what} (in a container: is the host's "
+                    f"/{key.split('.')[1].removesuffix('fs')} mounted there?)")
+    return None
+
+
 def _fail(message: str) -> int:
     print(f"gpu-exporter: error: {message}", file=sys.stderr)
     return 2
 
 
+def _quiet_backend_down() -> None:
+    """``snapshot``: each backend's state and reason are in the JSON printed; the
+    "backend down" log lines would only say it again on stderr."""
+    import structlog
+
+    def drop(logger: object, method: str, event: Any) -> Any:
+        if event.get("event") == "backend down":
+            raise structlog.DropEvent
+        return event
+
+    processors = structlog.get_config()["processors"]
+    structlog.configure(processors=[drop, *processors])
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ if environ is None else environ
-    args = vars(build_parser().parse_args(argv))
+    parser = build_parser()
+    if (unknown := unknown_flag(parser, argv)) is not None:
+        return _fail(unknown)
+    args = vars(parser.parse_args(argv))
     command = args.pop("command", None) or "run"
     source = args.pop("from", None)
     ca_file = args.pop("tls.ca-file", None)
@@ -352,6 +409,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         config = _load(args, environ)
     except ConfigError as e:
         return _fail(str(e))
+    if (missing := missing_paths(config)) is not None:
+        return _fail(missing)
     if config.otlp_only and config.otlp_endpoint is None:
         return _fail("--otlp.only: needs --otlp.endpoint")
     if config.otlp_endpoint is not None and command == "run":
@@ -373,6 +432,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from exporter import logs
 
     logs.configure(config.log_level, config.log_format)
+    if command == "snapshot":
+        _quiet_backend_down()
     from exporter.render.selection import load_selection
 
     try:

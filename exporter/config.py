@@ -6,11 +6,12 @@ of the program trusts the Config it is handed.
 
 from __future__ import annotations
 
+import errno
 import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 # Collector switch defaults and old switch names come from the backend table.
 from exporter.backends import ALIASES as ALIASES
@@ -305,12 +306,32 @@ def parse_headers(key: str, value: object) -> tuple[tuple[str, str], ...]:
     return tuple(headers)
 
 
+def open_regular(path: str, errors: str = "strict") -> TextIO:
+    """A configuration file opened for reading as UTF-8 text, never blocking: a FIFO (or
+    a device, a socket) at the path would hold open() or read() forever, and a reload
+    thread with it; only a regular file is read (OSError otherwise, with the reason)."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else \
+                "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise OSError(errno.EINVAL, f"{kind}; a regular file is needed")
+        return open(fd, encoding="utf-8", errors=errors, closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def load_yaml_mapping(key: str, path: str) -> dict[str, Any]:
     """A YAML file that must hold a mapping; any problem is a ConfigError naming ``key``."""
     import yaml  # only when a file is given: keeps the daemon's resident size down
 
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path) as f:
             data = yaml.load(f, Loader=_bounded_loader()) or {}  # noqa: S506 (a SafeLoader)
     except OSError as e:
         raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None

@@ -134,6 +134,10 @@ class Daemon:
                             self.select)
         if hasattr(signal, "SIGHUP"):  # exporter.reload: what changes live, what needs a restart
             signal.signal(signal.SIGHUP, lambda *_: reloader.request("sighup"))
+        from exporter.early import take_held
+
+        if take_held():  # SIGHUPs that came during start-up (exporter.early): one reload
+            reloader.request("sighup")
         self.start()
         if config.config_file or config.web_config_file:  # something a reload can change
             self.renderer.reload_status(reloader.status)

@@ -256,7 +256,7 @@ def _unix_socket(path: str) -> socket.socket:
     """Bind a unix socket; a stale file is replaced, a live one (another instance) is not."""
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise AddressInUse(errno.EEXIST, f"unix:{path} exists and is not a socket")
+            raise AddressInUse(errno.EEXIST, f"unix:{path}: exists and is not a socket")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.settimeout(1.0)
@@ -268,7 +268,7 @@ def _unix_socket(path: str) -> socket.socket:
             pass
         else:
             raise AddressInUse(errno.EADDRINUSE,
-                               f"unix:{path} is in use by another process")
+                               f"unix:{path}: in use by another process")
         finally:
             probe.close()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -16,6 +16,12 @@ and re-reads a file only when its mtime, size or inode changed, so files appeari
 and vanishing are followed without a restart. An absent directory (no job has run
 yet) serves nothing and is logged once; a file that cannot be read or is too large is
 counted (``unreadable``) and serves nothing.
+
+Bounds: at most MAX_JOBS_PER_GPU jobs per GPU, the first ones of the file; the ids left
+out are counted on each scan (``jobs_over_cap``), so one runaway file costs 64 series, not
+thousands. A file name is a GPU index written as Python's ``str(int)`` writes it: ``01``
+would name GPU 1 as ``1`` does, and which of the two won depended on the listing order;
+such a name is skipped and counted (``noncanonical_name``) on each scan.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from types import MappingProxyType
 import structlog
 
 from exporter.backends.base import DERIVED, Cycle
-from exporter.config import Config
+from exporter.config import Config, open_regular
 from exporter.fieldspec import MetricSpec
 from exporter.joins import Row
 from exporter.model import DeviceInfo, DeviceSample
@@ -42,7 +48,11 @@ SPEC = MetricSpec("gpu_slurm_job_info",
 FAMILY, DOC = SPEC.name, SPEC.help
 MAX_FILE_BYTES = 64 * 1024
 MAX_JOB_CHARS = 128
+# Jobs served per GPU: 8 GPUs x 64 = 512 series at most. A GPU shared by time-slicing
+# or MPS carries a few jobs; more than 64 means a prolog that never cleans up.
+MAX_JOBS_PER_GPU = 64
 _INDEX = re.compile(r"\d+")
+_CANONICAL = re.compile(r"0|[1-9]\d*")
 
 
 def parse_jobs(text: str) -> tuple[str, ...]:
@@ -53,6 +63,11 @@ def parse_jobs(text: str) -> tuple[str, ...]:
         if job and len(job) <= MAX_JOB_CHARS:
             jobs[job] = None
     return tuple(jobs)
+
+
+def capped(jobs: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
+    """The first MAX_JOBS_PER_GPU jobs, and how many were left out."""
+    return jobs[:MAX_JOBS_PER_GPU], max(0, len(jobs) - MAX_JOBS_PER_GPU)
 
 
 class SlurmJobs:
@@ -74,7 +89,9 @@ class SlurmBackend:
     def __init__(self, config: Config) -> None:
         self.directory = config.slurm_job_mapping_dir or ""
         self.interval: float | None = config.slow_interval
-        self._files: dict[str, tuple[tuple[int, int, int], tuple[str, ...] | None]] = {}
+        # file name -> (mtime, size, inode), (its first jobs, how many left out) or None
+        self._files: dict[str, tuple[tuple[int, int, int], tuple[tuple[str, ...], int] | None]] \
+            = {}
         self._missing: bool | None = None
         self._jobs = SlurmJobs({})
 
@@ -86,6 +103,10 @@ class SlurmBackend:
         try:
             names = [n for n in os.listdir(self.directory) if _INDEX.fullmatch(n)]
             missing = False
+            canonical = [n for n in names if _CANONICAL.fullmatch(n)]
+            if len(canonical) < len(names):  # 01 beside (or instead of) 1: skipped
+                errors["noncanonical_name"] += len(names) - len(canonical)
+                names = canonical
         except OSError:
             names, missing = [], True
         if missing != self._missing:
@@ -102,8 +123,12 @@ class SlurmBackend:
             files[name] = entry
             if entry[1] is None:
                 errors["unreadable"] += 1
-            elif entry[1]:
-                jobs[str(int(name))] = entry[1]
+                continue
+            kept, dropped = entry[1]
+            if dropped:
+                errors["jobs_over_cap"] += dropped
+            if kept:
+                jobs[name] = kept
         self._files = files
         self._jobs = SlurmJobs(jobs)
         return Cycle(devices=(), errors=dict(errors))
@@ -112,7 +137,8 @@ class SlurmBackend:
         """The jobs of the last sample() (the collector's Joins hook)."""
         return self._jobs
 
-    def _read(self, name: str) -> tuple[tuple[int, int, int], tuple[str, ...] | None] | None:
+    def _read(self, name: str
+              ) -> tuple[tuple[int, int, int], tuple[tuple[str, ...], int] | None] | None:
         path = os.path.join(self.directory, name)
         try:
             st = os.stat(path)
@@ -127,8 +153,8 @@ class SlurmBackend:
         if st.st_size > MAX_FILE_BYTES:
             return stamp, None
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                return stamp, parse_jobs(f.read(MAX_FILE_BYTES))
+            with open_regular(path, errors="replace") as f:  # never waits on a FIFO
+                return stamp, capped(parse_jobs(f.read(MAX_FILE_BYTES)))
         except OSError:
             return stamp, None
 

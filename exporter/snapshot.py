@@ -48,7 +48,9 @@ def snapshot_dict(s: Snapshot, otlp: Mapping[str, Any] | None = None) -> dict[st
         if state.last is not None:
             devices = []
             for d in state.last.devices:
-                item = {"gpu": s.gpu_index.get(d.info.parent_key or d.info.key)}
+                index = s.gpu_index.get(d.info.parent_key or d.info.key)
+                # A string, as the ``gpu`` label and devices[] below give it.
+                item = {"gpu": None if index is None else str(index)}
                 item.update(_plain(d))
                 devices.append(item)
             entry["duration_seconds"] = state.last.duration_seconds

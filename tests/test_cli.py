@@ -313,3 +313,158 @@ def test_the_daemon_stops_everything_it_started_discovery_included(tmp_path: Pat
     daemon.stop(timeout=1)
     assert not discovery.watching
     daemon.stop(timeout=0)  # twice is harmless (the server's shutdown and the Daemon's)
+
+
+# -- the operator's everyday mistakes -------------------------------------------------------
+
+def test_a_misspelt_flag_is_named_with_the_flag_meant(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    """A misspelt flag said `argument snapshot: invalid choice: ':9500'`: its value had
+    been taken for the command."""
+    from exporter.cli import main
+
+    assert main(["--web.listen-adress", ":9500"], {}) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gpu-exporter: error: unrecognized argument --web.listen-adress "
+                   "(did you mean --web.listen-address?)"]
+    assert main(["--web.listen-adress=:9500", "snapshot"], {}) == 2
+    assert "unrecognized argument --web.listen-adress (did you mean --web.listen-address?)" \
+        in capsys.readouterr().err
+    assert main(["--collector.nvidai"], {}) == 2  # a switch too, with its own hint
+    assert "(did you mean --collector.nvidia?)" in capsys.readouterr().err
+    assert main(["--zzzzzz"], {}) == 2  # nothing near: no hint
+    assert capsys.readouterr().err.strip() == \
+        "gpu-exporter: error: unrecognized argument --zzzzzz"
+
+
+@pytest.mark.parametrize("argv", [["--web.l", ":9500"], ["--web.listen", ":9500"],
+                                  ["snapshot", "--path.sys", "/sys"], ["--no-collector.nv"]])
+def test_an_abbreviated_flag_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]
+                                        ) -> None:
+    """`--web.l :9500` listened on :9500: abbreviations change meaning as flags are added."""
+    from exporter.cli import build_parser, main
+
+    assert main(argv, {}) == 2
+    assert f"unrecognized argument {next(a for a in argv if a.startswith('--'))}" \
+        in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the parser itself takes no prefix either
+        build_parser().parse_args(argv)
+
+
+def test_a_value_that_starts_with_a_dash_after_a_flag_is_still_parsed() -> None:
+    from exporter.cli import load_config
+
+    config = load_config(["--collector.interval=2s", "--web.listen-address", ":9500"], {})
+    assert (config.interval, config.listen_addresses) == (2.0, (":9500",))
+
+
+@pytest.mark.parametrize("key", ["path.sysfs", "path.procfs"])
+def test_a_path_that_does_not_exist_is_refused_at_start(
+        key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A forgotten container mount started silently and looked like a machine without GPUs."""
+    from exporter.cli import env_name, main
+
+    missing = tmp_path / "host" / key.split(".")[1]
+    assert main([f"--{key}", str(missing)], {}) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gpu-exporter: error: --{key}: {missing} does not exist (in a container: is the "
+        f"host's /{key.split('.')[1].removesuffix('fs')} mounted there?)"]
+    assert main(["snapshot"], {env_name(key): str(missing)}) == 2  # the environment too
+    assert f"--{key}: {missing} does not exist" in capsys.readouterr().err
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    assert main([f"--{key}", str(a_file)], {}) == 2
+    assert f"--{key}: {a_file} is not a directory" in capsys.readouterr().err
+
+
+def test_a_path_that_does_not_exist_exits_before_binding(tmp_path: Path) -> None:
+    result = run_cli("--path.procfs", str(tmp_path / "nope"), "--path.sysfs", str(tmp_path))
+    one_line_error(result, f"--path.procfs: {tmp_path / 'nope'} does not exist")
+
+
+def test_snapshot_gives_gpu_as_a_string_everywhere() -> None:
+    """`gpu` was a number under backends[].devices and a string under devices[]."""
+    machine = FIXTURES / "mixed"
+    result = run_cli(*machine_args(machine), "--no-collector.pmu", "snapshot",
+                     env=daemon_env(machine / "nvml.json"))
+    assert result.returncode == 0, result.stderr
+    snap = json.loads(result.stdout)
+    merged = {d["pci_bus_id"] if "pci_bus_id" in d else d["info"]["pci_bus_id"]: d["gpu"]
+              for d in snap["devices"]}
+    per_backend = [(b["backend"], d) for b in snap["backends"] for d in b.get("devices", ())]
+    assert per_backend, snap["backends"]
+    for name, d in per_backend:
+        assert isinstance(d["gpu"], str), (name, d["gpu"])
+        assert d["gpu"] == merged[d["info"]["pci_bus_id"]], name
+    assert sorted(set(merged.values())) == ["0", "1", "2"]
+
+
+def test_snapshot_does_not_repeat_the_backend_down_lines(tmp_path: Path) -> None:
+    result = run_cli("snapshot", *no_gpu_args(tmp_path))
+    assert result.returncode == 0, result.stderr
+    down = [b for b in json.loads(result.stdout)["backends"] if not b["up"]]
+    assert len(down) >= 4 and all(b["reason"] for b in down)  # the reasons are in the JSON...
+    assert "backend down" not in result.stderr  # ...and not said again on stderr
+
+
+def test_a_unix_socket_in_use_is_named_with_a_colon() -> None:
+    import socket
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ge-") as tmp:  # a short path: 108 bytes max
+        path = f"{tmp}/s.sock"
+        other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        other.bind(path)
+        other.listen(1)
+        try:
+            result = run_cli("--web.listen-address", f"unix:{path}", "--path.sysfs", tmp,
+                             "--path.procfs", tmp)
+        finally:
+            other.close()
+    assert result.returncode == 1
+    assert f"cannot listen on unix:{path}: in use by another process" in result.stderr
+
+
+def _caught(pid: int) -> int:
+    """The signals ``pid`` has a handler for (SigCgt of /proc/<pid>/status), as a mask."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("SigCgt:")), 16)
+
+
+@pytest.mark.parametrize("module", ["exporter.cli", "exporter"])
+def test_a_sighup_right_after_start_is_held_then_reloads(module: str, tmp_path: Path) -> None:
+    """A SIGHUP in the first ~0.3 s killed the daemon (exit 129): systemd's ExecReload
+    right after a restart left it stopped. The handler must be in place long before the
+    daemon listens (it was set only after binding); the SIGHUP is sent the moment it is."""
+    import socket
+
+    if not Path("/proc/self/status").exists():
+        pytest.skip("needs /proc")
+    sighup = 1 << (signal.SIGHUP - 1)
+    with running(no_gpu_args(tmp_path), tmp_path, ready=False, module=module) as d:
+        t0 = time.monotonic()
+        while not _caught(d.proc.pid) & sighup:
+            assert d.proc.poll() is None and time.monotonic() - t0 < 60, d.log()
+            time.sleep(0.0005)
+        host, port = d.base_url.removeprefix("http://").split(":")
+        with socket.socket() as probe:  # not listening yet: start-up has barely begun
+            assert probe.connect_ex((host, int(port))) != 0, "the handler came after binding"
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_ready()
+        assert d.proc.poll() is None
+        assert d.get().status_code == 200
+        t2 = time.monotonic()
+        while "configuration reloaded" not in d.log():  # the held SIGHUP, done once ready
+            assert time.monotonic() - t2 < 10, d.log()
+            time.sleep(0.05)
+        [line] = [json.loads(x) for x in d.log().splitlines() if "configuration reloaded" in x]
+        assert line["trigger"] == "SIGHUP"
+        d.proc.send_signal(signal.SIGHUP)  # and later ones as before
+        t3 = time.monotonic()
+        while d.log().count("configuration reloaded") < 2:
+            assert time.monotonic() - t3 < 10, d.log()
+            time.sleep(0.05)

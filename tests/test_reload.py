@@ -274,3 +274,86 @@ def test_a_new_selection_drops_the_rendered_bodies() -> None:
     assert "gpu_power_watts" not in names and "python_info" not in names
     assert "gpu_up" in names and "process_cpu_seconds_total" in names
     renderer.stop()
+
+
+def _fifo(path: Path) -> None:
+    """A FIFO where the file was: open() of it without O_NONBLOCK waits for a writer."""
+    path.unlink()
+    os.mkfifo(path)
+
+
+def test_a_fifo_at_the_web_config_path_fails_the_reload_and_later_sighups_work(
+        tmp_path: Path) -> None:
+    """A FIFO at the web-config path blocked the reload thread forever: later SIGHUPs did
+    nothing (the old password kept working after a rotation) and the gauge stayed 1."""
+    web = tmp_path / "web.yml"
+    _users(web, b"old-secret")
+    with running([*no_gpu_args(tmp_path), "--web.config.file", str(web)], tmp_path,
+                 ready=False) as d:
+        _wait(lambda: d.get(auth=("prometheus", "old-secret")).status_code == 200, "start", d)
+        _fifo(web)
+        d.proc.send_signal(signal.SIGHUP)
+        line = _reloads(d, "configuration reload failed: old settings kept", 1)
+        assert line["error"] == f"web.config.file: cannot read {web}: a FIFO; a regular file " \
+                                "is needed"
+        _wait(lambda: values_of(d.get(auth=("prometheus", "old-secret")).text,
+                                OK_GAUGE) == [0], "successful 0", d)
+
+        web.unlink()  # the rotation: a regular file again, a new password
+        _users(web, b"new-secret")
+        d.proc.send_signal(signal.SIGHUP)
+        _reloads(d, "configuration reloaded", 1)
+        _wait(lambda: d.get(auth=("prometheus", "new-secret")).status_code == 200,
+              "the new password", d)
+        assert d.get(auth=("prometheus", "old-secret")).status_code == 401
+        _wait(lambda: values_of(d.get(auth=("prometheus", "new-secret")).text,
+                                OK_GAUGE) == [1], "successful 1", d)
+
+
+def test_a_fifo_at_the_config_file_or_counters_path_fails_the_reload(tmp_path: Path) -> None:
+    conf, counters = tmp_path / "config.yml", tmp_path / "counters.csv"
+    conf.write_text("log.level: info\n")
+    counters.write_text("DCGM_FI_DEV_GPU_TEMP, gauge, temperature\n")
+    machine = FIXTURES / "nvidia-h100x2"
+    with running([*machine_args(machine), "--config.file", str(conf), "--metric-names", "dcgm",
+                  "--dcgm.counters", str(counters)], tmp_path,
+                 nvml_json=machine / "nvml.json") as d:
+        for n, (path, key) in enumerate([(conf, "config.file"), (counters, None)], 1):
+            _fifo(path)
+            d.proc.send_signal(signal.SIGHUP)
+            line = _reloads(d, "configuration reload failed: old settings kept", n)
+            expected = f"cannot read {path}: a FIFO; a regular file is needed" if key else \
+                "a FIFO; a regular file is needed"
+            assert expected in line["error"], line
+            _wait(lambda: values_of(d.get().text, OK_GAUGE) == [0], "successful 0", d)
+            path.unlink()
+            path.write_text("log.level: debug\n" if key else
+                            "DCGM_FI_DEV_POWER_USAGE, gauge, power\n")
+            d.proc.send_signal(signal.SIGHUP)
+            _reloads(d, "configuration reloaded", n)
+            _wait(lambda: values_of(d.get().text, OK_GAUGE) == [1], "successful 1", d)
+        text = d.get().text  # the counters file read again after the FIFO: power, not temp
+        assert values_of(text, "DCGM_FI_DEV_POWER_USAGE") and \
+            not values_of(text, "DCGM_FI_DEV_GPU_TEMP")
+
+
+def test_a_fifo_given_at_start_is_one_line(tmp_path: Path) -> None:
+    """In a subprocess with a time limit: before, open() waited for a writer forever."""
+    import subprocess
+    import sys
+
+    from tests.daemon import REPO, daemon_env
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    empty = ["--path.sysfs", str(tmp_path), "--path.procfs", str(tmp_path)]
+    for argv, needle in (
+            (["--config.file", str(fifo)], f"config.file: cannot read {fifo}: a FIFO"),
+            (["--web.config.file", str(fifo)], f"web.config.file: cannot read {fifo}: a FIFO"),
+            (["--metric-names", "dcgm", "--dcgm.counters", str(fifo), "snapshot"],
+             "--dcgm.counters: [Errno 22] a FIFO; a regular file is needed")):
+        result = subprocess.run([sys.executable, "-m", "exporter.cli", *argv, *empty],
+                                cwd=REPO, env=daemon_env(None), capture_output=True, text=True,
+                                timeout=20)
+        err = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(err) == 1 and needle in err[0], err

@@ -91,9 +91,10 @@ def load_selection(include: str | None, exclude: str | None, metric_names: str,
         raise ValueError("--dcgm.counters needs --metric-names dcgm or both")
     import structlog
 
+    from exporter.config import open_regular
     from exporter.dcgm import parse_counters
 
-    with open(counters_file, encoding="utf-8", errors="replace") as f:
+    with open_regular(counters_file, errors="replace") as f:  # a FIFO: refused, not waited on
         counters = parse_counters(f.read(1 << 20))  # dcgm-exporter's own is 5 KiB
     if counters.unknown or counters.malformed:
         structlog.get_logger(__name__).warning(
