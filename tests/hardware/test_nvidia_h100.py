@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.backends.nvidia.device import COUNTERS_EVERY
+
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 HOLD_BYTES = 6 * (1 << 30)
@@ -108,7 +110,8 @@ def test_exported_values_agree_with_nvidia_smi(daemon: int) -> None:
         loaded = scrape(port)
         gpus = {r[0]: [float(x) for x in r[1:]] for r in smi(
             "--query-gpu=uuid,memory.used,utilization.gpu,power.draw,clocks.sm")}
-        time.sleep(SLOW_INTERVAL + 1)
+        # The energy counter is read every COUNTERS_EVERY-th slow cycle: wait for one more.
+        time.sleep(COUNTERS_EVERY * SLOW_INTERVAL + 1)
         later = scrape(port)
     finally:
         work.kill()
@@ -138,7 +141,7 @@ def test_exported_values_agree_with_nvidia_smi(daemon: int) -> None:
     print(f"power W             {power:10.1f} {smi_power:12.1f} {idle_power:12.1f}")
     print(f"SM clock MHz        {sm:10.1f} {smi_sm_mhz:12.1f} {idle_sm:12.1f}")
     print(f"energy J            {energy:10.1f} -> {energy_later:.1f} "
-          f"after {SLOW_INTERVAL + 1:.0f} s")
+          f"after {COUNTERS_EVERY * SLOW_INTERVAL + 1:.0f} s")
 
     assert mem == pytest.approx(smi_mem_mib, rel=0.01)
     assert proc_mem == pytest.approx(smi_proc_mib, rel=0.01)
