@@ -18,7 +18,6 @@ are measured on the monotonic clock: an NTP step changes nothing.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +43,7 @@ from exporter.config import Config
 from exporter.joins import JoinSource
 from exporter.merge import cap_processes as cap_processes  # the rule, for tests and bench
 from exporter.model import BackendSample, DeviceInfo, DeviceSample
-from exporter.state import DURATION_BUCKETS, BackendState, CutCounter, Snapshot
+from exporter.state import DURATION_BUCKETS, BackendState, CutCounter, Snapshot, merged_view
 
 TIMING_INTERVAL = 60.0  # seconds between two debug lines of one backend's cycle time
 log = structlog.get_logger(__name__)
@@ -96,12 +95,14 @@ class Hub:
         self._threads_by_backend: Mapping[str, threading.Thread] = {}
         self._numbered = False
         self._timing = logs.Every(TIMING_INTERVAL)  # --log.level debug: cycle times
-        self._cuts = CutCounter()
+        self._cuts = CutCounter()  # fed by _build only, under _publish_lock
+        self._publish_lock = threading.Lock()
         self._generation = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._all_attempted = threading.Event()
-        self.snapshot = self._build()
+        with self._publish_lock:
+            self.snapshot = self._build()
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -211,11 +212,11 @@ class Hub:
                 alive_at=time.monotonic(), logged="" if not state.failing else state.logged)
             for info in infos:
                 self._register(info)
-            # The source label its samples will carry (each backend module's SOURCE), so
+            # The source label its samples will carry (the contract's Backend.source), so
             # the gpu_up 0 series is the one its first sample continues.
-            source = getattr(sys.modules.get(type(backend).__module__), "SOURCE", backend.name)
             self._opened[backend.name] = tuple(
-                DeviceSample(info=i, source=source, up=False) for i in infos if not i.parent_key)
+                DeviceSample(info=i, source=backend.source, up=False)
+                for i in infos if not i.parent_key)
             self._check_attempted()
         return True
 
@@ -410,21 +411,32 @@ class Hub:
                 return
 
     def _build(self) -> Snapshot:
-        ready = all(s.attempted and (not s.up or s.last is not None or s.stale)
-                    for s in self._states.values()) and self._numbered
-        self._generation += 1
-        return Snapshot(generation=self._generation, created=self.wall_clock(), ready=ready,
-                        backends=tuple(self._states.values()),
-                        gpu_index={k: v for k, v in self._gpu_index.items() if v >= 0},
-                        seen=self._seen_view, cuts=self._cuts,
+        """The next snapshot; called with ``_publish_lock`` held, so that generations, the
+        merge and the cap's count go in one order. The Hub's state is copied under
+        ``_lock``; the merge runs outside it (backend threads keep accepting samples)."""
+        with self._lock:
+            ready = all(s.attempted and (not s.up or s.last is not None or s.stale)
+                        for s in self._states.values()) and self._numbered
+            self._generation += 1
+            generation, created = self._generation, self.wall_clock()
+            backends = tuple(self._states.values())
+            gpu_index = {k: v for k, v in self._gpu_index.items() if v >= 0}
+            seen, threads = self._seen_view, self._threads_by_backend
+        view = merged_view(backends, seen, gpu_index, self.config.max_processes_per_gpu,
+                           created, self.config.health_xid_window)
+        return Snapshot(generation=generation, created=created, ready=ready,
+                        backends=backends, gpu_index=gpu_index, seen=seen,
                         max_processes_per_gpu=self.config.max_processes_per_gpu,
-                        threads=self._threads_by_backend,
-                        health_xid_window=self.config.health_xid_window)
+                        threads=threads, health_xid_window=self.config.health_xid_window,
+                        devices=view.devices, health=view.health,
+                        processes_truncated_total=self._cuts.add(view.cut))
 
     def publish(self) -> Snapshot:
-        with self._lock:
+        """Build, merge and hand out the next snapshot. One publish at a time (whichever
+        thread calls it): listeners get snapshots in generation order."""
+        with self._publish_lock:
             snapshot = self._build()
             self.snapshot = snapshot
-        if self.listener is not None:
-            self.listener(snapshot)
+            if self.listener is not None:
+                self.listener(snapshot)
         return snapshot

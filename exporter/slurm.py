@@ -69,6 +69,7 @@ class SlurmJobs:
 
 class SlurmBackend:
     name = "slurm"
+    source = "slurm"  # it reports no device, only join series
     priority = DERIVED
 
     def __init__(self, config: Config) -> None:

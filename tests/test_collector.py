@@ -25,6 +25,7 @@ class Scripted:
 
     def __init__(self, name: str, buses: Sequence[str], interval: float | None = None) -> None:
         self.name, self.buses, self.interval = name, list(buses), interval
+        self.source = name
         self.opens = 0
         self.fail_next = False
         self.unavailable: str | None = None

@@ -80,6 +80,10 @@ class Enricher(Protocol):
 
 class Backend(Protocol):
     name: str  # "nvidia", "amd", "intel", "fdinfo", ...: the `backend` label
+    # The `source` label its samples carry ("nvml", "sysfs", ...): also the one of the
+    # gpu_up 0 series the collector reports for the GPUs open() returned, should the
+    # backend go stale before its first sample.
+    source: str
     # Seconds between samples; None means the fast tier (--collector.interval).
     interval: float | None
     # LIBRARY, KERNEL or DERIVED: which backend's value wins when two report one device.

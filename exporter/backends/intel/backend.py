@@ -132,6 +132,7 @@ class IntelBackend:
     """The i915/xe cards DrmDiscovery finds, read through its sysfs root."""
 
     name = "intel"
+    source = SOURCE
     priority = KERNEL
     interval: float | None = None
 

@@ -79,6 +79,7 @@ MAX_XID = 0xFFFF  # XID codes are small numbers; event data beyond this is not a
 
 class NvidiaBackend:
     name = "nvidia"
+    source = SOURCE
     priority = LIBRARY
     interval: float | None = None
 
