@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.fieldspec import MetricSpec
+from exporter.fieldspec import MetricSpec, Otlp
 from exporter.model import DeviceSample
 
 HEALTHY, DEGRADED, FAILED = 0, 1, 2
@@ -236,11 +236,13 @@ def verdicts(devices: Sequence[tuple[str, DeviceSample]], now: float,
 STATUS = MetricSpec("gpu_health_status",
                     "Health verdict of the GPU: 0 healthy, 1 degraded, 2 failed (the worst check).",
                     note="Source `health`; the reasons are in `/snapshot` and on `/` "
-                    "(see health.md).")
+                    "(see health.md).",
+                    otlp=Otlp("gpu.health.status"))
 CHECK = MetricSpec("gpu_health_check_status",
                    "One health check of the GPU: 0 healthy, 1 degraded, 2 failed.",
                    labels=("check",), note="`check` is " + ", ".join(f"`{c}`" for c in CHECKS)
-                   + "; a check is served where the GPU has its inputs.")
+                   + "; a check is served where the GPU has its inputs.",
+                   otlp=Otlp("gpu.health.check.status"))
 LABELS = ("gpu", "uuid", "vendor", "source")
 
 

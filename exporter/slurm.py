@@ -30,7 +30,7 @@ import structlog
 
 from exporter.backends.base import DERIVED, Cycle
 from exporter.config import Config
-from exporter.fieldspec import MetricSpec
+from exporter.fieldspec import MetricSpec, Otlp
 from exporter.joins import Row
 from exporter.model import DeviceInfo, DeviceSample
 
@@ -38,7 +38,8 @@ log = structlog.get_logger(__name__)
 
 SPEC = MetricSpec("gpu_slurm_job_info",
                   "A Slurm job on this GPU (--slurm.job-mapping-dir, dcgm-exporter's layout); "
-                  "value 1.", labels=("gpu", "uuid", "job", "source"), note="Source `slurm`.")
+                  "value 1.", labels=("gpu", "uuid", "job", "source"), note="Source `slurm`.",
+                  otlp=Otlp("gpu.slurm.job", labels={"job": "gpu.slurm.job.id"}))
 FAMILY, DOC = SPEC.name, SPEC.help
 MAX_FILE_BYTES = 64 * 1024
 MAX_JOB_CHARS = 128

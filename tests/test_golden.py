@@ -32,6 +32,8 @@ from tests.daemon import (
     values_of,
 )
 
+pytestmark = pytest.mark.golden  # UPDATE_GOLDEN=1 python -m pytest -m golden
+
 GOLDEN = REPO / "tests" / "golden"
 MACHINES = sorted(p.name for p in FIXTURES.iterdir() if (p / "sys").is_dir())
 ONE_CYCLE = ["--collector.interval", "1h", "--collector.slow-interval", "1h",
