@@ -221,6 +221,9 @@ class DeviceValues:
     fan_speed_ratio: Mapping[str, float] = mapping(
         "gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum.", "fan", unit="ratio",
         otlp=Otlp("gpu.fan.speed_ratio"))
+    voltages_volts: Mapping[str, float] = mapping(  # hwmon inN_label -> V
+        "gpu_voltage_volts", "Voltage by rail.", "rail", unit="volts",
+        otlp=Otlp("gpu.voltage"))
     clocks_hertz: Mapping[str, float] = mapping(
         "gpu_clock_hertz", "Current clock frequency.", "clock", unit="hertz",
         otlp=Otlp("gpu.clock.frequency"))
