@@ -146,9 +146,40 @@ class Profiling(Vocabulary):
     FP64_ACTIVE = "fp64_active"
 
 
+class Check(Vocabulary):
+    """``gpu_health_check_status{check}``: the health checks (exporter.health), in the
+    order served."""
+
+    THERMAL = "thermal"
+    MEMORY = "memory"
+    XID = "xid"
+    INTERCONNECT = "interconnect"
+    POWER = "power"
+    PCIE = "pcie"
+    DRIVER = "driver"
+
+
+class FindingCode(Vocabulary):
+    """What kind of health finding (``/snapshot``'s ``code``; dcgm mode maps some to a
+    DCGM_FR_* code)."""
+
+    XID = "xid"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    ROW_REMAP_PENDING = "row_remap_pending"
+    PAGE_RETIREMENT_PENDING = "page_retirement_pending"
+    ECC_UNCORRECTED = "ecc_uncorrected"
+    RAS_UNCORRECTED = "ras_uncorrected"
+    TEMPERATURE = "temperature"
+    THROTTLE_THERMAL = "throttle_thermal"
+    THROTTLE_POWER = "throttle_power"
+    NVLINK_DOWN = "nvlink_down"
+    RECOVERY_ACTION = "recovery_action"
+    GPU_UNREADABLE = "gpu_unreadable"
+
+
 # label name -> its closed vocabulary (a label not named here is open).
 VOCABULARIES: dict[str, type[Vocabulary]] = {
     "sensor": Sensor, "threshold": Threshold, "clock": Clock, "reason": ThrottleReason,
     "direction": Direction, "severity": Severity, "cause": RetireCause, "type": NvLinkError,
-    "remote": Remote,
+    "remote": Remote, "check": Check,
 }

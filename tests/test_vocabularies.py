@@ -1,0 +1,32 @@
+"""Closed vocabularies are enums the type checker sees (exporter.labels): health checks and
+finding codes, keyed as such by dcgm mode's mapping; the values served stay the strings."""
+
+from __future__ import annotations
+
+import json
+
+from exporter import dcgm, health
+from exporter.labels import Check, FindingCode
+from exporter.model import DeviceInfo, DeviceSample
+
+
+def test_every_check_but_xid_is_a_dcgm_health_watch_and_codes_are_finding_codes() -> None:
+    assert set(dcgm.HEALTH_WATCHES) == set(Check) - {Check.XID}  # docs/dcgm-compat.md
+    assert all(isinstance(code, FindingCode) for code in dcgm.HEALTH_CODES)
+    assert health.CHECKS == tuple(Check)
+    assert [str(c) for c in health.CHECKS] == ["thermal", "memory", "xid", "interconnect",
+                                              "power", "pcie", "driver"]
+
+
+def test_a_lost_gpu_s_finding_serves_plain_strings() -> None:
+    lost = DeviceSample(info=DeviceInfo(vendor="nvidia", pci_bus_id="0000:18:00.0",
+                                        uuid="GPU-1"), source="nvml", up=False)
+    verdict = health.evaluate(lost, now=0.0)
+    body = json.loads(json.dumps(verdict.as_dict()))
+    assert body == {"status": "failed", "checks": {"driver": 2}, "reasons": [
+        {"check": "driver", "status": "failed", "code": "gpu_unreadable",
+         "reason": "GPU cannot be read: lost, fallen off the bus, or its driver stopped "
+                   "answering"}]}
+    (family,) = dcgm.health_family([("0", lost, verdict)], "host")
+    assert {s.labels["health_watch"]: s.labels["health_error_code"]
+            for s in family.samples} == {"DRIVER": "DCGM_FR_UNKNOWN"}
