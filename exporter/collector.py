@@ -52,6 +52,18 @@ GOOD_CYCLES_TO_RESET = 3  # good cycles in a row before the back-off starts from
 OPEN_WAIT = 5.0  # how long start() waits for every backend's first open before numbering GPUs
 
 
+class Clock:
+    """The Hub's monotonic clock and its waits (cadence, back-off, watchdog): the real
+    one by default; a test passes one whose time it steps, so back-off needs no sleep."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        """Wait ``seconds`` or until ``stop`` is set; True when it is set."""
+        return stop.wait(seconds)
+
+
 def _restarts_of(backend: SupervisesChild) -> Callable[[], int]:
     return lambda: backend.child_restarts
 
@@ -69,9 +81,11 @@ class Hub:
 
     def __init__(self, config: Config, backends: Sequence[Backend],
                  listener: Callable[[Snapshot], None] | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, clock: Clock | None = None
+                 ) -> None:
         self.config = config
         self.wall_clock = wall_clock  # timestamps shown to people; never used for ages
+        self.clock = clock or Clock()  # ages, cadence and back-off
         self.backends = list(backends)
         self.listener = listener
         self._lock = threading.Lock()
@@ -106,7 +120,7 @@ class Hub:
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
-        epoch = time.monotonic()
+        epoch = self.clock.now()
         threads: dict[str, threading.Thread] = {}
         for backend in self.backends:
             t = threading.Thread(target=self._run, args=(backend, epoch),
@@ -168,7 +182,7 @@ class Hub:
                 if isinstance(backend, RetriesOpen):
                     delay = min(delay, backend.retry_interval)
             attempt += 1
-            self._stop.wait(delay)
+            self.clock.wait(self._stop, delay)
 
     def _loop(self, backend: Backend, epoch: float) -> int:
         """Sample on the cadence until the handle goes bad; returns the good cycles in a row
@@ -177,7 +191,7 @@ class Hub:
         next_slow = 0.0
         good = 0
         while not self._stop.is_set():
-            now = time.monotonic()
+            now = self.clock.now()
             slow = now >= next_slow
             if slow:
                 next_slow = now + self.config.slow_interval
@@ -189,9 +203,9 @@ class Hub:
                 self._recovered(backend.name)
             # Fixed cadence aligned on a shared epoch, so backends publish together and
             # renders coalesce; a cycle that overran skips the ticks it missed.
-            now = time.monotonic()
+            now = self.clock.now()
             next_tick = epoch + (int((now - epoch) / interval) + 1) * interval
-            self._stop.wait(next_tick - now)
+            self.clock.wait(self._stop, next_tick - now)
         return good
 
     def _open(self, backend: Backend) -> bool:
@@ -209,7 +223,7 @@ class Hub:
                 log.info("backend up", backend=backend.name, gpus=len(infos))
             self._states[backend.name] = replace(
                 state, up=True, reason="", attempted=True, stale=False,
-                alive_at=time.monotonic(), logged="" if not state.failing else state.logged)
+                alive_at=self.clock.now(), logged="" if not state.failing else state.logged)
             for info in infos:
                 self._register(info)
             # The source label its samples will carry (the contract's Backend.source), so
@@ -298,7 +312,7 @@ class Hub:
             if state.stale:
                 log.info("backend answering again", backend=name)
             self._states[name] = replace(
-                state, last=sample, last_success=sample.timestamp, alive_at=time.monotonic(),
+                state, last=sample, last_success=sample.timestamp, alive_at=self.clock.now(),
                 stale=False, errors_total=errors, duration_buckets=buckets,
                 duration_sum=state.duration_sum + duration, duration_count=state.duration_count + 1,
                 enricher=enricher, joins=joins, child_restarts=child_restarts,
@@ -381,7 +395,7 @@ class Hub:
     def _watchdog(self) -> None:
         """Mark backends stale: wakes only when the next backend could go stale."""
         while True:
-            now = time.monotonic()
+            now = self.clock.now()
             changed = False
             wake = float("inf")
             with self._lock:
@@ -407,7 +421,7 @@ class Hub:
             # period; a backend that comes up is watched from its next deadline on.
             timeout = wake if wake != float("inf") else min(self._stale_after.values(),
                                                             default=60.0)
-            if self._stop.wait(max(timeout, 0.0) + 0.01):
+            if self.clock.wait(self._stop, max(timeout, 0.0) + 0.01):
                 return
 
     def _build(self) -> Snapshot:
