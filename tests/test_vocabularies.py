@@ -30,3 +30,18 @@ def test_a_lost_gpu_s_finding_serves_plain_strings() -> None:
     (family,) = dcgm.health_family([("0", lost, verdict)], "host")
     assert {s.labels["health_watch"]: s.labels["health_error_code"]
             for s in family.samples} == {"DRIVER": "DCGM_FR_UNKNOWN"}
+
+
+def test_reload_s_live_settings_name_real_fields() -> None:
+    """reload's live settings are named groups, not slices: each name is a field."""
+    from dataclasses import fields
+
+    from exporter import reload
+    from exporter.config import Config
+    from exporter.webconfig import WebConfig
+
+    config = {f.name for f in fields(Config)}
+    web = {f.name for f in fields(WebConfig)}
+    assert set(reload.LIVE) <= config and set(reload.SELECTION) <= set(reload.LIVE)
+    assert set(reload.WEB_LIVE) <= web and set(reload.TLS_FILES) <= set(reload.WEB_LIVE)
+    assert set(reload.LIVE) == {*reload.HUB_LIVE, *reload.SELECTION}
