@@ -41,6 +41,7 @@ from exporter.backends.base import (
 )
 from exporter.config import Config
 from exporter.joins import JoinSource
+from exporter.labels import ErrorReason
 from exporter.merge import cap_processes as cap_processes  # the rule, for tests and bench
 from exporter.model import BackendSample, DeviceInfo, DeviceSample
 from exporter.state import DURATION_BUCKETS, BackendState, CutCounter, Snapshot, merged_view
@@ -248,7 +249,7 @@ class Hub:
             # Its devices stay (gpu_up 0, from its last sample); the traceback is logged
             # once per distinct error, the count goes to errors_total{reason="exception"}.
             _close_quietly(backend)
-            self._count(backend.name, {"exception": 1})
+            self._count(backend.name, {ErrorReason.EXCEPTION: 1})
             self._set_down(backend.name, f"sample raised {e!r}", level="error", exc_info=True,
                            failing=True)
             return None
