@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -44,6 +45,7 @@ FREE = {
 FREE_PREFIX = ("label_",)  # pod labels, named by --kubernetes.pod-labels
 
 
+@cache  # one parse of the goldens per test run (the docs tests read them several times)
 def _samples() -> list[tuple[str, dict[str, str]]]:
     """(family, labels) of every gpu_* sample, vendor filled in from the golden's gpu_info."""
     out = []
