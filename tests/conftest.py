@@ -31,38 +31,61 @@ STARTS = re.compile(r"\b(?:running|run_cli|Popen|subprocess\.(?:run|call|check_c
 
 
 @cache
-def _starts_a_process(func: Callable[..., Any]) -> bool:
-    """Whether ``func``, or a function of tests/ it names, starts a process."""
-    seen: set[Callable[..., Any]] = set()
-    todo = [func]
-    while todo:
-        f = inspect.unwrap(todo.pop())
-        if f in seen:
-            continue
-        seen.add(f)
-        try:
-            source = textwrap.dedent(inspect.getsource(f))
-        except (OSError, TypeError):
-            continue
-        if STARTS.search(source):
-            return True
-        names = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
-        names |= {n.attr for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Attribute)}
-        scope = getattr(f, "__globals__", {})
-        for name in names:
-            g = scope.get(name)
-            if inspect.isfunction(g) and _in_tests(g) and g not in seen:
-                todo.append(g)
-            elif inspect.isclass(g) and _in_tests(g):
-                todo.extend(m for m in vars(g).values() if inspect.isfunction(m))
-    return False
+def _in_tests_file(filename: str) -> bool:
+    return Path(filename).resolve().is_relative_to(TESTS)
 
 
 def _in_tests(obj: Any) -> bool:
     try:
-        return Path(inspect.getfile(obj)).resolve().is_relative_to(TESTS)
+        return _in_tests_file(inspect.getfile(obj))
     except (OSError, TypeError):
         return False
+
+
+@cache
+def _direct(func: Callable[..., Any]) -> tuple[bool, tuple[Callable[..., Any], ...]]:
+    """Whether ``func``'s own source starts a process, and the functions of tests/ it
+    names (a class of tests/: its methods)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(func))
+    except (OSError, TypeError):
+        return False, ()
+    if STARTS.search(source):
+        return True, ()
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+    scope = getattr(func, "__globals__", {})
+    out: list[Callable[..., Any]] = []
+    for name in names:
+        g = scope.get(name)
+        if inspect.isfunction(g) and _in_tests(g):
+            out.append(g)
+        elif inspect.isclass(g) and _in_tests(g):
+            out.extend(m for m in vars(g).values() if inspect.isfunction(m))
+    return False, tuple(out)
+
+
+_STARTS: dict[Callable[..., Any], bool] = {}  # settled answers
+
+
+def _starts_a_process(func: Callable[..., Any],
+                      path: frozenset[Callable[..., Any]] = frozenset()) -> bool:
+    """Whether ``func``, or a function of tests/ it names (followed through names), starts
+    a process. A "no" found while a caller was still open (a cycle) is not kept."""
+    func = inspect.unwrap(func)
+    if func in _STARTS:
+        return _STARTS[func]
+    if func in path:
+        return False
+    starts, named = _direct(func)
+    result = starts or any(_starts_a_process(g, path | {func}) for g in named)
+    if result or not path:
+        _STARTS[func] = result
+    return result
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
