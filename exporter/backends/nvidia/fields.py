@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from exporter.backends.nvidia.calls import Caller
+from exporter.backends.nvidia.calls import Caller, Nvml
 
 FieldKey = tuple[int, int]  # (field id, scope id)
 
@@ -67,7 +67,7 @@ class FieldReader:
         keys = tuple(k for k in wanted if k not in self.dropped)
         if not keys:
             return {}
-        values = self.call.get(errors, "nvmlDeviceGetFieldValues", keys)
+        values = self.call.get(errors, Nvml.DEVICE_GET_FIELD_VALUES, keys)
         if values is None:  # the call itself is unsupported (or failed and was counted)
             return {}
         out: dict[FieldKey, FieldValue] = {}
