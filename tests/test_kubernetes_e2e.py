@@ -141,6 +141,7 @@ def test_every_gpu_process_carries_its_pod(scrape: str) -> None:
                     "detector-6b8d", "transcode-0"}
 
 
+@pytest.mark.golden
 def test_golden_and_promtool(scrape: str) -> None:
     got = normalize(scrape)
     if os.environ.get("UPDATE_GOLDEN") == "1":
