@@ -403,3 +403,21 @@ def test_a_gpu_its_backend_stops_reporting_stays_with_gpu_up_0() -> None:
     here = gone - {("gpu", "1"), ("uuid", "pci-0000:41:00.0")} | {
         ("gpu", "0"), ("uuid", "pci-0000:03:00.0")}
     assert got[("gpu_up", here)] == 1
+
+
+def test_a_gpu_of_a_backend_stale_before_its_first_sample_carries_the_declared_source() -> None:
+    """The contract's ``source`` (not the backend's name, nor a module-level constant)
+    labels the gpu_up 0 series of the GPUs open() returned."""
+    stuck = Scripted("nvidia", ["0000:18:00.0"])
+    stuck.source = "nvml"  # what its samples would carry; this module has no SOURCE
+    stuck.block.clear()
+    hub = Hub(Config(interval=0.05, stale_after=0.3), [stuck])
+    hub.start()
+    try:
+        wait_for(lambda: hub.snapshot.backends[0].stale)
+        got = scrape(hub)
+    finally:
+        stuck.block.set()
+        hub.stop()
+    up = {dict(labels)["source"]: v for (name, labels), v in got.items() if name == "gpu_up"}
+    assert up == {"nvml": 0.0}
