@@ -18,7 +18,6 @@ are measured on the monotonic clock: an NTP step changes nothing.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,15 +42,28 @@ from exporter.backends.base import (
 from exporter.config import Config
 from exporter.energy_split import EnergySplit
 from exporter.joins import JoinSource
+from exporter.labels import ErrorReason
 from exporter.merge import cap_processes as cap_processes  # the rule, for tests and bench
 from exporter.model import BackendSample, DeviceInfo, DeviceSample
-from exporter.state import DURATION_BUCKETS, BackendState, CutCounter, Snapshot
+from exporter.state import DURATION_BUCKETS, BackendState, CutCounter, Snapshot, merged_view
 
 TIMING_INTERVAL = 60.0  # seconds between two debug lines of one backend's cycle time
 log = structlog.get_logger(__name__)
 
 GOOD_CYCLES_TO_RESET = 3  # good cycles in a row before the back-off starts from the bottom
 OPEN_WAIT = 5.0  # how long start() waits for every backend's first open before numbering GPUs
+
+
+class Clock:
+    """The Hub's monotonic clock and its waits (cadence, back-off, watchdog): the real
+    one by default; a test passes one whose time it steps, so back-off needs no sleep."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        """Wait ``seconds`` or until ``stop`` is set; True when it is set."""
+        return stop.wait(seconds)
 
 
 def _restarts_of(backend: SupervisesChild) -> Callable[[], int]:
@@ -71,9 +83,11 @@ class Hub:
 
     def __init__(self, config: Config, backends: Sequence[Backend],
                  listener: Callable[[Snapshot], None] | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, clock: Clock | None = None
+                 ) -> None:
         self.config = config
         self.wall_clock = wall_clock  # timestamps shown to people; never used for ages
+        self.clock = clock or Clock()  # ages, cadence and back-off
         self.backends = list(backends)
         self.listener = listener
         self._lock = threading.Lock()
@@ -97,9 +111,10 @@ class Hub:
         self._threads_by_backend: Mapping[str, threading.Thread] = {}
         self._numbered = False
         self._timing = logs.Every(TIMING_INTERVAL)  # --log.level debug: cycle times
-        self._cuts = CutCounter()
-        # Per-process energy: fed once an interval from publish(), windows up to a few
-        # of the slowest per-process tier (exporter.energy_split).
+        self._cuts = CutCounter()  # fed by _build only, under _publish_lock
+        self._publish_lock = threading.Lock()
+        # Per-process energy: fed each published generation, windows up to a few of the
+        # slowest per-process tier (exporter.energy_split).
         self.energy = EnergySplit(
             config.interval, reading_interval=config.slow_interval,
             max_window=2 * max(config.slow_interval, config.processes_interval) + config.interval)
@@ -107,11 +122,12 @@ class Hub:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._all_attempted = threading.Event()
-        self.snapshot = self._build()
+        with self._publish_lock:
+            self.snapshot = self._build()
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
-        epoch = time.monotonic()
+        epoch = self.clock.now()
         threads: dict[str, threading.Thread] = {}
         for backend in self.backends:
             t = threading.Thread(target=self._run, args=(backend, epoch),
@@ -173,7 +189,7 @@ class Hub:
                 if isinstance(backend, RetriesOpen):
                     delay = min(delay, backend.retry_interval)
             attempt += 1
-            self._stop.wait(delay)
+            self.clock.wait(self._stop, delay)
 
     def _loop(self, backend: Backend, epoch: float) -> int:
         """Sample on the cadence until the handle goes bad; returns the good cycles in a row
@@ -182,7 +198,7 @@ class Hub:
         next_slow = 0.0
         good = 0
         while not self._stop.is_set():
-            now = time.monotonic()
+            now = self.clock.now()
             slow = now >= next_slow
             if slow:
                 next_slow = now + self.config.slow_interval
@@ -194,9 +210,9 @@ class Hub:
                 self._recovered(backend.name)
             # Fixed cadence aligned on a shared epoch, so backends publish together and
             # renders coalesce; a cycle that overran skips the ticks it missed.
-            now = time.monotonic()
+            now = self.clock.now()
             next_tick = epoch + (int((now - epoch) / interval) + 1) * interval
-            self._stop.wait(next_tick - now)
+            self.clock.wait(self._stop, next_tick - now)
         return good
 
     def _open(self, backend: Backend) -> bool:
@@ -214,14 +230,14 @@ class Hub:
                 log.info("backend up", backend=backend.name, gpus=len(infos))
             self._states[backend.name] = replace(
                 state, up=True, reason="", attempted=True, stale=False,
-                alive_at=time.monotonic(), logged="" if not state.failing else state.logged)
+                alive_at=self.clock.now(), logged="" if not state.failing else state.logged)
             for info in infos:
                 self._register(info)
-            # The source label its samples will carry (each backend module's SOURCE), so
+            # The source label its samples will carry (the contract's Backend.source), so
             # the gpu_up 0 series is the one its first sample continues.
-            source = getattr(sys.modules.get(type(backend).__module__), "SOURCE", backend.name)
             self._opened[backend.name] = tuple(
-                DeviceSample(info=i, source=source, up=False) for i in infos if not i.parent_key)
+                DeviceSample(info=i, source=backend.source, up=False)
+                for i in infos if not i.parent_key)
             self._check_attempted()
         return True
 
@@ -239,7 +255,7 @@ class Hub:
             # Its devices stay (gpu_up 0, from its last sample); the traceback is logged
             # once per distinct error, the count goes to errors_total{reason="exception"}.
             _close_quietly(backend)
-            self._count(backend.name, {"exception": 1})
+            self._count(backend.name, {ErrorReason.EXCEPTION: 1})
             self._set_down(backend.name, f"sample raised {e!r}", level="error", exc_info=True,
                            failing=True)
             return None
@@ -303,7 +319,7 @@ class Hub:
             if state.stale:
                 log.info("backend answering again", backend=name)
             self._states[name] = replace(
-                state, last=sample, last_success=sample.timestamp, alive_at=time.monotonic(),
+                state, last=sample, last_success=sample.timestamp, alive_at=self.clock.now(),
                 stale=False, errors_total=errors, duration_buckets=buckets,
                 duration_sum=state.duration_sum + duration, duration_count=state.duration_count + 1,
                 enricher=enricher, joins=joins, child_restarts=child_restarts,
@@ -386,7 +402,7 @@ class Hub:
     def _watchdog(self) -> None:
         """Mark backends stale: wakes only when the next backend could go stale."""
         while True:
-            now = time.monotonic()
+            now = self.clock.now()
             changed = False
             wake = float("inf")
             with self._lock:
@@ -412,28 +428,36 @@ class Hub:
             # period; a backend that comes up is watched from its next deadline on.
             timeout = wake if wake != float("inf") else min(self._stale_after.values(),
                                                             default=60.0)
-            if self._stop.wait(max(timeout, 0.0) + 0.01):
+            if self.clock.wait(self._stop, max(timeout, 0.0) + 0.01):
                 return
 
     def _build(self) -> Snapshot:
-        ready = all(s.attempted and (not s.up or s.last is not None or s.stale)
-                    for s in self._states.values()) and self._numbered
-        self._generation += 1
-        return Snapshot(generation=self._generation, created=self.wall_clock(), ready=ready,
-                        backends=tuple(self._states.values()),
-                        gpu_index={k: v for k, v in self._gpu_index.items() if v >= 0},
-                        seen=self._seen_view, cuts=self._cuts,
+        """The next snapshot; called with ``_publish_lock`` held, so that generations, the
+        merge and the cap's count go in one order. The Hub's state is copied under
+        ``_lock``; the merge runs outside it (backend threads keep accepting samples)."""
+        with self._lock:
+            ready = all(s.attempted and (not s.up or s.last is not None or s.stale)
+                        for s in self._states.values()) and self._numbered
+            self._generation += 1
+            generation, created = self._generation, self.wall_clock()
+            backends = tuple(self._states.values())
+            gpu_index = {k: v for k, v in self._gpu_index.items() if v >= 0}
+            seen, threads = self._seen_view, self._threads_by_backend
+        view = merged_view(backends, seen, gpu_index, self.config.max_processes_per_gpu,
+                           created, self.config.health_xid_window, self.energy, generation)
+        return Snapshot(generation=generation, created=created, ready=ready,
+                        backends=backends, gpu_index=gpu_index, seen=seen,
                         max_processes_per_gpu=self.config.max_processes_per_gpu,
-                        threads=self._threads_by_backend,
-                        health_xid_window=self.config.health_xid_window,
-                        energy=self.energy)
+                        threads=threads, health_xid_window=self.config.health_xid_window,
+                        devices=view.devices, health=view.health,
+                        processes_truncated_total=self._cuts.add(view.cut))
 
     def publish(self) -> Snapshot:
-        with self._lock:
+        """Build, merge and hand out the next snapshot. One publish at a time (whichever
+        thread calls it): listeners get snapshots in generation order."""
+        with self._publish_lock:
             snapshot = self._build()
             self.snapshot = snapshot
-        if self.energy.due():
-            snapshot.devices  # noqa: B018 - the merge feeds the energy split, once an interval
-        if self.listener is not None:
-            self.listener(snapshot)
+            if self.listener is not None:
+                self.listener(snapshot)
         return snapshot

@@ -104,6 +104,7 @@ class Daemon:
 
         import structlog
 
+        from exporter.fs import raise_open_files_limit
         from exporter.reload import Reloader, apply_live
         from exporter.server import bind_sockets, build_app, close_sockets, serve, unix_files
         from exporter.webconfig import load_web_config
@@ -111,6 +112,8 @@ class Daemon:
         config = self.config
         log = structlog.get_logger(__name__)
         limit_malloc_arenas()
+        # Before any backend opens a file: the kept-descriptor budget is sized from it.
+        raise_open_files_limit()
         if config.otlp_only:  # push, with no listening socket (exporter.otlp)
             from exporter.otlp import Pusher, run_push_only
 
@@ -122,7 +125,6 @@ class Daemon:
         web = load_web_config(config.web_config_file) if config.web_config_file else None
         for warning in web.warnings if web else ():
             log.warning("web config", note=warning)
-        raise_open_files_limit()
         try:
             sockets = bind_sockets(config.listen_addresses)
         except OSError as e:
@@ -174,18 +176,3 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         libc.mallopt(M_ARENA_MAX, arenas)
     except (OSError, AttributeError):
         pass
-
-
-def raise_open_files_limit() -> None:
-    """Soft RLIMIT_NOFILE up to the hard limit: connections must not starve the backends."""
-    try:
-        import resource
-    except ImportError:  # not on this platform
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (OSError, ValueError):
-            pass

@@ -30,9 +30,11 @@ from prometheus_client.core import Metric
 from exporter.fieldspec import value_specs
 from exporter.health import Verdict
 from exporter.labels import (
+    Check,
     Clock,
     Direction,
     Engine,
+    FindingCode,
     NvLinkError,
     Profiling,
     RetireCause,
@@ -260,17 +262,22 @@ def _labels(gpu: str, info: DeviceInfo, parent: DeviceInfo, host: str) -> dict[s
 # of its systems, and our finding codes that are one of its DCGM_FR_* codes; the `xid`
 # check has no system of its own there (docs/dcgm-compat.md).
 HEALTH_FAMILY = "DCGM_EXP_GPU_HEALTH_STATUS"
-HEALTH_WATCHES = {"pcie": "PCIE", "interconnect": "NVLINK", "memory": "MEM",
-                  "thermal": "THERMAL", "power": "POWER", "driver": "DRIVER"}
+HEALTH_WATCHES: Mapping[Check, str] = {
+    Check.PCIE: "PCIE", Check.INTERCONNECT: "NVLINK", Check.MEMORY: "MEM",
+    Check.THERMAL: "THERMAL", Check.POWER: "POWER", Check.DRIVER: "DRIVER"}
 HEALTH_RESULTS = (0, 10, 20)
-HEALTH_CODES = {"xid": "DCGM_FR_XID_ERROR", "row_remap_failure": "DCGM_FR_ROW_REMAP_FAILURE",
-                "row_remap_pending": "DCGM_FR_PENDING_ROW_REMAP",
-                "page_retirement_pending": "DCGM_FR_PENDING_PAGE_RETIREMENTS",
-                "ecc_uncorrected": "DCGM_FR_VOLATILE_DBE_DETECTED",
-                "temperature": "DCGM_FR_TEMP_VIOLATION",
-                "throttle_thermal": "DCGM_FR_CLOCK_THROTTLE_THERMAL",
-                "throttle_power": "DCGM_FR_CLOCK_THROTTLE_POWER",
-                "nvlink_down": "DCGM_FR_NVLINK_DOWN"}
+# A finding code not here (ras_uncorrected, recovery_action, gpu_unreadable) has no
+# DCGM_FR_* twin: DCGM_FR_UNKNOWN.
+HEALTH_CODES: Mapping[FindingCode, str] = {
+    FindingCode.XID: "DCGM_FR_XID_ERROR",
+    FindingCode.ROW_REMAP_FAILURE: "DCGM_FR_ROW_REMAP_FAILURE",
+    FindingCode.ROW_REMAP_PENDING: "DCGM_FR_PENDING_ROW_REMAP",
+    FindingCode.PAGE_RETIREMENT_PENDING: "DCGM_FR_PENDING_PAGE_RETIREMENTS",
+    FindingCode.ECC_UNCORRECTED: "DCGM_FR_VOLATILE_DBE_DETECTED",
+    FindingCode.TEMPERATURE: "DCGM_FR_TEMP_VIOLATION",
+    FindingCode.THROTTLE_THERMAL: "DCGM_FR_CLOCK_THROTTLE_THERMAL",
+    FindingCode.THROTTLE_POWER: "DCGM_FR_CLOCK_THROTTLE_POWER",
+    FindingCode.NVLINK_DOWN: "DCGM_FR_NVLINK_DOWN"}
 
 
 def health_family(entries: Iterable[tuple[str, DeviceSample, Verdict]], host: str

@@ -28,6 +28,28 @@ class Kind(str, Enum):
     HISTOGRAM = "histogram"
 
 
+# OTLP point kinds: gauge, sum (monotonic cumulative: a Prometheus counter), updown
+# (non-monotonic cumulative sum: the conventions' UpDownCounter) and histogram.
+GAUGE, SUM, UPDOWN, HISTOGRAM = "gauge", "sum", "updown", "histogram"
+# units.RANGES key -> UCUM unit of the OTLP metric. "count" has none: a family of counts
+# names what it counts, as the conventions do ({error}, {row}).
+UCUM: Mapping[str, str] = MappingProxyType({
+    "": "1", "ratio": "1", "bytes": "By", "bytes_per_second": "By/s", "watts": "W",
+    "joules": "J", "celsius": "Cel", "hertz": "Hz", "seconds": "s", "volts": "V"})
+
+
+@dataclass(frozen=True)
+class Otlp:
+    """How a family is pushed over OTLP (exporter.otlp, docs/otlp.md): declared beside its
+    Prometheus name. ``name`` holds "{key}" for a spec served as one family per key."""
+
+    name: str
+    unit: str = ""  # the UCUM unit; "": from the spec's unit (UCUM above)
+    updown: bool = False  # a non-monotonic sum (the conventions' UpDownCounter), not a gauge
+    labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # label -> attribute
+    constant: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # added to each point
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     """How one value is served: declared once, read by render, merge, docs and dcgm."""
@@ -44,21 +66,36 @@ class MetricSpec:
     per_key: Mapping[str, str] = field(default_factory=lambda: EMPTY)
     # Mapping fields whose keys are owned together in the merge (one engine, one owner).
     group: str = ""
+    otlp: Otlp | None = None  # None only for a value served under dcgm names alone
 
     def family(self, key: str) -> str:
         return self.name.format(key=key)
 
+    def otlp_kind(self) -> str:
+        """The OTLP point kind, from the Prometheus type (``Otlp.updown`` for a gauge that
+        the conventions type as an UpDownCounter)."""
+        if self.kind is Kind.COUNTER:
+            return SUM
+        if self.kind is Kind.HISTOGRAM:
+            return HISTOGRAM
+        return UPDOWN if self.otlp is not None and self.otlp.updown else GAUGE
+
+    def otlp_unit(self) -> str:
+        return (self.otlp.unit if self.otlp is not None else "") or UCUM.get(self.unit, "")
+
 
 def value(name: str, help: str, kind: Kind = Kind.GAUGE, unit: str = "",
-          note: str = "") -> Any:
+          note: str = "", otlp: Otlp | None = None) -> Any:
     """A scalar field: None where the source does not expose it."""
-    return field(default=None, metadata={SPEC: MetricSpec(name, help, kind, unit, note=note)})
+    return field(default=None,
+                 metadata={SPEC: MetricSpec(name, help, kind, unit, note=note, otlp=otlp)})
 
 
 def mapping(name: str, help: str, *labels: str, kind: Kind = Kind.GAUGE, unit: str = "",
-            group: str = "", per_key: Mapping[str, str] = EMPTY, note: str = "") -> Any:
+            group: str = "", per_key: Mapping[str, str] = EMPTY, note: str = "",
+            otlp: Otlp | None = None) -> Any:
     """A mapping field keyed by label value(s): empty where the source exposes none."""
-    spec = MetricSpec(name, help, kind, unit, labels, note, per_key, group)
+    spec = MetricSpec(name, help, kind, unit, labels, note, per_key, group, otlp)
     return field(default_factory=lambda: EMPTY, metadata={SPEC: spec})
 
 

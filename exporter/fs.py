@@ -149,8 +149,27 @@ class _FdBudget:
         with self._lock:
             self.used = max(0, self.used - n)
 
+    def resize(self, limit: int) -> None:
+        """A new limit; descriptors kept beyond it are kept until given back."""
+        with self._lock:
+            self.limit = limit
 
-FD_BUDGET = _FdBudget(kept_fd_limit())
+
+FD_BUDGET = _FdBudget(kept_fd_limit())  # resized by raise_open_files_limit
+
+
+def raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit (connections must not starve the backends),
+    then FD_BUDGET sized after the new limit: the daemon calls it before any backend
+    opens a file."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError):
+            pass
+    FD_BUDGET.resize(kept_fd_limit())
 T = TypeVar("T")
 U64_TEXT = str(units.U64_MAX)  # 2^64-1: a u64 attribute's "no value", never a reading
 

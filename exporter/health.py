@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from exporter.fieldspec import MetricSpec
+from exporter.fieldspec import MetricSpec, Otlp
+from exporter.labels import Check, FindingCode
 from exporter.model import DeviceSample
 
 HEALTHY, DEGRADED, FAILED = 0, 1, 2
 STATUS_NAMES = ("healthy", "degraded", "failed")
-CHECKS = ("thermal", "memory", "xid", "interconnect", "power", "pcie", "driver")
+CHECKS = tuple(Check)
 SOURCE = "health"  # the `source` of both families: a verdict over every source's values
 DEFAULT_XID_WINDOW = 3600.0  # seconds an XID counts towards the verdict (--health.xid-window)
 
@@ -36,24 +37,24 @@ DEFAULT_XID_WINDOW = 3600.0  # seconds an XID counts towards the verdict (--heal
 # application fault never degrades a GPU; RESET_GPU / RESTART_BM codes fail it; codes
 # the catalogue sends to investigation (63 row-remap recorded, 92 high SBE rate, 94 a
 # contained ECC error) degrade it. A code not listed here degrades it (unknown: look).
-XIDS: Mapping[int, tuple[str, int, str]] = {
-    13: ("xid", HEALTHY, "graphics engine exception (application)"),
-    31: ("xid", HEALTHY, "GPU memory page fault (application)"),
-    43: ("xid", HEALTHY, "GPU stopped processing a channel (application)"),
-    45: ("xid", HEALTHY, "preemptive cleanup after an earlier error (application)"),
-    48: ("memory", FAILED, "double-bit ECC error"),
-    61: ("xid", FAILED, "internal micro-controller breakpoint"),
-    62: ("xid", FAILED, "internal micro-controller halt"),
-    63: ("memory", DEGRADED, "row remapping or page retirement recorded; reset to apply"),
-    64: ("memory", FAILED, "row remapping or page retirement failed"),
-    74: ("interconnect", FAILED, "NVLink error"),
-    79: ("pcie", FAILED, "GPU has fallen off the bus"),
-    92: ("memory", DEGRADED, "high single-bit ECC error rate"),
-    94: ("memory", DEGRADED, "contained ECC error"),
-    95: ("memory", FAILED, "uncontained ECC error"),
-    119: ("xid", FAILED, "GSP RPC timeout"),
-    120: ("xid", FAILED, "GSP error"),
-    140: ("memory", FAILED, "unrecovered ECC error"),
+XIDS: Mapping[int, tuple[Check, int, str]] = {
+    13: (Check.XID, HEALTHY, "graphics engine exception (application)"),
+    31: (Check.XID, HEALTHY, "GPU memory page fault (application)"),
+    43: (Check.XID, HEALTHY, "GPU stopped processing a channel (application)"),
+    45: (Check.XID, HEALTHY, "preemptive cleanup after an earlier error (application)"),
+    48: (Check.MEMORY, FAILED, "double-bit ECC error"),
+    61: (Check.XID, FAILED, "internal micro-controller breakpoint"),
+    62: (Check.XID, FAILED, "internal micro-controller halt"),
+    63: (Check.MEMORY, DEGRADED, "row remapping or page retirement recorded; reset to apply"),
+    64: (Check.MEMORY, FAILED, "row remapping or page retirement failed"),
+    74: (Check.INTERCONNECT, FAILED, "NVLink error"),
+    79: (Check.PCIE, FAILED, "GPU has fallen off the bus"),
+    92: (Check.MEMORY, DEGRADED, "high single-bit ECC error rate"),
+    94: (Check.MEMORY, DEGRADED, "contained ECC error"),
+    95: (Check.MEMORY, FAILED, "uncontained ECC error"),
+    119: (Check.XID, FAILED, "GSP RPC timeout"),
+    120: (Check.XID, FAILED, "GSP error"),
+    140: (Check.MEMORY, FAILED, "unrecovered ECC error"),
 }
 # nvml.h nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the
 # backend names it: what the driver says must happen before the GPU is usable again.
@@ -76,34 +77,36 @@ THERMAL_LIMITS: Mapping[str, tuple[tuple[tuple[str, ...], str, int], ...]] = {
 # hwmon/sysfs-interface.rst, amdgpu's thermal.rst).
 LIMIT_STATUS: Mapping[str, int] = {"critical": DEGRADED, "shutdown": FAILED}
 # throttle reason (docs/metrics.md) -> check; sw_power_cap is the power limit doing its job.
-THROTTLES: Mapping[str, str] = {"hw_thermal": "thermal", "sw_thermal": "thermal",
-                                "hw_slowdown": "power", "hw_power_brake": "power"}
+THROTTLES: Mapping[str, Check] = {"hw_thermal": Check.THERMAL, "sw_thermal": Check.THERMAL,
+                                "hw_slowdown": Check.POWER, "hw_power_brake": Check.POWER}
 # RAS block -> (check, status) of its uncorrected errors; None: not about the GPU's health.
 # Blocks not listed (AMD umc, gfx, sdma, ...; NVML's memory locations) are memory (ECC or
 # parity of DRAM and SRAM). Level Zero's zes_ras_error_cat_t: engine resets the driver had
 # to do degrade; driver, compute and fixed-function hardware errors fail the device; cache
 # errors are memory; programming (application) and display errors are no finding.
-RAS_BLOCKS: Mapping[str, tuple[str, int] | None] = {
-    "xgmi_wafl": ("interconnect", FAILED), "pcie_bif": ("pcie", FAILED),
-    "reset": ("driver", DEGRADED), "driver": ("driver", FAILED),
-    "compute": ("driver", FAILED), "non_compute": ("driver", FAILED),
-    "cache": ("memory", FAILED), "programming": None, "display": None,
+RAS_BLOCKS: Mapping[str, tuple[Check, int] | None] = {
+    "xgmi_wafl": (Check.INTERCONNECT, FAILED), "pcie_bif": (Check.PCIE, FAILED),
+    "reset": (Check.DRIVER, DEGRADED), "driver": (Check.DRIVER, FAILED),
+    "compute": (Check.DRIVER, FAILED), "non_compute": (Check.DRIVER, FAILED),
+    "cache": (Check.MEMORY, FAILED), "programming": None, "display": None,
 }
-MEMORY_RAS = ("memory", FAILED)
+MEMORY_RAS = (Check.MEMORY, FAILED)
+THROTTLE_CODES = {Check.THERMAL: FindingCode.THROTTLE_THERMAL,
+                  Check.POWER: FindingCode.THROTTLE_POWER}
 
 
 @dataclass(frozen=True)
 class Finding:
-    check: str
+    check: Check
     status: int
     reason: str  # for people: /snapshot and the landing page
-    code: str  # for programs: what kind of finding (dcgm mode maps it to a DCGM_FR_* code)
+    code: FindingCode  # for programs: what kind (dcgm mode maps it to a DCGM_FR_* code)
 
 
 @dataclass(frozen=True)
 class Verdict:
     status: int
-    checks: Mapping[str, int]  # every check this GPU has inputs for -> its status
+    checks: Mapping[Check, int]  # every check this GPU has inputs for -> its status
     findings: tuple[Finding, ...] = ()  # the reasons of the non-zero checks
 
     def as_dict(self) -> dict[str, object]:
@@ -118,30 +121,33 @@ def _xid(d: DeviceSample, now: float, window: float) -> Iterable[Finding]:
         seen = d.xid_seen_seconds.get(code)
         if count <= 0 or seen is None or now - seen > window:
             continue
-        check, status, text = XIDS.get(code, ("xid", DEGRADED, "not in NVIDIA's catalogue"))
+        check, status, text = XIDS.get(code,
+                                       (Check.XID, DEGRADED, "not in NVIDIA's catalogue"))
         if status:
-            yield Finding(check, status, f"XID {code}: {text}", "xid")
+            yield Finding(check, status, f"XID {code}: {text}", FindingCode.XID)
 
 
 def _memory(d: DeviceSample) -> Iterable[Finding]:
     if d.remap_failed:
-        yield Finding("memory", FAILED, "row remapping failed: no spare rows left",
-                      "row_remap_failure")
+        yield Finding(Check.MEMORY, FAILED, "row remapping failed: no spare rows left",
+                      FindingCode.ROW_REMAP_FAILURE)
     if d.remap_pending:
-        yield Finding("memory", DEGRADED, "row remap pending: reset the GPU to apply it",
-                      "row_remap_pending")
+        yield Finding(Check.MEMORY, DEGRADED, "row remap pending: reset the GPU to apply it",
+                      FindingCode.ROW_REMAP_PENDING)
     if d.retired_pages_pending:
-        yield Finding("memory", DEGRADED, "page retirement pending: reset the GPU to apply it",
-                      "page_retirement_pending")
+        yield Finding(Check.MEMORY, DEGRADED,
+                      "page retirement pending: reset the GPU to apply it",
+                      FindingCode.PAGE_RETIREMENT_PENDING)
     if d.ecc_errors.get("uncorrected", 0) > 0:
-        yield Finding("memory", FAILED,
+        yield Finding(Check.MEMORY, FAILED,
                       f"{d.ecc_errors['uncorrected']} uncorrected ECC errors since driver load",
-                      "ecc_uncorrected")
+                      FindingCode.ECC_UNCORRECTED)
     for (block, severity), n in sorted(d.ras_errors.items()):
         rule = RAS_BLOCKS.get(block, MEMORY_RAS)
         if rule is not None and severity == "uncorrected" and n > 0:
             yield Finding(rule[0], rule[1], f"{n} uncorrected RAS errors in {block}",
-                          "ecc_uncorrected" if rule[0] == "memory" else "ras_uncorrected")
+                          FindingCode.ECC_UNCORRECTED if rule[0] == Check.MEMORY
+                          else FindingCode.RAS_UNCORRECTED)
 
 
 def _limits(d: DeviceSample) -> Iterable[tuple[str, str, float, int]]:
@@ -164,58 +170,60 @@ def _thermal(d: DeviceSample) -> Iterable[Finding]:
     for sensor, threshold, limit, status in _limits(d):
         value = d.temperatures_celsius.get(sensor)
         if value is not None and value >= limit:
-            yield Finding("thermal", status,
+            yield Finding(Check.THERMAL, status,
                           f"{sensor} {value:g} °C at or above its {threshold} {limit:g} °C",
-                          "temperature")
+                          FindingCode.TEMPERATURE)
     for reason, active in sorted(d.throttle_reasons.items()):
         check = THROTTLES.get(reason)
         if active and check:
-            yield Finding(check, DEGRADED, f"clocks held back: {reason}", f"throttle_{check}")
+            yield Finding(check, DEGRADED, f"clocks held back: {reason}",
+                          THROTTLE_CODES[check])
 
 
 def _interconnect(d: DeviceSample) -> Iterable[Finding]:
     # The backends report a link once it has been up, so a link that reads down was up.
     down = sorted(link for (link, _remote), up in d.nvlink_up.items() if not up)
     if down:
-        yield Finding("interconnect", DEGRADED, f"links down that were up: {', '.join(down)}",
-                      "nvlink_down")
+        yield Finding(Check.INTERCONNECT, DEGRADED,
+                      f"links down that were up: {', '.join(down)}", FindingCode.NVLINK_DOWN)
 
 
 def _recovery(d: DeviceSample) -> Iterable[Finding]:
     action = d.recovery_action
     status = RECOVERY_ACTIONS.get(action or "none", DEGRADED)
     if status:
-        yield Finding("driver", status, f"driver asks for recovery action {action}",
-                      "recovery_action")
+        yield Finding(Check.DRIVER, status, f"driver asks for recovery action {action}",
+                      FindingCode.RECOVERY_ACTION)
 
 
-def _inputs(d: DeviceSample) -> set[str]:
+def _inputs(d: DeviceSample) -> set[Check]:
     """The checks this GPU has inputs for."""
     ras = {rule[0] for block, _ in d.ras_errors
            if (rule := RAS_BLOCKS.get(block, MEMORY_RAS)) is not None}
-    have = {"driver"} | ras
-    if d.temperatures_celsius or any(THROTTLES.get(r) == "thermal" for r in d.throttle_reasons):
-        have.add("thermal")
+    have = {Check.DRIVER} | ras
+    if d.temperatures_celsius or any(THROTTLES.get(r) == Check.THERMAL
+                                     for r in d.throttle_reasons):
+        have.add(Check.THERMAL)
     if d.ecc_errors or d.remapped_rows or d.remap_failed is not None or d.retired_pages:
-        have.add("memory")
+        have.add(Check.MEMORY)
     if d.xid_last is not None:  # registered for XID events
-        have.add("xid")
+        have.add(Check.XID)
     if d.nvlink_up:
-        have.add("interconnect")
-    if any(THROTTLES.get(r) == "power" for r in d.throttle_reasons):
-        have.add("power")
+        have.add(Check.INTERCONNECT)
+    if any(THROTTLES.get(r) == Check.POWER for r in d.throttle_reasons):
+        have.add(Check.POWER)
     if d.pcie_link_width is not None or d.xid_last is not None:
-        have.add("pcie")
+        have.add(Check.PCIE)
     return have
 
 
 def evaluate(d: DeviceSample, now: float, xid_window: float = DEFAULT_XID_WINDOW) -> Verdict:
     """The verdict of one merged, whole-GPU sample at wall-clock time ``now``."""
     if not d.up:
-        finding = Finding("driver", FAILED,
+        finding = Finding(Check.DRIVER, FAILED,
                           "GPU cannot be read: lost, fallen off the bus, or its driver stopped "
-                          "answering", "gpu_unreadable")
-        return Verdict(FAILED, {"driver": FAILED}, (finding,))
+                          "answering", FindingCode.GPU_UNREADABLE)
+        return Verdict(FAILED, {Check.DRIVER: FAILED}, (finding,))
     findings = [*_xid(d, now, xid_window), *_memory(d), *_thermal(d), *_interconnect(d),
                 *_recovery(d)]
     present = _inputs(d) | {f.check for f in findings}
@@ -236,11 +244,13 @@ def verdicts(devices: Sequence[tuple[str, DeviceSample]], now: float,
 STATUS = MetricSpec("gpu_health_status",
                     "Health verdict of the GPU: 0 healthy, 1 degraded, 2 failed (the worst check).",
                     note="Source `health`; the reasons are in `/snapshot` and on `/` "
-                    "(see health.md).")
+                    "(see health.md).",
+                    otlp=Otlp("gpu.health.status"))
 CHECK = MetricSpec("gpu_health_check_status",
                    "One health check of the GPU: 0 healthy, 1 degraded, 2 failed.",
                    labels=("check",), note="`check` is " + ", ".join(f"`{c}`" for c in CHECKS)
-                   + "; a check is served where the GPU has its inputs.")
+                   + "; a check is served where the GPU has its inputs.",
+                   otlp=Otlp("gpu.health.check.status"))
 LABELS = ("gpu", "uuid", "vendor", "source")
 
 

@@ -146,9 +146,78 @@ class Profiling(Vocabulary):
     FP64_ACTIVE = "fp64_active"
 
 
+class Check(Vocabulary):
+    """``gpu_health_check_status{check}``: the health checks (exporter.health), in the
+    order served."""
+
+    THERMAL = "thermal"
+    MEMORY = "memory"
+    XID = "xid"
+    INTERCONNECT = "interconnect"
+    POWER = "power"
+    PCIE = "pcie"
+    DRIVER = "driver"
+
+
+class FindingCode(Vocabulary):
+    """What kind of health finding (``/snapshot``'s ``code``; dcgm mode maps some to a
+    DCGM_FR_* code)."""
+
+    XID = "xid"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    ROW_REMAP_PENDING = "row_remap_pending"
+    PAGE_RETIREMENT_PENDING = "page_retirement_pending"
+    ECC_UNCORRECTED = "ecc_uncorrected"
+    RAS_UNCORRECTED = "ras_uncorrected"
+    TEMPERATURE = "temperature"
+    THROTTLE_THERMAL = "throttle_thermal"
+    THROTTLE_POWER = "throttle_power"
+    NVLINK_DOWN = "nvlink_down"
+    RECOVERY_ACTION = "recovery_action"
+    GPU_UNREADABLE = "gpu_unreadable"
+
+
+class ErrorReason(Vocabulary):
+    """``gpu_exporter_collection_errors_total{reason}``: why a collection dropped a value,
+    a device or a process. One word per cause, whichever backend meets it."""
+
+    PARSE = "parse"  # a value or line that is not what its format says
+    PERMISSION = "permission"  # the kernel or library refused (EACCES, NO_PERMISSION)
+    GPU_LOST = "gpu_lost"  # the GPU is gone from under the backend
+    READ = "read"  # a read that failed otherwise (a perf counter, ...)
+    UNREADABLE = "unreadable"  # a file that exists but cannot be read
+    VANISHED = "vanished"  # a process that exited mid-scan
+    DRM_LISTING = "drm_listing"  # the DRM card listing failed; the last known one is used
+    COUNTER_RESET = "counter_reset"  # a counter that went back: that interval is dropped
+    BUDGET = "budget"  # the /proc scan ran out of its time budget
+    TOO_LARGE = "too_large"  # an fdinfo file larger than any real one
+    UNKNOWN_DEVICE = "unknown_device"  # a DRM client of no GPU of this machine
+    CARD = "card"  # a card torn down mid-read
+    INTERNAL = "internal"  # a reader's own bug, caught: the card keeps its other values
+    GPU_METRICS = "gpu_metrics"  # amdgpu's gpu_metrics table unusable
+    XID_EVENT = "xid_event"  # NVML's event wait failed
+    EXCEPTION = "exception"  # sample() raised: the backend is reopened
+    NVML_ERROR = "nvml_error"  # a library call failed otherwise (backends.calls)
+    AMDSMI_ERROR = "amdsmi_error"
+    LEVEL_ZERO_ERROR = "level_zero_error"
+    CHILD_START_FAILED = "child_start_failed"  # macmon
+    CHILD_GARBAGE = "child_garbage"
+    CHILD_EXITED = "child_exited"
+    CHILD_HUNG = "child_hung"
+    UNKNOWN_DEVICE_ID = "unknown_device_id"  # a kubelet device id in no known format
+    POD_LABEL_CONFLICT = "pod_label_conflict"
+    CGROUP_UNREADABLE = "cgroup_unreadable"
+    CGROUP_FORMAT = "cgroup_format"
+    CDI_SPEC_UNREADABLE = "cdi_spec_unreadable"
+    CDI_DEVICE_UNKNOWN = "cdi_device_unknown"
+    CDI_DEVICE_CONFLICT = "cdi_device_conflict"
+    DRA_DEVICE_NODE_UNKNOWN = "dra_device_node_unknown"
+    DRA_DEVICE_SHARED = "dra_device_shared"
+
+
 # label name -> its closed vocabulary (a label not named here is open).
 VOCABULARIES: dict[str, type[Vocabulary]] = {
     "sensor": Sensor, "threshold": Threshold, "clock": Clock, "reason": ThrottleReason,
     "direction": Direction, "severity": Severity, "cause": RetireCause, "type": NvLinkError,
-    "remote": Remote,
+    "remote": Remote, "check": Check,
 }

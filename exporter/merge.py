@@ -32,7 +32,7 @@ configuration and simply goes when it is no longer reported.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
 import structlog
@@ -51,6 +51,16 @@ INFO_FIELDS = tuple(f.name for f in fields(DeviceInfo))
 KEY_GROUPS: Mapping[str, str] = {
     name: spec.group for name, spec in (*value_specs(DeviceValues), *value_specs(ProcessSample))
     if spec.group}
+
+
+def _mappings(cls: type) -> frozenset[str]:
+    """The value fields of ``cls`` that are mappings (merged key by key): those with a
+    default factory (fieldspec.mapping), known up front instead of an isinstance per value."""
+    return frozenset(f.name for f in fields(cls)
+                     if f.name in dict(value_specs(cls)) and f.default_factory is not MISSING)
+
+
+DEVICE_MAPPINGS, PROCESS_MAPPINGS = _mappings(DeviceValues), _mappings(ProcessSample)
 
 
 @dataclass(frozen=True)
@@ -85,8 +95,9 @@ def _first_info(infos: Sequence[DeviceInfo]) -> DeviceInfo:
     return replace(best, **changes) if changes else best
 
 
-def _merge_values(samples: Sequence[Any], names: Iterable[str], source_of: Callable[..., str],
-                  base_source: str) -> tuple[dict[str, Any], dict[Any, str]]:
+def _merge_values(samples: Sequence[Any], names: Iterable[str], mappings: frozenset[str],
+                  source_of: Callable[..., str], base_source: str
+                  ) -> tuple[dict[str, Any], dict[Any, str]]:
     """Field-by-field (and key-by-key) merge of ``samples`` in priority order.
 
     Returns the merged field values and the sources that differ from ``base_source``.
@@ -95,18 +106,21 @@ def _merge_values(samples: Sequence[Any], names: Iterable[str], source_of: Calla
     out: dict[str, Any] = {}
     sources: dict[Any, str] = {}
     owners: dict[tuple[str, Any], int] = {}  # (key group, key) -> index of owning sample
-    for index, sample in enumerate(samples):
-        for name, owned_by in KEY_GROUPS.items():
-            for key in getattr(sample, name, None) or ():
-                owners.setdefault((owned_by, key), index)
+    if len(samples) > 1:
+        for index, sample in enumerate(samples):
+            for name, owned_by in KEY_GROUPS.items():
+                for key in getattr(sample, name, None) or ():
+                    owners.setdefault((owned_by, key), index)
     for name in names:
-        group = KEY_GROUPS.get(name)
+        group = KEY_GROUPS.get(name) if owners else None
         merged: dict[Any, Any] | None = None
         for index, sample in enumerate(samples):
             value = getattr(sample, name)
             if value is None:
                 continue
-            if isinstance(value, Mapping):
+            if name in mappings:
+                if not value:
+                    continue
                 if merged is None:
                     merged = {}
                 for key, v in value.items():
@@ -133,38 +147,35 @@ def _device_source(d: DeviceSample, name: str, key: Any) -> str:
     return d.source_of(name, key)
 
 
-def _process_source(p: tuple[ProcessSample, str], name: str, key: Any) -> str:
-    sample, default = p
-    return sample.field_sources.get((name, key)) or sample.field_sources.get(name) or default
-
-
-class _ProcessView:
-    """A ProcessSample seen through getattr, with the source of its device."""
-
-    def __init__(self, sample: ProcessSample, source: str) -> None:
-        self.sample, self.source = sample, source
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.sample, name)
-
-
 def merge_processes(samples: Sequence[tuple[DeviceSample, Sequence[ProcessSample]]]
                     ) -> tuple[ProcessSample, ...]:
     """Processes of one device from several sources, pid by pid, in priority order."""
-    by_pid: dict[int, list[_ProcessView]] = {}
+    by_pid: dict[int, list[ProcessSample]] = {}
+    device_source: dict[int, str] = {}  # id(process sample) -> the source of its device
     for device, processes in samples:
         source = device.source_of("processes")
         for p in processes:
-            by_pid.setdefault(p.pid, []).append(_ProcessView(p, source))
+            by_pid.setdefault(p.pid, []).append(p)
+            device_source[id(p)] = source
+
+    def source_of(sample: ProcessSample, name: str, key: Any) -> str:
+        fs = sample.field_sources
+        return (fs.get((name, key)) or fs.get(name) if fs else None) or device_source[id(sample)]
+
     out = []
     for views in by_pid.values():
-        base = views[0].source
-        values, sources = _merge_values(
-            views, PROCESS_VALUE_FIELDS,
-            lambda v, name, key: _process_source((v.sample, v.source), name, key), base)
-        first = views[0].sample
-        name = next((v.sample.process for v in views if v.sample.process), first.process)
-        out.append(replace(first, process=name, source=base, field_sources=sources, **values))
+        first = views[0]
+        base = device_source[id(first)]
+        values, sources = _merge_values(views, PROCESS_VALUE_FIELDS, PROCESS_MAPPINGS,
+                                         source_of, base)
+        name = next((v.process for v in views if v.process), first.process)
+        # dataclasses.replace() without re-running __init__ (a third of a merge of 512
+        # processes): ProcessSample has no __post_init__ and keeps only its fields in
+        # __dict__, as DeviceValues.overlay relies on too (tests/test_model_overlay.py).
+        merged = object.__new__(ProcessSample)
+        merged.__dict__.update(first.__dict__)
+        merged.__dict__.update(values, process=name, source=base, field_sources=sources)
+        out.append(merged)
     out.sort(key=lambda p: (-(p.memory_used_bytes or 0.0), p.pid))
     return tuple(out)
 
@@ -180,7 +191,8 @@ def merge_device(group: Sequence[tuple[View, DeviceSample]]) -> DeviceSample | N
     if not up:
         return DeviceSample(info=info, source=lead.source, up=False)
     live = [d for v, d in group if v.serving and d.up]
-    values, sources = _merge_values(live, VALUE_FIELDS, _device_source, lead.source)
+    values, sources = _merge_values(live, VALUE_FIELDS, DEVICE_MAPPINGS, _device_source,
+                                     lead.source)
     processes = merge_processes([(d, d.processes) for d in live if d.processes])
     return DeviceSample(info=info, source=lead.source, up=True, field_sources=sources,
                         processes=processes, **values)

@@ -1,13 +1,21 @@
-"""docs/metrics.md, generated from the field table that render serves, so the two cannot drift.
+"""The generated docs, from the declarations the exporter serves, so the two cannot drift.
 
-Every row comes from a ``MetricSpec``: the value fields of ``exporter.model``, the
-``gpu_info``/``gpu_up``/allocation specs of ``render.families`` and the ``gpu_exporter_*``
-specs of ``render.selfmetrics``. The help column is the HELP text served, then the spec's
-note. ``python -m exporter.metricsdoc > docs/metrics.md``; tests/test_metricsdoc.py fails
-when the committed file differs from what this prints.
+``python -m exporter.metricsdoc`` (in a checkout) writes every generated doc: docs/metrics.md,
+the mapping table of docs/otlp.md (exporter.catalogue), and, from the goldens in
+tests/golden, docs/coverage.md and the counts of docs/cardinality.md (tests/coverage_matrix);
+regenerate the goldens first (``UPDATE_GOLDEN=1 python -m pytest -m golden``).
+tests/test_metricsdoc.py fails when a committed file differs from what this writes.
+
+Every row of docs/metrics.md comes from a ``MetricSpec``: the value fields of
+``exporter.model``, the ``gpu_info``/``gpu_up``/allocation specs of ``render.families`` and
+the ``gpu_exporter_*`` specs of ``render.selfmetrics``. The help column is the HELP text
+served, then the spec's note.
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 from exporter import health, slurm
 from exporter.fieldspec import MetricSpec
@@ -89,5 +97,41 @@ def generate() -> str:
     return "\n".join(lines)
 
 
+OTLP_TABLE = "| Prometheus family | OTLP name |"
+
+
+def _otlp_doc(text: str) -> str:
+    """docs/otlp.md with its mapping table replaced by the catalogue's."""
+    from exporter.catalogue import otlp_table
+
+    head, rest = text.split(OTLP_TABLE, 1)
+    lines = rest.split("\n")
+    end = next(i for i, line in enumerate(lines) if i and not line.startswith("|"))
+    return head + otlp_table() + "\n".join(lines[end:])
+
+
+def outputs(root: Path) -> dict[Path, str]:
+    """Every generated doc of the checkout at ``root``: path -> what it must hold."""
+    docs = root / "docs"
+    out = {docs / "metrics.md": generate(),
+           docs / "otlp.md": _otlp_doc((docs / "otlp.md").read_text())}
+    if (root / "tests" / "coverage_matrix.py").exists():  # the goldens' docs
+        sys.path.insert(0, str(root))
+        from tests import coverage_matrix
+
+        out[docs / "coverage.md"] = coverage_matrix.page()
+        out[docs / "cardinality.md"] = coverage_matrix.cardinality(
+            (docs / "cardinality.md").read_text())
+    return out
+
+
+def main() -> None:
+    root = Path(__file__).resolve().parent.parent
+    for path, text in outputs(root).items():
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(root)}")
+
+
 if __name__ == "__main__":
-    print(generate(), end="")
+    main()

@@ -24,7 +24,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import cache
 from typing import Any
 
-from exporter.fieldspec import EMPTY, Kind, empty, mapping, value, value_specs
+from exporter.fieldspec import EMPTY, Kind, Otlp, empty, mapping, value, value_specs
 from exporter.labels import Profiling
 
 
@@ -82,24 +82,30 @@ class ProcessSample:
     process: str  # the kernel's comm, already decoded safely
     memory_used_bytes: float | None = value(
         "gpu_process_memory_used_bytes",
-        "Device-local memory used by the process on this GPU.", unit="bytes")
+        "Device-local memory used by the process on this GPU.", unit="bytes",
+        otlp=Otlp("gpu.process.memory.usage"))
     shared_memory_used_bytes: float | None = value(  # GTT / system memory charged to it
         "gpu_process_shared_memory_used_bytes",
-        "System (GTT) memory charged to the process for this GPU.", unit="bytes")
+        "System (GTT) memory charged to the process for this GPU.", unit="bytes",
+        otlp=Otlp("gpu.process.shared_memory.usage"))
     utilization_ratio: Mapping[str, float] = mapping(  # engine -> 0..1
         "gpu_process_utilization_ratio", "Fraction of time the process kept an engine busy.",
-        "engine", unit="ratio")
+        "engine", unit="ratio",
+        otlp=Otlp("gpu.process.utilization"))
     engine_busy_seconds: Mapping[str, float] = mapping(  # engine -> counter
         "gpu_process_engine_busy_seconds_total", "Engine time used by the process.", "engine",
-        kind=Kind.COUNTER, unit="seconds")
+        kind=Kind.COUNTER, unit="seconds",
+        otlp=Otlp("gpu.process.engine.busy_time"))
     host_memory_bytes: float | None = value(  # RSS
         "gpu_process_host_memory_bytes", "Resident host memory (RSS) of the GPU process.",
-        unit="bytes")
+        unit="bytes",
+        otlp=Otlp("gpu.process.host_memory.usage"))
     # Filled after the merge by exporter.energy_split, never by a backend.
     energy_joules: float | None = value(
         "gpu_process_energy_joules_total",
         "GPU energy attributed to the process by its share of engine busy time.",
-        Kind.COUNTER, unit="joules", note="Source `estimate` (docs/energy.md).")
+        Kind.COUNTER, unit="joules", note="Source `estimate` (docs/energy.md).",
+        otlp=Otlp("gpu.process.energy"))
     container: str | None = None
     pod: str | None = None
     namespace: str | None = None
@@ -138,119 +144,164 @@ class DeviceValues:
     sample) and the value part of every ``DeviceSample``. Declared in the order served."""
 
     utilization_ratio: float | None = value(
-        "gpu_utilization_ratio", "Fraction of time the GPU was busy.", unit="ratio")
+        "gpu_utilization_ratio", "Fraction of time the GPU was busy.", unit="ratio",
+        otlp=Otlp("hw.gpu.utilization", constant={"hw.gpu.task": "general"}))
     memory_utilization_ratio: float | None = value(
         "gpu_memory_utilization_ratio", "Fraction of time the memory controller was busy.",
-        unit="ratio")
+        unit="ratio",
+        otlp=Otlp("gpu.memory.controller.utilization"))
     memory_total_bytes: float | None = value(
-        "gpu_memory_total_bytes", "Device-local memory in total.", unit="bytes")
+        "gpu_memory_total_bytes", "Device-local memory in total.", unit="bytes",
+        otlp=Otlp("hw.gpu.memory.limit", updown=True))
     memory_used_bytes: float | None = value(
-        "gpu_memory_used_bytes", "Device-local memory in use.", unit="bytes")
+        "gpu_memory_used_bytes", "Device-local memory in use.", unit="bytes",
+        otlp=Otlp("hw.gpu.memory.usage", updown=True))
     memory_free_bytes: float | None = value(
-        "gpu_memory_free_bytes", "Device-local memory free.", unit="bytes")
+        "gpu_memory_free_bytes", "Device-local memory free.", unit="bytes",
+        otlp=Otlp("gpu.memory.free"))
     memory_reserved_bytes: float | None = value(
-        "gpu_memory_reserved_bytes", "Device-local memory reserved by the driver.", unit="bytes")
+        "gpu_memory_reserved_bytes", "Device-local memory reserved by the driver.", unit="bytes",
+        otlp=Otlp("gpu.memory.reserved"))
     shared_memory_total_bytes: float | None = value(
         "gpu_shared_memory_total_bytes", "System memory the GPU can map (GTT, unified memory).",
-        unit="bytes")
+        unit="bytes",
+        otlp=Otlp("gpu.shared_memory.limit"))
     shared_memory_used_bytes: float | None = value(
         "gpu_shared_memory_used_bytes", "System memory mapped for the GPU in use.",
-        unit="bytes")
+        unit="bytes",
+        otlp=Otlp("gpu.shared_memory.usage"))
     power_watts: float | None = value(
-        "gpu_power_watts", "Current power draw.", unit="watts")
+        "gpu_power_watts", "Current power draw.", unit="watts",
+        otlp=Otlp("hw.power"))
     power_instant_watts: float | None = value(  # where the source splits it from the average
         "gpu_power_instant_watts",
         "Instantaneous power draw, where the source splits it from the averaged one.",
-        unit="watts")
+        unit="watts",
+        otlp=Otlp("gpu.power.instant"))
     power_limit_watts: float | None = value(
-        "gpu_power_limit_watts", "Enforced power limit.", unit="watts")
+        "gpu_power_limit_watts", "Enforced power limit.", unit="watts",
+        otlp=Otlp("gpu.power.limit"))
     energy_joules: float | None = value(  # counter since driver load
         "gpu_energy_joules_total", "Energy consumed since the driver loaded.", Kind.COUNTER,
-        unit="joules")
+        unit="joules",
+        otlp=Otlp("hw.energy"))
     # Filled after the merge by exporter.energy_split, never by a backend.
     idle_energy_joules: float | None = value(
         "gpu_idle_energy_joules_total",
         "GPU energy attributed to no process: idle time, and all of it where per-process "
         "engine data is missing.", Kind.COUNTER, unit="joules",
-        note="Source `estimate` (docs/energy.md).")
+        note="Source `estimate` (docs/energy.md).",
+        otlp=Otlp("gpu.idle_energy"))
     performance_state: int | None = value(
-        "gpu_performance_state", "Performance state (P-state number).")
+        "gpu_performance_state", "Performance state (P-state number).",
+        otlp=Otlp("gpu.performance_state"))
     pcie_link_generation: int | None = value(
-        "gpu_pcie_link_generation", "Current PCIe link generation.")
+        "gpu_pcie_link_generation", "Current PCIe link generation.",
+        otlp=Otlp("gpu.pcie.link.generation"))
     pcie_link_width: int | None = value(
-        "gpu_pcie_link_width", "Current PCIe link width (lanes).")
+        "gpu_pcie_link_width", "Current PCIe link width (lanes).",
+        otlp=Otlp("gpu.pcie.link.width", "{lane}"))
     pcie_link_max_generation: int | None = value(
-        "gpu_pcie_link_max_generation", "Maximum PCIe generation.")
+        "gpu_pcie_link_max_generation", "Maximum PCIe generation.",
+        otlp=Otlp("gpu.pcie.link.max_generation"))
     pcie_link_max_width: int | None = value(
-        "gpu_pcie_link_max_width", "Maximum PCIe link width (lanes).")
+        "gpu_pcie_link_max_width", "Maximum PCIe link width (lanes).",
+        otlp=Otlp("gpu.pcie.link.max_width", "{lane}"))
     pcie_replay_errors: int | None = value(
-        "gpu_pcie_replay_errors_total", "PCIe replay errors.", Kind.COUNTER, unit="count")
+        "gpu_pcie_replay_errors_total", "PCIe replay errors.", Kind.COUNTER, unit="count",
+        otlp=Otlp("gpu.pcie.replay_errors", "{error}"))
     remap_failed: bool | None = value(
-        "gpu_memory_remap_failed", "1 if a memory row remapping failed.")
+        "gpu_memory_remap_failed", "1 if a memory row remapping failed.",
+        otlp=Otlp("gpu.memory.remap.failed"))
     remap_pending: bool | None = value(  # a row remap waits for the next GPU reset
-        "gpu_memory_remap_pending", "1 while a memory row remap waits for the next GPU reset.")
+        "gpu_memory_remap_pending", "1 while a memory row remap waits for the next GPU reset.",
+        otlp=Otlp("gpu.memory.remap.pending"))
     xid_last_timestamp_seconds: float | None = value(  # wall clock of the newest XID event
         "gpu_xid_last_timestamp_seconds",
-        "When the most recent XID event happened (seconds since the epoch).")
+        "When the most recent XID event happened (seconds since the epoch).",
+        otlp=Otlp("gpu.xid.last_timestamp", "s"))
     # Code of the newest XID event; 0 for a GPU registered for XID events that has had none
     # yet. Served only under dcgm-exporter's name (DCGM_FI_DEV_XID_ERRORS, a last-value gauge).
     xid_last: int | None = value("", "Code of the newest XID event (0: none since start).")
 
     temperatures_celsius: Mapping[str, float] = mapping(
-        "gpu_temperature_celsius", "Temperature by sensor.", "sensor", unit="celsius")
+        "gpu_temperature_celsius", "Temperature by sensor.", "sensor", unit="celsius",
+        otlp=Otlp("hw.temperature", labels={"sensor": "hw.sensor_location"}))
     temperature_thresholds_celsius: Mapping[str, float] = mapping(
         "gpu_temperature_threshold_celsius", "Temperature thresholds.", "threshold",
-        unit="celsius")
+        unit="celsius",
+        otlp=Otlp("gpu.temperature.threshold"))
     fan_speed_ratio: Mapping[str, float] = mapping(
-        "gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum.", "fan", unit="ratio")
+        "gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum.", "fan", unit="ratio",
+        otlp=Otlp("gpu.fan.speed_ratio"))
+    voltages_volts: Mapping[str, float] = mapping(  # hwmon inN_label -> V
+        "gpu_voltage_volts", "Voltage by rail.", "rail", unit="volts",
+        otlp=Otlp("gpu.voltage"))
     clocks_hertz: Mapping[str, float] = mapping(
-        "gpu_clock_hertz", "Current clock frequency.", "clock", unit="hertz")
+        "gpu_clock_hertz", "Current clock frequency.", "clock", unit="hertz",
+        otlp=Otlp("gpu.clock.frequency"))
     clocks_max_hertz: Mapping[str, float] = mapping(
-        "gpu_clock_max_hertz", "Maximum clock frequency.", "clock", unit="hertz")
+        "gpu_clock_max_hertz", "Maximum clock frequency.", "clock", unit="hertz",
+        otlp=Otlp("gpu.clock.max_frequency"))
     throttle_reasons: Mapping[str, bool] = mapping(  # reason -> active
-        "gpu_clock_throttle_active", "1 while this clock throttle reason is active.", "reason")
+        "gpu_clock_throttle_active", "1 while this clock throttle reason is active.", "reason",
+        otlp=Otlp("gpu.clock.throttle.active"))
     clock_event_seconds: Mapping[str, float] = mapping(  # throttle reason -> counter
         "gpu_clock_event_seconds_total", "Time the clocks were held back by this reason.",
-        "reason", kind=Kind.COUNTER, unit="seconds")
+        "reason", kind=Kind.COUNTER, unit="seconds",
+        otlp=Otlp("gpu.clock.event.time"))
     pcie_throughput_bytes_per_second: Mapping[str, float] = mapping(  # tx / rx
         "gpu_pcie_throughput_bytes_per_second", "PCIe throughput.", "direction",
-        unit="bytes_per_second")
+        unit="bytes_per_second",
+        otlp=Otlp("gpu.pcie.throughput"))
     engine_utilization_ratio: Mapping[str, float] = mapping(  # engine -> 0..1
         "gpu_engine_utilization_ratio", "Fraction of time an engine was busy.", "engine",
-        unit="ratio", group="engine")
+        unit="ratio", group="engine",
+        otlp=Otlp("gpu.engine.utilization"))
     engine_busy_seconds: Mapping[str, float] = mapping(  # engine -> counter
         "gpu_engine_busy_seconds_total", "Time an engine was busy.", "engine",
-        kind=Kind.COUNTER, unit="seconds", group="engine")
+        kind=Kind.COUNTER, unit="seconds", group="engine",
+        otlp=Otlp("gpu.engine.busy_time"))
     ecc_errors: Mapping[str, int] = mapping(  # corrected / uncorrected -> counter
         "gpu_ecc_errors_total", "ECC errors since the driver loaded.", "severity",
-        kind=Kind.COUNTER, unit="count")
+        kind=Kind.COUNTER, unit="count",
+        otlp=Otlp("gpu.ecc.errors", "{error}"))
     remapped_rows: Mapping[str, int] = mapping(
-        "gpu_memory_remapped_rows", "Memory rows remapped.", "severity", unit="count")
+        "gpu_memory_remapped_rows", "Memory rows remapped.", "severity", unit="count",
+        otlp=Otlp("gpu.memory.remapped_rows", "{row}"))
     retired_pages: Mapping[str, int] = mapping(  # single_bit / double_bit -> pages
         "gpu_memory_retired_pages", "Memory pages retired (pre-Ampere page retirement).",
-        "cause", unit="count")
+        "cause", unit="count",
+        otlp=Otlp("gpu.memory.retired_pages", "{page}"))
     xid_errors: Mapping[int, int] = mapping(  # XID code -> counter
         "gpu_xid_errors_total", "NVIDIA XID error events by code.", "xid", kind=Kind.COUNTER,
-        unit="count")
+        unit="count",
+        otlp=Otlp("gpu.xid.errors", "{error}"))
     memory_bandwidth_bytes_per_second: Mapping[str, float] = mapping(  # read / write
         "gpu_memory_bandwidth_bytes_per_second",
         "Device memory bandwidth, where the source measures it.", "direction",
-        unit="bytes_per_second")
+        unit="bytes_per_second",
+        otlp=Otlp("gpu.memory.bandwidth"))
     nvlink_up: Mapping[tuple[str, str], bool] = mapping(
         "gpu_nvlink_up", "1 if this NVLink link is up; remote is what it connects to.",
-        "link", "remote")
+        "link", "remote",
+        otlp=Otlp("gpu.nvlink.up"))
     nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = mapping(
         "gpu_nvlink_throughput_bytes_per_second", "NVLink throughput.", "link", "direction",
-        unit="bytes_per_second")
+        unit="bytes_per_second",
+        otlp=Otlp("gpu.nvlink.throughput"))
     nvlink_errors: Mapping[tuple[str, str], int] = mapping(
         "gpu_nvlink_errors_total", "NVLink errors by type.", "link", "type", kind=Kind.COUNTER,
-        unit="count")
+        unit="count",
+        otlp=Otlp("gpu.nvlink.errors", "{error}"))
     xgmi_throughput_bytes_per_second: Mapping[tuple[str, str], float] = mapping(
         "gpu_xgmi_throughput_bytes_per_second", "AMD XGMI link throughput.", "link",
-        "direction", unit="bytes_per_second")
+        "direction", unit="bytes_per_second",
+        otlp=Otlp("gpu.xgmi.throughput"))
     ras_errors: Mapping[tuple[str, str], int] = mapping(
         "gpu_ras_errors_total", "RAS / ECC errors by hardware block.", "block", "severity",
-        kind=Kind.COUNTER, unit="count")
+        kind=Kind.COUNTER, unit="count",
+        otlp=Otlp("gpu.ras.errors", "{error}"))
     profiling_ratio: Mapping[str, float] = mapping(  # Profiling key -> 0..1, one family each
         "gpu_{key}_ratio", "", unit="ratio", note="Source `nvml_gpm`.", per_key={
             Profiling.SM_ACTIVE: "Fraction of time at least one warp was active on an SM" + _GPM,
@@ -263,7 +314,8 @@ class DeviceValues:
             Profiling.FP16_ACTIVE: "Fraction of cycles the FP16 pipes were active" + _GPM,
             Profiling.FP32_ACTIVE: "Fraction of cycles the FP32 pipes were active" + _GPM,
             Profiling.FP64_ACTIVE: "Fraction of cycles the FP64 pipes were active" + _GPM,
-        })
+        },
+        otlp=Otlp("gpu.{key}"))
 
     # Health inputs (exporter.health), not families of their own.
     recovery_action: str | None = value(  # nvmlDeviceGpuRecoveryAction_t as a word

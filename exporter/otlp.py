@@ -3,9 +3,10 @@
 Imported only when ``--otlp.endpoint`` is set (it imports the OpenTelemetry SDK, the
 ``otlp`` extra). The push thread never calls a driver: every interval it takes the
 Hub's latest Snapshot, builds the same prometheus-client families the renderer builds
-for ``/metrics`` (render.snapshot_families) and converts them with the table in
-exporter/otlp_names.py. The SDK's OTLPMetricExporter sends them: it retries 429, 502,
-503 and 504 with exponential back-off, honouring Retry-After, within ``--otlp.timeout``
+for ``/metrics`` (render.snapshot_families) and converts them with the OTLP names, units
+and types the families declare (exporter.catalogue). The SDK's OTLPMetricExporter sends
+them: it retries 429, 502, 503 and 504 with exponential back-off, honouring Retry-After,
+within ``--otlp.timeout``
 (the OTLP/HTTP spec's retry rules), and reads the standard ``OTEL_EXPORTER_OTLP_*``
 variables for whatever the flags leave unset.
 
@@ -49,9 +50,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.core import Metric as PromMetric
 
 from exporter import __version__
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.otlp_names import (
+from exporter.catalogue import (
     FAMILIES,
     GAUGE,
     HISTOGRAM,
@@ -61,6 +60,8 @@ from exporter.otlp_names import (
     Target,
     attribute_name,
 )
+from exporter.collector import Hub
+from exporter.config import Config
 from exporter.render import RenderOptions, snapshot_families
 from exporter.state import Snapshot
 
@@ -286,7 +287,7 @@ def _target(family: PromMetric) -> Target:
     found = FAMILIES.get(key)
     if found is not None:
         return found
-    # Not in the table (tests/test_otlp_names.py keeps it complete): keep the Prometheus name.
+    # Not in the catalogue (tests/test_otlp_names.py keeps it complete): keep the Prometheus name.
     kind = {"counter": SUM, "histogram": HISTOGRAM}.get(family.type, GAUGE)
     return Target(key, "", kind)
 

@@ -35,12 +35,14 @@ from exporter.webconfig import WebConfig, load_web_config, tls_context
 
 log = structlog.get_logger(__name__)
 
-# Config fields applied without a restart (``apply`` gets the new Config).
-LIVE = ("log_level", "max_processes_per_gpu", "metrics_include", "metrics_exclude",
-        "dcgm_counters")
-SELECTION = LIVE[2:]  # the fields a Selection is made of (exporter.render.selection)
-# WebConfig fields replaced live; the others need a restart.
-WEB_LIVE = ("basic_auth_users", "cert_file", "key_file", "cert_pem", "key_pem", "warnings")
+# Config fields applied without a restart (``apply`` gets the new Config): those the Hub
+# and the logs take, and those a Selection is made of (exporter.render.selection).
+HUB_LIVE = ("log_level", "max_processes_per_gpu")
+SELECTION = ("metrics_include", "metrics_exclude", "dcgm_counters")
+LIVE = (*HUB_LIVE, *SELECTION)
+# WebConfig fields replaced live; the others need a restart. The certificate's own:
+TLS_FILES = ("cert_file", "key_file", "cert_pem", "key_pem")
+WEB_LIVE = ("basic_auth_users", *TLS_FILES, "warnings")
 CHECK_EVERY = 1.0  # seconds between two looks at the web config's files
 
 
@@ -189,7 +191,7 @@ class Reloader:
             return None
         if not web.tls:
             return None
-        if files_changed or any(getattr(old, f) != getattr(web, f) for f in WEB_LIVE[1:5]):
+        if files_changed or any(getattr(old, f) != getattr(web, f) for f in TLS_FILES):
             changed.append("tls certificate")
         return tls_context(dataclasses.replace(old, **{f: getattr(web, f) for f in WEB_LIVE}))
 

@@ -36,7 +36,7 @@ import structlog
 
 from exporter.backends.base import DERIVED, Cycle
 from exporter.config import Config, open_regular
-from exporter.fieldspec import MetricSpec
+from exporter.fieldspec import MetricSpec, Otlp
 from exporter.joins import Row
 from exporter.model import DeviceInfo, DeviceSample
 
@@ -44,7 +44,8 @@ log = structlog.get_logger(__name__)
 
 SPEC = MetricSpec("gpu_slurm_job_info",
                   "A Slurm job on this GPU (--slurm.job-mapping-dir, dcgm-exporter's layout); "
-                  "value 1.", labels=("gpu", "uuid", "job", "source"), note="Source `slurm`.")
+                  "value 1.", labels=("gpu", "uuid", "job", "source"), note="Source `slurm`.",
+                  otlp=Otlp("gpu.slurm.job", labels={"job": "gpu.slurm.job.id"}))
 FAMILY, DOC = SPEC.name, SPEC.help
 MAX_FILE_BYTES = 64 * 1024
 MAX_JOB_CHARS = 128
@@ -84,6 +85,7 @@ class SlurmJobs:
 
 class SlurmBackend:
     name = "slurm"
+    source = "slurm"  # it reports no device, only join series
     priority = DERIVED
 
     def __init__(self, config: Config) -> None:

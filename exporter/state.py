@@ -1,17 +1,17 @@
 """What the Hub publishes: the immutable ``Snapshot`` and each backend's ``BackendState``.
 
 A Snapshot is swapped atomically by the Hub (exporter.collector) and read by the renderer,
-the landing page, ``/snapshot`` and the OTLP pusher. Its merged devices (one per device
-key, exporter.merge), the process cap and pod attribution are computed on first use, by
-whoever reads them; ``CutCounter`` carries the cap's count from one snapshot to the next.
+the landing page, ``/snapshot``, history and the OTLP pusher. Its merged devices (one per
+device key, exporter.merge), the process cap, pod attribution and the health verdicts are
+computed once, by the Hub as it publishes (``merged_view``); readers only read.
+``CutCounter`` carries the cap's count from one snapshot to the next, in generation order.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from exporter.backends.base import Enricher
 from exporter.energy_split import EnergySplit
@@ -57,6 +57,10 @@ class BackendState:
 
 @dataclass(frozen=True)
 class Snapshot:
+    """One published state: what every reader (renderer, dcgm, OTLP, ``/snapshot``, the
+    landing page, history) projects. Its merged view is computed once, by the Hub when it
+    publishes (``merged_view``), never by a reader."""
+
     generation: int
     created: float
     ready: bool  # every backend has completed a cycle, is known to be off, or is stale
@@ -65,68 +69,63 @@ class Snapshot:
     # device key -> what to report (up=False) for a device no backend reports any more
     seen: Mapping[str, DeviceSample] = field(default_factory=dict)
     max_processes_per_gpu: int = 64
-    # The Hub's count of processes cut by the cap, fed by each snapshot's merge.
-    cuts: CutCounter = field(default_factory=lambda: CutCounter())
     # backend -> its collector thread (gpu_exporter_backend_cpu_seconds_total)
     threads: Mapping[str, threading.Thread] = field(default_factory=dict)
     health_xid_window: float = DEFAULT_XID_WINDOW  # --health.xid-window
-    # The Hub's per-process energy split (exporter.energy_split), fed by each merge.
-    energy: EnergySplit | None = None
+    # (``gpu`` label, merged sample) of every device, one per key, ordered by ``gpu``
+    devices: tuple[tuple[str, DeviceSample], ...] = ()
+    # (``gpu``, merged sample, verdict) of every whole GPU (exporter.health)
+    health: tuple[tuple[str, DeviceSample, Verdict], ...] = ()
+    # Processes the cap has cut so far, this snapshot's cut included: advances in
+    # generation order (gpu_exporter_processes_truncated_total).
+    processes_truncated_total: int = 0
 
-    @property
-    def devices(self) -> tuple[tuple[str, DeviceSample], ...]:
-        """(``gpu`` label, merged sample) of every device, one per key, ordered by ``gpu``."""
-        return self._merged[0]
 
-    @property
-    def processes_truncated_total(self) -> int:
-        """Processes the cap has cut so far, this snapshot's merge included."""
-        return self._merged[1]
+@dataclass(frozen=True)
+class MergedView:
+    """What ``merged_view`` computes for one snapshot."""
 
-    @cached_property
-    def _merged(self) -> tuple[tuple[tuple[str, DeviceSample], ...], int]:
-        """The merge, then the process cap, then pod attribution, then the energy split.
+    devices: tuple[tuple[str, DeviceSample], ...]
+    health: tuple[tuple[str, DeviceSample, Verdict], ...]
+    cut: frozenset[tuple[str, int]]  # (device key, pid) pairs the process cap cut
 
-        Computed once per snapshot, on first use (the renderer, ``/snapshot``), not on
-        every publish: a snapshot nobody reads costs no merge.
-        """
-        views = [View(s.priority, s.serving, s.last.devices)
-                 for s in self.backends if s.last is not None]
-        merged, cut = cap(merge(views, self.seen), self.max_processes_per_gpu)
-        truncated = self.cuts.add(cut)
-        enricher = next((s.enricher for s in self.backends if s.serving and s.enricher), None)
-        merged = enrich(merged, enricher)
-        if self.energy is not None:
-            merged = self.energy.attribute(self.generation, merged)
-        out = []
-        for d in merged:
-            index = self.gpu_index.get(d.info.parent_key or d.info.key)
-            if index is not None:
-                out.append((index, bool(d.info.parent_key), d.info.key, d))
-        out.sort(key=lambda t: t[:3])
-        return tuple((str(index), d) for index, _, _, d in out), truncated
 
-    @cached_property
-    def health(self) -> tuple[tuple[str, DeviceSample, Verdict], ...]:
-        """(``gpu``, merged sample, verdict) of every whole GPU: exporter.health, once."""
-        return verdicts(self.devices, self.created, self.health_xid_window)
+def merged_view(backends: Sequence[BackendState], seen: Mapping[str, DeviceSample],
+                gpu_index: Mapping[str, int], max_processes_per_gpu: int, created: float,
+                xid_window: float, energy: EnergySplit | None = None,
+                generation: int = 0) -> MergedView:
+    """The merge, then the process cap, then pod attribution, then the per-process energy
+    split (fed once per generation), then the health verdicts: once per snapshot, on the
+    publishing side (exporter.collector.Hub.publish)."""
+    views = [View(s.priority, s.serving, s.last.devices) for s in backends if s.last is not None]
+    merged, cut = cap(merge(views, seen), max_processes_per_gpu)
+    enricher = next((s.enricher for s in backends if s.serving and s.enricher), None)
+    merged = enrich(merged, enricher)
+    if energy is not None:
+        merged = energy.attribute(generation, merged)
+    out = []
+    for d in merged:
+        index = gpu_index.get(d.info.parent_key or d.info.key)
+        if index is not None:
+            out.append((index, bool(d.info.parent_key), d.info.key, d))
+    out.sort(key=lambda t: t[:3])
+    devices = tuple((str(index), d) for index, _, _, d in out)
+    return MergedView(devices, verdicts(devices, created, xid_window), cut)
 
 
 class CutCounter:
     """``gpu_exporter_processes_truncated_total``: each process the cap cuts counts once.
 
     A (device, pid) pair counts when a merged view cuts it and the view merged before
-    did not; it counts again only after it was served (or gone) in between. Snapshots
-    are merged on the threads that read them: hence the lock.
+    did not; it counts again only after it was served (or gone) in between. Fed by the
+    Hub's publish step only, one snapshot after the other, in generation order.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._cut: frozenset[tuple[str, int]] = frozenset()
         self.total = 0
 
     def add(self, cut: frozenset[tuple[str, int]]) -> int:
-        with self._lock:
-            self.total += len(cut - self._cut)
-            self._cut = cut
-            return self.total
+        self.total += len(cut - self._cut)
+        self._cut = cut
+        return self.total

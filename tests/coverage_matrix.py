@@ -1,7 +1,7 @@
 """docs/coverage.md from the golden outputs: which family each vendor and source fills, and
 the values each label takes.
 
-    python -m tests.coverage_matrix > docs/coverage.md
+    python -m exporter.metricsdoc   (writes it, with every other generated doc)
 
 Read from tests/golden/*.prom (every fixture machine's real /metrics) with
 prometheus-client's parser, so the page says what the exporter serves on those machines,
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -43,6 +45,7 @@ FREE = {
 FREE_PREFIX = ("label_",)  # pod labels, named by --kubernetes.pod-labels
 
 
+@cache  # one parse of the goldens per test run (the docs tests read them several times)
 def _samples() -> list[tuple[str, dict[str, str]]]:
     """(family, labels) of every gpu_* sample, vendor filled in from the golden's gpu_info."""
     out = []
@@ -159,6 +162,54 @@ free text take one value per GPU, process or pod.
 
 {label_values()}
 """
+
+
+# -- docs/cardinality.md's two tables -------------------------------------------------------
+NODES, GPUS = 1000, 8  # the fleet the second table sizes
+PROCESSES = (0, 4, 64)  # its columns: processes per GPU
+
+
+def series_counts(machine: str) -> tuple[int, int]:
+    """(series of the largest GPU, series of the largest process) of a golden's ``gpu_*``
+    families (the exporter's own left out)."""
+    per_gpu: dict[str, int] = defaultdict(int)
+    per_process: dict[tuple[str, str], int] = defaultdict(int)
+    for family in text_string_to_metric_families((GOLDEN / f"{machine}.prom").read_text()):
+        for s in family.samples:
+            if not s.name.startswith("gpu_") or s.name.startswith("gpu_exporter_"):
+                continue
+            if "pid" in s.labels:
+                per_process[(s.labels["gpu"], s.labels["pid"])] += 1
+            else:
+                per_gpu[s.labels.get("gpu", "")] += 1
+    return max(per_gpu.values()), max(per_process.values(), default=0)
+
+
+def _table_rows(text: str, header: str, row: Callable[[str, list[str]], list[str]]) -> str:
+    """``text`` with each row of the table after ``header`` rewritten by ``row(machine,
+    cells)``: the machine names (first column) and any text cells stay."""
+    head, rest = text.split(header, 1)
+    lines = rest.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("|")) + 2
+    for i in range(start, len(lines)):
+        if not lines[i].startswith("|"):
+            break
+        cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+        lines[i] = "| " + " | ".join(row(cells[0].strip("`"), cells)) + " |"
+    return head + header + "\n".join(lines)
+
+
+def cardinality(text: str) -> str:
+    """docs/cardinality.md with its counts and fleet sums taken from the goldens."""
+    def per(machine: str, cells: list[str]) -> list[str]:
+        return [*cells[:2], *(str(n) for n in series_counts(machine))]
+
+    def fleet(machine: str, cells: list[str]) -> list[str]:
+        gpu, process = series_counts(machine)
+        return [cells[0], *(f"{(gpu + n * process) * NODES * GPUS:,}" for n in PROCESSES)]
+
+    text = _table_rows(text, "## Series per GPU and per process", per)
+    return _table_rows(text, f"## Fleet sizing: {NODES:,} nodes x {GPUS} GPUs", fleet)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from exporter.discovery import DrmDiscovery
 from exporter.fs import SysFS
 from exporter.model import DeviceSample
 
+pytestmark = pytest.mark.slow  # a copied machine and a full read per hostile value
+
 FIXTURES = Path(__file__).parent / "fixtures"
 HOSTILE = {
     "nan": "NaN",

@@ -28,6 +28,8 @@ from tests.daemon import FIXTURES, machine_args, parse_samples, promtool_check, 
 from tests.test_amdsmi import amdsmi_env
 from tests.test_golden import GOLDEN, ONE_CYCLE, normalize
 
+pytestmark = pytest.mark.golden  # UPDATE_GOLDEN=1 python -m pytest -m golden
+
 MI300X = FIXTURES / "amd-mi300x"
 AMDSMI_GOLDEN = GOLDEN / "amd-mi300x+amdsmi.prom"
 DATA = json.loads((MI300X / "amdsmi.json").read_text())

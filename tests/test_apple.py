@@ -27,6 +27,8 @@ from exporter.backends.base import BackendUnavailable, Cycle
 from exporter.config import Config
 from exporter.model import DeviceSample
 
+pytestmark = pytest.mark.slow  # a real macmon child process per test
+
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fakes" / "fake_macmon.py"
 LINES = REPO / "tests" / "fixtures" / "macmon"

@@ -150,6 +150,7 @@ def macmon_on_path(tmp_path: Path) -> dict[str, str]:
     return fake_env(tmp_path, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
 
+@pytest.mark.golden
 def test_apple_machine_golden(tmp_path: Path) -> None:
     with running([*no_gpu(tmp_path), *FAST], tmp_path, env=macmon_on_path(tmp_path),
                  module="tests.fakes.as_macos") as d:

@@ -1,26 +1,57 @@
 """The command line as an operator meets it: bad input is one line, the snapshot command,
-the configuration file's nested form, the environment, the web config (issues 8 and 14)."""
+the configuration file's nested form, the environment, the web config (issues 8 and 14).
+
+What exits before the daemon starts (bad flags, variables, files; ``--help``) runs
+``main(argv, environ)`` in this process (``cli``); what needs a daemon, a fake NVML or a
+fresh process runs ``python -m exporter.cli`` (``run_cli``) and is marked slow."""
 
 from __future__ import annotations
 
+import io
 import json
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import bcrypt
 import httpx
 import pytest
 
 from exporter.backends import TABLE
+from exporter.cli import main
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 from tests.daemon import values_of as get
 from tests.test_server import _self_signed, no_gpu_args, run_cli
 
 
-def one_line_error(result: subprocess.CompletedProcess[str], needle: str) -> None:
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args: str, env: Mapping[str, str] | None = None) -> Result:
+    """``main(argv, environ)`` in this process, for what exits before any daemon starts:
+    one that would start (a case that belongs to ``run_cli``) fails the test."""
+    out, err = io.StringIO(), io.StringIO()
+    never = mock.patch("exporter.daemon.Daemon",
+                       side_effect=AssertionError("started a daemon: use run_cli"))
+    with redirect_stdout(out), redirect_stderr(err), never:
+        try:
+            code = main(list(args), dict(env or {}))
+        except SystemExit as e:  # argparse: --help, --version, a malformed flag
+            code = e.code if isinstance(e.code, int) else 2
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def one_line_error(result: subprocess.CompletedProcess[str] | Result, needle: str) -> None:
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], result.stderr
@@ -29,11 +60,11 @@ def one_line_error(result: subprocess.CompletedProcess[str], needle: str) -> Non
 @pytest.mark.parametrize("value", ["inf", "1e9999", "nan", "1e-9", "2h"])
 def test_collection_intervals_are_bounded(value: str) -> None:
     """8.9: `inf` killed the threads while serving frozen values; 1e-9 burnt 112 % CPU."""
-    one_line_error(run_cli("--collector.interval", value), "--collector.interval: must be")
+    one_line_error(cli("--collector.interval", value), "--collector.interval: must be")
 
 
 def test_the_range_is_named_in_the_error() -> None:
-    result = run_cli("--collector.interval", "1e-9")
+    result = cli("--collector.interval", "1e-9")
     assert "between 100ms and 1h" in result.stderr
 
 
@@ -56,15 +87,16 @@ def test_a_bad_certificate_key_ca_or_tls_setting_is_one_line(tmp_path: Path, web
     _self_signed(tmp_path)
     (tmp_path / "garbage.key").write_text("-----BEGIN PRIVATE KEY-----\nnope\n")
     (tmp_path / "web.yml").write_text(web)
-    one_line_error(run_cli("--web.config.file", str(tmp_path / "web.yml")), needle)
+    one_line_error(cli("--web.config.file", str(tmp_path / "web.yml")), needle)
 
 
 def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     config = tmp_path / "config.yml"
     config.write_bytes(b"collector:\n  interval: \xff\xfe2s\n")
-    one_line_error(run_cli("--config.file", str(config)), "is not UTF-8 text")
+    one_line_error(cli("--config.file", str(config)), "is not UTF-8 text")
 
 
+@pytest.mark.slow
 def test_every_key_of_the_exporter_toolkit_format_is_accepted(tmp_path: Path) -> None:
     """14: cipher_suites, curve_preferences, prefer_server_cipher_suites,
     client_allowed_sans and http2 made the exporter exit 2."""
@@ -93,6 +125,7 @@ def test_every_key_of_the_exporter_toolkit_format_is_accepted(tmp_path: Path) ->
         assert log.count("curve_preferences") == 1
 
 
+@pytest.mark.slow
 def test_rate_limit_answers_429_but_never_to_the_probes(tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     web.write_text("rate_limit:\n  interval: 10s\n  burst: 2\n")
@@ -102,6 +135,7 @@ def test_rate_limit_answers_429_but_never_to_the_probes(tmp_path: Path) -> None:
         assert all(d.get("/-/ready").status_code == 200 for _ in range(5))
 
 
+@pytest.mark.slow
 def test_snapshot_may_come_after_the_flags() -> None:
     """14: `--config.file x snapshot` was rejected."""
     machine = FIXTURES / "mixed"
@@ -111,6 +145,7 @@ def test_snapshot_may_come_after_the_flags() -> None:
     assert sorted(d["gpu"] for d in snap["devices"]) == ["0", "1", "2"]
 
 
+@pytest.mark.slow
 def test_snapshot_from_the_running_daemon(tmp_path: Path) -> None:
     """14: inside a pod, `snapshot` read the container's /sys; --from asks the daemon."""
     hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
@@ -128,9 +163,10 @@ def test_snapshot_from_the_running_daemon(tmp_path: Path) -> None:
         assert len(snap["devices"]) == 3
         refused = run_cli("snapshot", "--from", d.base_url)
         assert refused.returncode == 2 and "401" in refused.stderr
-    assert run_cli("--from", "http://x").returncode == 2  # only with snapshot
+    assert cli("--from", "http://x").returncode == 2  # only with snapshot
 
 
+@pytest.mark.slow
 def test_snapshot_from_a_tls_daemon_over_tcp_and_a_unix_socket(tmp_path: Path) -> None:
     import tempfile
 
@@ -155,10 +191,10 @@ def test_snapshot_from_a_tls_daemon_over_tcp_and_a_unix_socket(tmp_path: Path) -
             insecure = run_cli("snapshot", "--from", f"unix:{sock}",
                                "--tls.insecure-skip-verify")
             assert insecure.returncode == 0, insecure.stderr
-    one_line_error(run_cli("snapshot", "--tls.ca-file", str(cert)),
-                   "only with snapshot --from")
+    one_line_error(cli("snapshot", "--tls.ca-file", str(cert)), "only with snapshot --from")
 
 
+@pytest.mark.slow
 def test_nested_config_where_a_key_is_a_switch_and_a_prefix(tmp_path: Path) -> None:
     """14: `collector: {processes: {interval: 3s}}` failed with 'not a boolean'."""
     config = tmp_path / "config.yml"
@@ -177,20 +213,20 @@ def test_nested_config_where_a_key_is_a_switch_and_a_prefix(tmp_path: Path) -> N
 
 def test_an_unknown_environment_variable_is_an_error_as_in_the_file() -> None:
     """14: GPU_EXPORTER_COLLECTOR_INTERVL was silently ignored."""
-    env = daemon_env(None, {"GPU_EXPORTER_COLLECTOR_INTERVL": "2s"})
-    one_line_error(run_cli(env=env), "GPU_EXPORTER_COLLECTOR_INTERVL: unknown variable")
+    one_line_error(cli(env={"GPU_EXPORTER_COLLECTOR_INTERVL": "2s"}),
+                   "GPU_EXPORTER_COLLECTOR_INTERVL: unknown variable")
 
 
 def test_a_no_collector_variable_says_the_form_that_works() -> None:
     """--no-collector.x is a flag form; its variable spelling must point at the value form."""
-    env = daemon_env(None, {"GPU_EXPORTER_NO_COLLECTOR_NVIDIA": "1"})
-    one_line_error(run_cli(env=env), "GPU_EXPORTER_NO_COLLECTOR_NVIDIA: unknown variable: "
-                                     "use GPU_EXPORTER_COLLECTOR_NVIDIA=false")
-    env = daemon_env(None, {"GPU_EXPORTER_NO_SUCH_THING": "1"})  # no hint where none fits
-    result = run_cli(env=env)
+    one_line_error(cli(env={"GPU_EXPORTER_NO_COLLECTOR_NVIDIA": "1"}),
+                   "GPU_EXPORTER_NO_COLLECTOR_NVIDIA: unknown variable: "
+                   "use GPU_EXPORTER_COLLECTOR_NVIDIA=false")
+    result = cli(env={"GPU_EXPORTER_NO_SUCH_THING": "1"})  # no hint where none fits
     one_line_error(result, "GPU_EXPORTER_NO_SUCH_THING: unknown variable (every")
 
 
+@pytest.mark.slow
 def test_a_collector_forced_on_without_its_library_fails_at_start(tmp_path: Path) -> None:
     """14: --collector.nvidia where NVML is absent acted as auto."""
     result = run_cli("--collector.nvidia", *no_gpu_args(tmp_path))
@@ -199,6 +235,7 @@ def test_a_collector_forced_on_without_its_library_fails_at_start(tmp_path: Path
     one_line_error(result, "--collector.amd is on but unavailable: no amdgpu card")
 
 
+@pytest.mark.slow
 def test_gpm_forced_on_where_it_cannot_run_exits_2_with_the_reason(tmp_path: Path) -> None:
     """17: --collector.gpm without NVML exited 0 (the README promises 2, as for nvidia)."""
     result = run_cli("--collector.gpm", "snapshot", *no_gpu_args(tmp_path))
@@ -220,6 +257,7 @@ def test_gpm_forced_on_where_it_cannot_run_exits_2_with_the_reason(tmp_path: Pat
     assert gpu0["profiling_ratio"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", [row.key for row in TABLE])
 def test_every_collector_forced_on_where_it_cannot_run_exits_2(tmp_path: Path, key: str) -> None:
     """A machine with nothing: no NVML, no card, no amdsmi, no Level Zero loader, no
@@ -233,12 +271,13 @@ def test_every_collector_forced_on_where_it_cannot_run_exits_2(tmp_path: Path, k
 
 
 def test_help_shows_each_switch_once_in_its_on_off_form() -> None:
-    out = run_cli("--help").stdout
+    out = cli("--help").stdout
     assert "--[no-]collector.nvidia" in out and "--[no-]collector.gpm" in out
     assert "--[no-]collector.fdinfo, --[no-]collector.processes" in out
     assert "--no-collector.nvidia" not in out  # one line per switch, not two
 
 
+@pytest.mark.slow
 def test_no_collector_fdinfo_stops_the_proc_scan_only(tmp_path: Path) -> None:
     """--no-collector.fdinfo (old name --no-collector.processes) stops the /proc fdinfo
     scan: AMD and Intel GPUs lose their per-process series, NVIDIA's (from NVML) stay."""
@@ -257,6 +296,7 @@ def test_no_collector_fdinfo_stops_the_proc_scan_only(tmp_path: Path) -> None:
         assert processes(flag) == {"nvidia": on["nvidia"], "amd": 0, "intel": 0}
 
 
+@pytest.mark.slow
 def test_python_dash_m_exporter() -> None:
     """14: `python -m exporter` failed (no __main__)."""
     result = subprocess.run([sys.executable, "-m", "exporter", "--version"], cwd=REPO,
@@ -264,6 +304,7 @@ def test_python_dash_m_exporter() -> None:
     assert result.returncode == 0 and result.stdout.startswith("gpu-exporter ")
 
 
+@pytest.mark.slow
 def test_address_in_use_names_the_address(tmp_path: Path) -> None:
     """14: 'Address already in use' did not say which address."""
     with running(no_gpu_args(tmp_path), tmp_path) as d:
@@ -273,6 +314,7 @@ def test_address_in_use_names_the_address(tmp_path: Path) -> None:
         assert f"cannot listen on {address}: Address already in use" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_exporter_s_own_cpu_time_is_visible(tmp_path: Path) -> None:
     """13: gpu_exporter_backend_cpu_seconds_total for each collector thread, the renderer
     and the server; a counter that never goes back."""
@@ -290,6 +332,7 @@ def test_the_exporter_s_own_cpu_time_is_visible(tmp_path: Path) -> None:
     assert nvidia > 0
 
 
+@pytest.mark.slow
 def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
     with running(no_gpu_args(tmp_path), tmp_path) as d:
         d.proc.send_signal(signal.SIGTERM)

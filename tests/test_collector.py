@@ -14,6 +14,7 @@ from exporter.collector import Hub, cap_processes
 from exporter.config import Config
 from exporter.model import DeviceInfo, DeviceSample, ProcessSample
 from exporter.render import Renderer
+from tests.clock import SteppedClock
 
 
 def info(bus: str, vendor: str = "amd") -> DeviceInfo:
@@ -25,6 +26,7 @@ class Scripted:
 
     def __init__(self, name: str, buses: Sequence[str], interval: float | None = None) -> None:
         self.name, self.buses, self.interval = name, list(buses), interval
+        self.source = name
         self.opens = 0
         self.fail_next = False
         self.unavailable: str | None = None
@@ -311,13 +313,18 @@ def test_an_exception_in_a_backend_keeps_its_gpus_down_logged_once_and_counted()
 def test_a_backend_that_fails_after_every_open_backs_off(error: Exception) -> None:
     """Issue 8.6: 49,589 opens in one second with a sample that always failed."""
     backend = Raising("amd", ["0000:03:00.0"], error=error)
-    hub = Hub(Config(interval=0.05), [backend])
+    clock = SteppedClock()
+    hub = Hub(Config(interval=0.05), [backend], clock=clock)
     hub.start()
+    opens = []
     try:
-        time.sleep(1.5)
+        for seconds in (0.5, 1.5, 2.9, 3.5, 7.9, 8.5):  # of virtual time since the start
+            clock.run_until(1000.0 + seconds, threads=2)  # the backend's and the watchdog
+            opens.append(backend.opens)
     finally:
         hub.stop()
-    assert 1 <= backend.opens <= 3  # at t=0, after 1 s (REOPEN_BACKOFF[0]); the next at 3 s
+    # opens at 0, then after REOPEN_BACKOFF's 1 s, 2 s, 5 s: at 1, 3 and 8 s
+    assert opens == [1, 2, 2, 3, 3, 4]
 
 
 class AllLost(Scripted):
@@ -333,10 +340,11 @@ class AllLost(Scripted):
 
 def test_back_off_is_not_reset_by_cycles_in_which_every_gpu_is_down() -> None:
     backend = AllLost("nvidia", ["0000:18:00.0"])
-    hub = Hub(Config(interval=0.05), [backend])
+    clock = SteppedClock()
+    hub = Hub(Config(interval=0.05), [backend], clock=clock)
     hub.start()
     try:
-        time.sleep(3.6)
+        clock.run_until(1000.0 + 3.6, threads=2)
     finally:
         hub.stop()
     # opens at 0, ~1.05, ~3.1 (1 s then 2 s of back-off); without the carried back-off
@@ -395,3 +403,21 @@ def test_a_gpu_its_backend_stops_reporting_stays_with_gpu_up_0() -> None:
     here = gone - {("gpu", "1"), ("uuid", "pci-0000:41:00.0")} | {
         ("gpu", "0"), ("uuid", "pci-0000:03:00.0")}
     assert got[("gpu_up", here)] == 1
+
+
+def test_a_gpu_of_a_backend_stale_before_its_first_sample_carries_the_declared_source() -> None:
+    """The contract's ``source`` (not the backend's name, nor a module-level constant)
+    labels the gpu_up 0 series of the GPUs open() returned."""
+    stuck = Scripted("nvidia", ["0000:18:00.0"])
+    stuck.source = "nvml"  # what its samples would carry; this module has no SOURCE
+    stuck.block.clear()
+    hub = Hub(Config(interval=0.05, stale_after=0.3), [stuck])
+    hub.start()
+    try:
+        wait_for(lambda: hub.snapshot.backends[0].stale)
+        got = scrape(hub)
+    finally:
+        stuck.block.set()
+        hub.stop()
+    up = {dict(labels)["source"]: v for (name, labels), v in got.items() if name == "gpu_up"}
+    assert up == {"nvml": 0.0}

@@ -18,6 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter.backends import build_backends
+from exporter.backends.base import Cycle
 from exporter.backends.nvidia.backend import NvidiaBackend
 from exporter.collector import Hub
 from exporter.config import COLLECTORS, Config
@@ -71,6 +72,41 @@ def test_a_backend_hanging_in_its_first_sample_shows_its_gpus_down() -> None:
     assert up == {"0": ("nvml", 0.0), "1": ("nvml", 0.0)}
     assert got[("gpu_exporter_backend_up", frozenset({("backend", "nvidia")}))] == 0
     assert not [n for n, _ in got if n == "gpu_power_watts"]
+
+
+def test_an_amd_backend_stale_before_its_first_sample_keeps_its_source() -> None:
+    """Its GPU's ``gpu_up 0`` carries the source its samples would (``sysfs``, what the
+    RX 7800 XT's first sample says below), not the backend's name: the series an alert
+    watches is the one the first sample continues."""
+    root = FIXTURES / "amd-rdna3-rx7800xt"
+    config = Config(sysfs=str(root / "sys"), procfs=str(root / "proc"), interval=0.05,
+                    stale_after=0.3)
+    backend = next(b for b in build_backends(config) if b.name == "amd")
+    release = threading.Event()
+    real_sample = backend.sample
+
+    def hang_first(slow: bool) -> Cycle:  # its first sample() never returns until released
+        release.wait()
+        return real_sample(slow)
+
+    backend.sample = hang_first  # type: ignore[method-assign]
+    hub = Hub(config, [backend])
+    hub.start()
+    try:
+        wait_for(lambda: hub.snapshot.backends[0].stale)
+        assert hub.snapshot.backends[0].last is None
+        got = scrape(hub)
+    finally:
+        release.set()
+        hub.stop()
+    up = {dict(labels)["source"]: value for (name, labels), value in got.items()
+          if name == "gpu_up"}
+    assert up == {"sysfs": 0.0}
+    # what a sample of this card says its source is, read independently of the hub
+    once = Hub(config, [b for b in build_backends(config) if b.name == "amd"])
+    sources = {d.source for _, d in once.collect_once().devices}
+    once.stop()
+    assert sources == {"sysfs"}
 
 
 @pytest.fixture

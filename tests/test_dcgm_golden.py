@@ -39,7 +39,7 @@ MIB = 1 << 20
 DCGM_NAMING = ("label names should be written in 'snake_case' not 'camelCase'",
                "metric name should not include type 'counter'")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.golden]  # UPDATE_GOLDEN=1 pytest -m golden
 
 
 @pytest.fixture(scope="module")

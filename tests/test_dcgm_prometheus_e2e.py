@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -22,12 +20,11 @@ from typing import Any
 
 import pytest
 import yaml
-from test_deploy_prometheus_e2e import PROMETHEUS, free_port, get, query, stop, wait_for
 
 from tests.daemon import daemon_env, machine_args
 from tests.fakes.fake_nvml import FakeGPU
+from tests.prometheus_harness import PROMETHEUS, ROOT, Exporter, get, query, scraped
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 MACHINES = ("nvidia-h100x2", "mixed")
 REFERENCES = yaml.safe_load((ROOT / "tests" / "dcgm" / "references.yml").read_text())
@@ -49,50 +46,15 @@ pytestmark = [
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Two exporters in dcgm mode, the cited alert rules, Prometheus scraping every second."""
     tmp = tmp_path_factory.mktemp("dcgm-prom")
-    procs: list[subprocess.Popen[bytes]] = []
-    logs = []
-    try:
-        targets = []
-        for machine in MACHINES:
-            port = free_port()
-            log = (tmp / f"exporter-{machine}.log").open("wb")
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "exporter.cli", "--web.listen-address",
-                 f"127.0.0.1:{port}", *machine_args(FIXTURES / machine),
-                 "--collector.interval", "1s", "--metric-names", "dcgm"],
-                cwd=ROOT, env=daemon_env(FIXTURES / machine / "nvml.json", {"NODE_NAME": machine}),
-                stdout=log, stderr=subprocess.STDOUT))
-            wait_for(f"http://127.0.0.1:{port}/-/ready", 30, procs[-1],
-                     tmp / f"exporter-{machine}.log")
-            targets.append(f"127.0.0.1:{port}")
-        rules = {"groups": [{"name": "dcgm-exporter-alerts", "rules": REFERENCES["alerts"]}]}
-        (tmp / "rules.yml").write_text(yaml.safe_dump(rules))
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(tmp / "rules.yml")],
-            "scrape_configs": [{"job_name": "dcgm", "static_configs": [{"targets": targets}]}],
-        }
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        prom_port = free_port()
-        with (tmp / "prometheus.log").open("wb") as prom_log:
-            procs.append(subprocess.Popen(
-                [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={tmp / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                stdout=prom_log, stderr=subprocess.STDOUT))
-        api = f"http://127.0.0.1:{prom_port}"
-        wait_for(f"{api}/-/ready", 30, procs[-1], tmp / "prometheus.log")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and len(query(api, "up == 1")) < len(MACHINES):
-            time.sleep(0.5)
+    rules = {"groups": [{"name": "dcgm-exporter-alerts", "rules": REFERENCES["alerts"]}]}
+    (tmp / "rules.yml").write_text(yaml.safe_dump(rules))
+    exporters = [Exporter([*machine_args(FIXTURES / machine), "--collector.interval", "1s",
+                           "--metric-names", "dcgm"],
+                          daemon_env(FIXTURES / machine / "nvml.json", {"NODE_NAME": machine}),
+                          f"exporter-{machine}") for machine in MACHINES]
+    with scraped(tmp, exporters, [tmp / "rules.yml"], job="dcgm") as api:
         time.sleep(3)  # a few scrapes and rule evaluations
         yield api
-    finally:
-        for proc in reversed(procs):
-            stop(proc)
-        for log in logs:
-            log.close()
 
 
 def label_values(api: str, metric: str, label: str) -> list[str]:

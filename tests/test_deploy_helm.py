@@ -33,6 +33,8 @@ from test_deploy_systemd import cli_flags
 
 from exporter.webconfig import OPEN_PATHS
 
+pytestmark = pytest.mark.slow  # Helm's engine renders the chart: seconds a test
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "gpu-exporter"
 RELEASE = NAMESPACE = "gpu-exporter"

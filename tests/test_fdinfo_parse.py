@@ -1,4 +1,4 @@
-"""parse_fdinfo over every shape the drivers print (see ../shared/fixtures/fdinfo).
+"""parse_fdinfo over every shape the drivers print (each case below is a real capture).
 
 The texts below are this project's own test data in those shapes: same keys,
 separators and units as the captures, different values. Expected numbers are

@@ -32,6 +32,8 @@ from tests.daemon import (
     values_of,
 )
 
+pytestmark = pytest.mark.golden  # UPDATE_GOLDEN=1 python -m pytest -m golden
+
 GOLDEN = REPO / "tests" / "golden"
 MACHINES = sorted(p.name for p in FIXTURES.iterdir() if (p / "sys").is_dir())
 ONE_CYCLE = ["--collector.interval", "1h", "--collector.slow-interval", "1h",
@@ -155,6 +157,10 @@ def test_amd_values_match_the_sysfs_files(machine: str, scrapes: dict[str, str])
     if (dev / "mem_info_gtt_used").exists():
         gtt_used = int((dev / "mem_info_gtt_used").read_text())
         assert value(text, "gpu_shared_memory_used_bytes", vendor="amd") >= gtt_used
+    for label in (next((dev / "hwmon").iterdir())).glob("in*_label"):  # mV per rail
+        millivolts = int((label.parent / label.name.replace("label", "input")).read_text())
+        assert value(text, "gpu_voltage_volts", vendor="amd",
+                     rail=label.read_text().strip()) == millivolts / 1000
 
 
 def test_apu_carve_out_is_not_reported_as_device_memory(scrapes: dict[str, str]) -> None:

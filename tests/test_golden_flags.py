@@ -25,7 +25,7 @@ from tests.daemon import FIXTURES, machine_args, promtool_check, running, values
 from tests.test_golden import GOLDEN, ONE_CYCLE, normalize
 from tests.test_otlp import exports_in, otlp_exports, receiving, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.golden]  # UPDATE_GOLDEN=1 pytest -m golden
 MACHINE = "intel-xe-tigerlake"  # a test_golden machine with one of the smallest goldens
 FLAGS_GOLDEN = GOLDEN / "flags.prom"
 # What the two flags add to the machine's plain golden (tests/golden/<MACHINE>.prom).

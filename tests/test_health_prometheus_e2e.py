@@ -7,20 +7,16 @@ firing) on exactly the GPUs and checks the fixture's faults call for, for every 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from test_deploy_dashboards import load, to_promql
-from test_deploy_prometheus_e2e import PROMETHEUS, free_port, query, stop, wait_for
 
 from tests.daemon import daemon_env
+from tests.prometheus_harness import PROMETHEUS, ROOT, Exporter, query, scraped
 
-ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "mixed-faulty"
 RULES = ROOT / "deploy" / "prometheus" / "gpu-exporter.rules.yml"
 
@@ -33,42 +29,15 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("prom-health")
-    exporter_port, prom_port = free_port(), free_port()
-    with (tmp / "exporter.log").open("wb") as exporter_log:
-        exporter = subprocess.Popen(
-            [sys.executable, "-m", "exporter.cli", "--web.listen-address",
-             f"127.0.0.1:{exporter_port}", "--path.sysfs", str(FIXTURE / "sys"),
-             "--path.procfs", str(FIXTURE / "proc"), "--collector.interval", "1s"],
-            cwd=ROOT, env=daemon_env(FIXTURE / "nvml.json"), stdout=exporter_log,
-            stderr=subprocess.STDOUT)
-    prom = None
-    try:
-        wait_for(f"http://127.0.0.1:{exporter_port}/-/ready", 30, exporter, tmp / "exporter.log")
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(RULES)],
-            "scrape_configs": [{"job_name": "gpu-exporter", "static_configs": [
-                {"targets": [f"127.0.0.1:{exporter_port}"]}]}],
-        }
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        with (tmp / "prometheus.log").open("wb") as prom_log:
-            prom = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={tmp / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                stdout=prom_log, stderr=subprocess.STDOUT)
-        api = f"http://127.0.0.1:{prom_port}"
-        wait_for(f"{api}/-/ready", 30, prom, tmp / "prometheus.log")
+    exporter = Exporter(["--path.sysfs", str(FIXTURE / "sys"), "--path.procfs",
+                         str(FIXTURE / "proc"), "--collector.interval", "1s"],
+                        daemon_env(FIXTURE / "nvml.json"))
+    with scraped(tmp_path_factory.mktemp("prom-health"), [exporter], [RULES]) as api:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len(
                 query(api, 'ALERTS{alertname="GpuTemperatureNearSlowdown"}')) < 3:
             time.sleep(0.5)
         yield api
-    finally:
-        if prom is not None:
-            stop(prom)
-        stop(exporter)
 
 
 def active(api: str, alert: str) -> set[tuple[str, ...]]:

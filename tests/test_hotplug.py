@@ -11,6 +11,8 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
+
 from exporter.backends.amd.backend import AmdBackend
 from exporter.backends.fdinfo.backend import FdinfoBackend
 from exporter.collector import Hub
@@ -36,6 +38,7 @@ def devices(hub: Hub) -> dict[str, bool]:
     return {d.info.pci_bus_id: d.up for d in state.last.devices} if state.last else {}
 
 
+@pytest.mark.slow  # waits for the discovery's refresh
 def test_card_added_then_removed(tmp_path: Path) -> None:
     sys_root = tmp_path / "sys"
     shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt" / "sys", sys_root, symlinks=True)
@@ -102,6 +105,7 @@ def test_container_sysfs_without_udev_events(tmp_path: Path) -> None:
         hub.stop()
 
 
+@pytest.mark.slow  # waits for the discovery's refresh
 def test_processes_backend_waits_for_a_usage_stats_card(tmp_path: Path) -> None:
     # Issue 13: on an NVIDIA-only host the /proc walk is skipped (backend_up 0 with the
     # reason); an amdgpu card bound later turns it on within about one interval.

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fs import FD_BUDGET, FDS_PER_READER, MAX_KEPT_FDS, AttrReader, kept_fd_limit
+from exporter.fs import (
+    FD_BUDGET,
+    FDS_PER_READER,
+    MAX_KEPT_FDS,
+    AttrReader,
+    kept_fd_limit,
+    raise_open_files_limit,
+)
 from exporter.kernel import hwmon
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -149,3 +156,21 @@ def test_kept_descriptors_are_at_most_a_quarter_of_the_open_file_limit() -> None
         assert kept_fd_limit() == min(MAX_KEPT_FDS, min(hard, 1 << 16) // 4)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_budget_is_sized_after_the_open_file_limit_is_raised() -> None:
+    """The daemon raises the soft limit before any backend opens a file; the budget, made
+    when exporter.fs was imported (under the old limit), follows the new one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before = FD_BUDGET.limit
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (400, hard))
+        FD_BUDGET.resize(kept_fd_limit())  # as when imported under a limit of 400
+        assert FD_BUDGET.limit == 100
+        raise_open_files_limit()
+        raised, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert raised > 400
+        assert FD_BUDGET.limit == min(MAX_KEPT_FDS, raised // 4) > 100
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        FD_BUDGET.resize(before)

@@ -58,6 +58,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Pat
             yield daemon, tmp
 
 
+@pytest.mark.golden
 def test_golden_and_promtool(tmp_path: Path) -> None:
     """One cycle of everything (DRA, pod labels, a Slurm job): byte-stable output."""
     shutil.copytree(DRA / "cdi", tmp_path / "cdi")

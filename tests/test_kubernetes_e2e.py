@@ -18,11 +18,12 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_deploy_dashboards import load, targets, to_promql
-from test_deploy_prometheus_e2e import PROMETHEUS, RULES, free_port, query, stop, wait_for
+from test_deploy_prometheus_e2e import RULES
 from test_golden import normalize
 
 from tests.daemon import FIXTURES, REPO, fixture_ids, promtool_check, running
 from tests.fakes.kubelet import FakeKubelet, FakeRuntime, Node
+from tests.prometheus_harness import PROMETHEUS, free_port, get, query, stop, wait_for
 
 NODE_DIR = FIXTURES / "k8s-node"
 MIXED_SYS = FIXTURES / "mixed" / "sys"
@@ -141,6 +142,7 @@ def test_every_gpu_process_carries_its_pod(scrape: str) -> None:
                     "detector-6b8d", "transcode-0"}
 
 
+@pytest.mark.golden
 def test_golden_and_promtool(scrape: str) -> None:
     got = normalize(scrape)
     if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -313,7 +315,6 @@ def test_exclusive_allocation_rule_names_one_pod_per_gpu(prometheus: str) -> Non
 
 
 def _get(url: str) -> bytes:
-    from test_deploy_prometheus_e2e import get
 
     status, body = get(url)
     assert status == 200

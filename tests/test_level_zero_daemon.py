@@ -44,6 +44,7 @@ def with_l0(stub_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
         yield daemon.get().text
 
 
+@pytest.mark.golden
 def test_golden_with_level_zero(with_l0: str) -> None:
     got = normalize(with_l0)
     if os.environ.get("UPDATE_GOLDEN") == "1":

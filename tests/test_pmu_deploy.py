@@ -33,6 +33,7 @@ def test_systemd_opt_in_perfmon_is_valid_and_grants_only_perfmon(tmp_path: Path)
     assert "perf_event_open" in unit["SystemCallFilter"]
 
 
+@pytest.mark.slow  # Helm's engine
 def test_chart_perfmon_runs_as_root_and_adds_perfmon_only() -> None:
     default = container(by_kind(render({}), "DaemonSet"))
     assert "PERFMON" not in default["securityContext"]["capabilities"].get("add", [])

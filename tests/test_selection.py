@@ -139,6 +139,7 @@ def coverage_table(coverage: dict[str, set[str]]) -> str:
     return "\n".join(rows) + "\n"
 
 
+@pytest.mark.slow  # every fixture machine collected
 def test_the_per_vendor_field_table_matches_the_fixtures(tmp_path: Path) -> None:
     table = coverage_table(dcgm_coverage(tmp_path))
     if os.environ.get("UPDATE_GOLDEN") == "1":

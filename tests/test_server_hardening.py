@@ -170,7 +170,7 @@ def test_a_request_head_must_complete_within_the_header_timeout() -> None:
 class Big:
     """A backend with 64 GPUs of 64 processes each: a large render and snapshot."""
 
-    name, interval, priority = "amd", None, KERNEL
+    name, source, interval, priority = "amd", "sysfs", None, KERNEL
 
     def open(self) -> list[DeviceInfo]:
         return []

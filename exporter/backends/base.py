@@ -18,13 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from exporter.joins import JoinSource
 from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef
-
-if TYPE_CHECKING:  # the renderer's side: backends never import prometheus-client
-    from exporter.joins import JoinSource
 
 # Source priority for the collector's merge (one device, one series): when several
 # backends report the same device key, each value comes from the backend with the
@@ -80,6 +77,10 @@ class Enricher(Protocol):
 
 class Backend(Protocol):
     name: str  # "nvidia", "amd", "intel", "fdinfo", ...: the `backend` label
+    # The `source` label its samples carry ("nvml", "sysfs", ...): also the one of the
+    # gpu_up 0 series the collector reports for the GPUs open() returned, should the
+    # backend go stale before its first sample.
+    source: str
     # Seconds between samples; None means the fast tier (--collector.interval).
     interval: float | None
     # LIBRARY, KERNEL or DERIVED: which backend's value wins when two report one device.

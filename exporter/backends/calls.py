@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 from exporter.backends.base import BackendFailed
+from exporter.labels import ErrorReason
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +59,7 @@ class Guard:
     def __init__(self, library: str, label: str, classify: Callable[[int | None], Verdict],
                  **where: Any) -> None:
         self.library = library
+        self.error = ErrorReason(f"{library}_error")  # a library of no ErrorReason: at start
         self.label = label
         self.classify = classify
         self.where = where
@@ -79,14 +81,14 @@ class Guard:
             self.unsupported.add(key)
         elif verdict is Verdict.PERMISSION:
             self.unsupported.add(key)
-            errors["permission"] += 1
+            errors[ErrorReason.PERMISSION] += 1
             log.info(f"{self.library}_permission_denied", call=key[0], **self.where)
         elif verdict is Verdict.LOST:
             raise DeviceLost(f"{key[0]}: {detail}")
         elif verdict is Verdict.DEAD:
             raise BackendFailed(f"{self.label} went bad during {key[0]}: {detail}")
         else:
-            errors[f"{self.library}_error"] += 1
+            errors[self.error] += 1
 
     def check(self, code: int) -> None:
         """Raise for a per-value return code (NVML field values, GPM) that says the GPU or

@@ -22,6 +22,7 @@ class NotOnThisPlatform:
 
     def __init__(self, name: str, needs: str = "Linux") -> None:
         self.name = name
+        self.source = name  # it never opens: no series carries it
         self.reason = f"not on {needs} (this is {sys.platform})"
 
     def open(self) -> Sequence[DeviceInfo]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from exporter.labels import Clock, Sensor
+
 # xe ``freq0/throttle/reason_<x>`` and i915 ``gt/gtN/throttle_reason_<x>`` both read
 # the PCU's PERF_LIMIT_REASONS bits. Mapped onto docs/metrics.md's NVML-derived `reason`
 # values by what limits the clock; several Intel bits may fold into one reason (OR):
@@ -56,10 +58,10 @@ def map_throttle_reasons(bits: Mapping[str, int]) -> dict[str, bool]:
 # hwmon channel labels -> docs/metrics.md `sensor`. xe also labels mctrl, pcie and
 # vram_ch_<N> sensors (Battlemage); METRICS has no sensor value for them, so they
 # stay out rather than invent label values.
-TEMP_SENSORS: Mapping[str, str] = {"pkg": "package", "vram": "vram"}
+TEMP_SENSORS: Mapping[str, Sensor] = {"pkg": Sensor.PACKAGE, "vram": Sensor.VRAM}
 
 
-def temperature_sensor(chip: str | None, label: str) -> str | None:
+def temperature_sensor(chip: str | None, label: str) -> Sensor | None:
     """The METRICS sensor of hwmon channel ``label`` on chip ``chip`` ("xe", "i915").
 
     i915 writes no label files: its ABI (Documentation/ABI/testing/
@@ -69,21 +71,21 @@ def temperature_sensor(chip: str | None, label: str) -> str | None:
     if label in TEMP_SENSORS:
         return TEMP_SENSORS[label]
     if chip == "i915" and label == "temp1":
-        return "package"
+        return Sensor.PACKAGE
     return None
 
 
 # xe names each GT's idle (C-state) domain "gt<N>-rc" for a render/compute GT and
 # "gt<N>-mc" for a media GT (xe_gt_idle.c). The media GT clocks the video engines
 # (vcs/vecs), which is what METRICS's clock="video" means (NVML's video clock).
-GT_CLOCKS: Mapping[str, str] = {"rc": "graphics", "mc": "video"}
+GT_CLOCKS: Mapping[str, Clock] = {"rc": Clock.GRAPHICS, "mc": Clock.VIDEO}
 
 
-def gt_clock_label(idle_name: str | None, gt: str) -> str | None:
+def gt_clock_label(idle_name: str | None, gt: str) -> Clock | None:
     """``("gt1-mc", "gt1")`` -> "video"; no gtidle name: gt0 is the render GT."""
     if idle_name:
         return GT_CLOCKS.get(idle_name.rpartition("-")[2])
-    return "graphics" if gt == "gt0" else None
+    return Clock.GRAPHICS if gt == "gt0" else None
 
 
 # PCI device id -> (name, architecture). Only ids whose name a public table states:

@@ -49,6 +49,7 @@ _NO_CONTAINERS: Mapping[str, PodRef] = MappingProxyType({})
 
 class KubernetesBackend:
     name = "kubernetes"
+    source = "kubelet"  # devices it has none; its allocations carry source="kubelet"
     priority = DERIVED
 
     def __init__(self, config: Config) -> None:

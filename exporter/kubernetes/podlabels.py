@@ -19,13 +19,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.fieldspec import MetricSpec
+from exporter.fieldspec import MetricSpec, Otlp
 
 SPEC = MetricSpec("gpu_kubernetes_pod_labels_info",
                   "The pod's labels whose names match --kubernetes.pod-labels, as label_<name> "
                   "(read from the CRI runtime); value 1.",
                   labels=("namespace", "pod", "source", "label_<name>..."),
-                  note="Source `cri`.")
+                  note="Source `cri`.",
+                  otlp=Otlp("gpu.kubernetes.pod.labels"))
 FAMILY, DOC = SPEC.name, SPEC.help
 KUBELET_PREFIX = "io.kubernetes.pod."
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")

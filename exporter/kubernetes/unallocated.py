@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from exporter.fieldspec import MetricSpec
+from exporter.fieldspec import MetricSpec, Otlp
 from exporter.model import DeviceSample
 
 if TYPE_CHECKING:
@@ -35,7 +35,9 @@ SPEC = MetricSpec("gpu_kubernetes_unallocated_process_info",
                   labels=("gpu", "uuid", "vendor", "source", "namespace", "pod", "container",
                           "pid", "process", "scope"),
                   note="With Kubernetes attribution on, while the container runtime answers. "
-                  "Pod labels empty for scope `host`.")
+                  "Pod labels empty for scope `host`.",
+                  otlp=Otlp("gpu.kubernetes.unallocated_process",
+                            labels={"scope": "gpu.kubernetes.unallocated_process.scope"}))
 FAMILY, DOC = SPEC.name, SPEC.help
 POD, HOST = "pod", "host"
 

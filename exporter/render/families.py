@@ -18,7 +18,7 @@ from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
 from exporter import dcgm, health
-from exporter.fieldspec import Kind, MetricSpec, value_specs
+from exporter.fieldspec import Kind, MetricSpec, Otlp, value_specs
 from exporter.model import DeviceSample, DeviceValues, PodRef, ProcessSample
 from exporter.render.selection import Selection
 from exporter.state import Snapshot
@@ -32,15 +32,18 @@ ALLOCATION_SOURCE = "kubelet"  # the kubelet's pod-resources API
 
 # The per-GPU families that are not values of a sample.
 INFO = MetricSpec("gpu_info", "GPU identity; value 1.", labels=INFO_LABELS[len(GPU_LABELS):],
-                  note="`partition`, `mig_mode` where the source knows them.")
+                  note="`partition`, `mig_mode` where the source knows them.",
+                  otlp=Otlp("gpu.info"))
 UP = MetricSpec("gpu_up", "1 if the GPU was readable at the last sample, 0 if lost or its "
-                "backend stopped answering.")
+                "backend stopped answering.",
+                otlp=Otlp("hw.status", updown=True, constant={"hw.state": "ok"}))
 ALLOCATION = MetricSpec("gpu_kubernetes_allocation_info",
                         "Which container the kubelet allocated this GPU to; value 1.",
                         labels=(*POD_LABELS, "resource", "pod_uid", "claim"),
                         note="Source `kubelet`. `claim` is `<namespace>/<name>` of a DRA "
                         "claim, empty for a device-plugin allocation; `resource` is then the "
-                        "DRA driver's name.")
+                        "DRA driver's name.",
+                        otlp=Otlp("gpu.kubernetes.allocation"))
 DEVICE_SPECS = value_specs(DeviceValues)
 PROCESS_SPECS = value_specs(ProcessSample)
 # The table split by shape once, so a render does no per-value type tests:

@@ -20,48 +20,62 @@ from prometheus_client.core import (
 )
 
 from exporter import __version__
-from exporter.fieldspec import Kind, MetricSpec
+from exporter.fieldspec import Kind, MetricSpec, Otlp
 from exporter.state import DURATION_BUCKETS, Snapshot
 
 BUILD = MetricSpec("gpu_exporter_build_info", "Build information; value 1.",
-                   labels=("version", "python_version"))
-UP = MetricSpec("gpu_exporter_up", "1 once the first collection has completed.")
+                   labels=("version", "python_version"),
+                   otlp=Otlp("gpu_exporter.build.info",
+                             labels={"version": "gpu_exporter.version",
+                                     "python_version": "gpu_exporter.python_version"}))
+UP = MetricSpec("gpu_exporter_up", "1 once the first collection has completed.",
+                otlp=Otlp("gpu_exporter.up"))
 BACKEND_UP = MetricSpec(
     "gpu_exporter_backend_up", "1 if the backend is open and answering.", labels=("backend",),
-    note="The reason it is off is logged once and shown by `gpu-exporter snapshot`.")
+    note="The reason it is off is logged once and shown by `gpu-exporter snapshot`.",
+    otlp=Otlp("gpu_exporter.backend.up"))
 DURATION = MetricSpec("gpu_exporter_collection_duration_seconds",
                       "Time one collection cycle took.", Kind.HISTOGRAM, "seconds",
-                      labels=("backend",))
+                      labels=("backend",),
+                      otlp=Otlp("gpu_exporter.collection.duration"))
 ERRORS = MetricSpec("gpu_exporter_collection_errors_total",
                     "Values, devices or processes a collection had to drop.", Kind.COUNTER,
                     labels=("backend", "reason"),
-                    note="Reasons include parse, permission, vanished.")
+                    note="Reasons include parse, permission, vanished.",
+                    otlp=Otlp("gpu_exporter.collection.errors", "{error}"))
 LAST = MetricSpec("gpu_exporter_last_collection_timestamp_seconds",
-                  "When the backend last completed a collection.", labels=("backend",))
+                  "When the backend last completed a collection.", labels=("backend",),
+                  otlp=Otlp("gpu_exporter.collection.last_timestamp", "s"))
 RESTARTS = MetricSpec("gpu_exporter_child_restarts_total",
                       "Child processes (macmon) a backend restarted.", Kind.COUNTER,
-                      labels=("backend",))
+                      labels=("backend",),
+                      otlp=Otlp("gpu_exporter.child.restarts", "{restart}"))
 TRUNCATED = MetricSpec("gpu_exporter_processes_truncated_total",
-                       "Per-process series cut by --max-processes-per-gpu.", Kind.COUNTER)
+                       "Per-process series cut by --max-processes-per-gpu.", Kind.COUNTER,
+                       otlp=Otlp("gpu_exporter.processes.truncated", "{process}"))
 CPU = MetricSpec(
     "gpu_exporter_backend_cpu_seconds_total",
     "CPU time of each backend's collector thread, and of the renderer and the HTTP server.",
     Kind.COUNTER, "seconds", labels=("backend",),
     note="`renderer` runs renders and /snapshot, `server` the HTTP event loop and password "
     "checks, `otlp` the push thread (with --otlp.endpoint). Linux; absent where the platform "
-    "has no per-thread CPU clock.")
+    "has no per-thread CPU clock.",
+    otlp=Otlp("gpu_exporter.backend.cpu.time"))
 OTLP = MetricSpec("gpu_exporter_otlp_exports_total",
                   "OTLP pushes by result: sent, failed (after the exporter's retries), dropped "
                   "(a push still in flight when the next was due).", Kind.COUNTER,
-                  labels=("result",), note="With --otlp.endpoint only; see [otlp.md](otlp.md).")
+                  labels=("result",), note="With --otlp.endpoint only; see [otlp.md](otlp.md).",
+                  otlp=Otlp("gpu_exporter.otlp.exports", "{export}"))
 RELOAD_OK = MetricSpec("gpu_exporter_config_last_reload_successful",
                        "1 if the last configuration reload (SIGHUP, or a changed web config "
                        "file) succeeded; 0 while the old settings are kept after an error.",
                        note="Served by the daemon with --config.file or --web.config.file "
-                       "(what a reload reads); see [reload](reload.md).")
+                       "(what a reload reads); see [reload](reload.md).",
+                       otlp=Otlp("gpu_exporter.config.last_reload.successful"))
 RELOAD_TIME = MetricSpec("gpu_exporter_config_last_reload_success_timestamp_seconds",
                          "When the configuration was last loaded successfully (start-up "
-                         "included).", unit="seconds")
+                         "included).", unit="seconds",
+                         otlp=Otlp("gpu_exporter.config.last_reload.success_timestamp"))
 # In the order served.
 EXPORTER = (BUILD, UP, BACKEND_UP, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED, CPU, OTLP,
             RELOAD_OK, RELOAD_TIME)

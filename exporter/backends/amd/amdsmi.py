@@ -74,6 +74,7 @@ def _identity_call(call: Caller, errors: Counter[str], fn: str) -> Any:
 
 class AmdSmiBackend:
     name = "amdsmi"
+    source = SOURCE
     priority = LIBRARY
     interval: float | None = None
 

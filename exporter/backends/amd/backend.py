@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from exporter.backends.amd.pcie_bw import PcieBwReader
 
 log = structlog.get_logger(__name__)
+SOURCE = "sysfs"  # the `source` of every value this backend reads (exporter.backends.amd.card)
 
 
 class _Card:
@@ -53,6 +54,7 @@ class AmdBackend:
     """amdgpu sysfs backend. One "handle": the shared DrmDiscovery (and its udev monitor)."""
 
     name = "amd"
+    source = SOURCE
     priority = KERNEL
     interval: float | None = None
 
@@ -118,8 +120,6 @@ class AmdBackend:
         return device_info(card, self._ids, self._driver_version)
 
     def sample(self, slow: bool) -> Cycle:
-        from exporter.backends.amd.card import SOURCE  # loaded: open() found a card
-
         errors: Counter[str] = Counter()
         gone = self._refresh(self.discovery.cards(["amdgpu"]))
         if self.discovery.listing_error is not None:
@@ -138,7 +138,7 @@ class AmdBackend:
         return Cycle(devices=devices, errors={k: n for k, n in errors.items() if n})
 
     def _read(self, st: _Card, errors: Counter[str], slow: bool) -> DeviceSample:
-        from exporter.backends.amd.card import SOURCE, read_card
+        from exporter.backends.amd.card import read_card
 
         # The device directory gone under a class/drm link still there (driver unbind,
         # a card fallen off the bus): lost until it is back. Kept descriptors of a

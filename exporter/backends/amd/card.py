@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from exporter import units
+from exporter.backends.amd.backend import SOURCE
 from exporter.backends.amd.ids import AmdgpuIds
 from exporter.backends.amd.rates import AccumulatorRates, ResidencyFlags
 from exporter.backends.base import KERNEL
@@ -44,7 +45,6 @@ from exporter.kernel.amdgpu_gpu_metrics import (
 from exporter.merge import View, merge_device
 from exporter.model import DeviceInfo, DeviceSample, pci_uuid
 
-SOURCE = "sysfs"
 _HWMON_SENSORS = {"edge": "edge", "junction": "junction", "mem": "memory"}
 
 
@@ -298,6 +298,7 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
         power_limit_watts=limits.power_limit,
         energy_joules=_first(hw["energy"]),
         fan_speed_ratio=hw["fans"],
+        voltages_volts=hw["volts"],
         clocks_hertz=clocks,
         clocks_max_hertz=limits.max_clocks,
         pcie_link_generation=gen,

@@ -47,6 +47,7 @@ MIN_INTERVAL_MS = 100  # macmon's own floor for -i
 
 class AppleBackend:
     name = "apple"
+    source = SOURCE
     priority = LIBRARY
     interval: float | None = None
 

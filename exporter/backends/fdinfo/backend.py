@@ -54,6 +54,7 @@ from exporter.units import bounded, clamp_ratio
 
 log = structlog.get_logger(__name__)
 
+SOURCE = "fdinfo"  # per-process figures from DRM fdinfo, summed per device
 MISSES_BEFORE_FORGET = 3  # scans a vanished client's baseline is kept (a flapping read)
 DeviceKey = tuple[str, int]  # (pci bus id, pid): one process on one GPU
 
@@ -129,6 +130,7 @@ class FdinfoBackend:
     """Augmenting backend: per-process rows and fdinfo engine sums for AMD/Intel GPUs."""
 
     name = "fdinfo"
+    source = SOURCE
     priority = DERIVED
 
     def __init__(self, config: Config, discovery: DrmDiscovery | None = None,
@@ -291,7 +293,7 @@ class FdinfoBackend:
             known.update(device_ratio)
             out.append(DeviceSample(
                 info=DeviceInfo(vendor=vendor, pci_bus_id=bus, uuid=pci_uuid(bus), driver=driver),
-                source="fdinfo",
+                source=SOURCE,
                 primary=False,
                 engine_utilization_ratio=dict(sorted(util.items())),
                 engine_busy_seconds=_seconds(self._device_busy_ns.get(bus, Counter()), errors),

@@ -37,24 +37,25 @@ from dataclasses import dataclass, field
 
 from exporter.fs import ProcFS
 from exporter.kernel.drm_fdinfo import VENDOR_OF_DRIVER, DrmClientStats, parse_fdinfo
+from exporter.labels import ErrorReason
 from exporter.units import parse_rss, parse_start_time, process_name
 
 MAX_FDINFO_BYTES = 64 * 1024  # real files are < 4 KiB; anything bigger is garbage
 _DRM_PREFIXES = ("/dev/dri/", "/dev/accel/")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NOT_A_CLIENT = DrmClientStats()  # a DRM node whose driver prints no usage stats
-_ONCE_PER_PROCESS = frozenset({"permission", "vanished"})
+_ONCE_PER_PROCESS = frozenset({ErrorReason.PERMISSION, ErrorReason.VANISHED})
 BUDGET_CHECK_FDS = 64  # fds walked between two looks at the clock (~3 ms of fdinfo reads)
 
 ClientKey = tuple[str, str]  # (pci bus id, drm-client-id)
 
 
-def error_reason(err: OSError) -> str:
+def error_reason(err: OSError) -> ErrorReason:
     if err.errno in (errno.ENOENT, errno.ESRCH):
-        return "vanished"  # the process exited or closed the fd mid-scan
+        return ErrorReason.VANISHED  # the process exited or closed the fd mid-scan
     if err.errno in (errno.EACCES, errno.EPERM):
-        return "permission"  # another user's process without CAP_SYS_PTRACE
-    return "unreadable"
+        return ErrorReason.PERMISSION  # another user's process without CAP_SYS_PTRACE
+    return ErrorReason.UNREADABLE
 
 
 @dataclass(frozen=True)
@@ -119,14 +120,14 @@ class ProcScanner:
         order = [*pids[start:], *pids[:start]]
         for i, pid in enumerate(order):
             if i and self.clock() > deadline:
-                out.errors["budget"] += 1
+                out.errors[ErrorReason.BUDGET] += 1
                 out.resume = (pid, 0)
                 break
             first_fd = resume[1] if i == 0 and pid == resume[0] else 0
             out.walked.add(pid)
             cut = self._scan_pid(pid, cards, out, deadline, first_fd)
             if cut is not None:
-                out.errors["budget"] += 1
+                out.errors[ErrorReason.BUDGET] += 1
                 out.resume = (pid, cut)
                 break
             if not first_fd:
@@ -173,25 +174,25 @@ class ProcScanner:
             return
         at = self.clock()
         if len(raw) > MAX_FDINFO_BYTES:
-            out.errors["too_large"] += 1
+            out.errors[ErrorReason.TOO_LARGE] += 1
             return
         stats = parse_fdinfo(raw.decode("utf-8", "replace"))
         if stats.driver is None:
             if stats != _NOT_A_CLIENT:
-                out.errors["parse"] += 1  # drm- lines but no drm-driver: garbled
+                out.errors[ErrorReason.PARSE] += 1  # drm- lines but no drm-driver: garbled
             return
         if stats.malformed:
-            out.errors["parse"] += 1  # the good lines are still used
+            out.errors[ErrorReason.PARSE] += 1  # the good lines are still used
         if stats.driver not in VENDOR_OF_DRIVER:
             out.unsupported.add(stats.driver)
             return
         node = target.removesuffix(" (deleted)").rsplit("/", 1)[-1]
         bus = stats.pdev or cards.bus_of_node.get(node)
         if bus is None:
-            out.errors["unresolved_device"] += 1  # no drm-pdev, and no such node here
+            out.errors[ErrorReason.UNKNOWN_DEVICE] += 1  # no drm-pdev, and no such node here
             return
         if cards.driver_of.get(bus) != stats.driver:
-            out.errors["unknown_device"] += 1
+            out.errors[ErrorReason.UNKNOWN_DEVICE] += 1
             return
         # Without a client id nothing can be deduplicated: the fd itself is the client.
         cid = str(stats.client_id) if stats.client_id is not None else f"fd-{pid}-{fd}"

@@ -53,6 +53,7 @@ from exporter.kernel.i915_xe import (
     map_throttle_reasons,
     temperature_sensor,
 )
+from exporter.labels import Clock, Threshold
 from exporter.model import DeviceInfo, DeviceSample, pci_uuid
 
 log = structlog.get_logger(__name__).bind(backend="intel")
@@ -64,7 +65,7 @@ HWMON_NAMES = ("xe", "i915")
 
 # hwmon tempN_crit / tempN_emergency of the pkg sensor -> METRICS `threshold`.
 # (xe's temp2_max reads 60 °C on a B580 at idle: not a max operating temperature.)
-TEMP_THRESHOLDS = {"crit": "critical", "emergency": "shutdown"}
+TEMP_THRESHOLDS = {"crit": Threshold.CRITICAL, "emergency": Threshold.SHUTDOWN}
 ENERGY_CHANNELS = ("card", "energy1", "pkg")
 # Sustained limit (PL1: power1_max card, power2_max package), else the burst limit
 # (PL2: powerN_cap), which is the only one a B580 exposes. powerN_crit (I1) is a
@@ -132,6 +133,7 @@ class IntelBackend:
     """The i915/xe cards DrmDiscovery finds, read through its sysfs root."""
 
     name = "intel"
+    source = SOURCE
     priority = KERNEL
     interval: float | None = None
 
@@ -296,7 +298,7 @@ def _read_xe_gts(
                 clocks[label] = act
             if top is not None:
                 max_clocks[label] = top
-            if label == "graphics":
+            if label == Clock.GRAPHICS:
                 throttle = _read_reasons(r, f"{gt}/freq0/throttle", "reason_", errors)
     return clocks, max_clocks, throttle, vram
 
@@ -324,9 +326,9 @@ def _read_i915_gt(r: AttrReader, card_dir: str,
     max_clocks: Clocks = {}
     act, top = _freqs(r, base, prefix, "_freq_mhz", errors, rp0="RP0")
     if act is not None:
-        clocks["graphics"] = act
+        clocks[Clock.GRAPHICS] = act
     if top is not None:
-        max_clocks["graphics"] = top
+        max_clocks[Clock.GRAPHICS] = top
     return clocks, max_clocks, throttle
 
 

@@ -112,6 +112,7 @@ class _Slow:
 
 class LevelZeroBackend:
     name = "level_zero"
+    source = SOURCE
     priority = LIBRARY
     interval: float | None = None
 

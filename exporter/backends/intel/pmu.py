@@ -84,6 +84,7 @@ class PmuBackend:
     """Every i915/xe card whose PMU opens, read on the fast tier."""
 
     name = "pmu"
+    source = SOURCE
     priority = KERNEL
     interval: float | None = None
 

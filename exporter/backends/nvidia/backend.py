@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 
 from exporter.backends.base import LIBRARY, BackendFailed, BackendUnavailable, Cycle
-from exporter.backends.nvidia.calls import GpuLost, text
+from exporter.backends.nvidia.calls import GpuLost, Nvml, text
 from exporter.backends.nvidia.device import SOURCE, NvmlDevice, nvml_sample, read_info
 from exporter.backends.nvidia.events import XidEvents
 from exporter.backends.nvidia.gpm import GpmSampler, GpmUnsupported
@@ -79,6 +79,7 @@ MAX_XID = 0xFFFF  # XID codes are small numbers; event data beyond this is not a
 
 class NvidiaBackend:
     name = "nvidia"
+    source = SOURCE
     priority = LIBRARY
     interval: float | None = None
 
@@ -234,8 +235,8 @@ class NvidiaBackend:
         try:
             return g.gpm.sample()
         except self._nvml.NVMLError as e:
-            g.dev.call.failed(errors, ("nvmlGpmSampleGet", ()), e)
-            if ("nvmlGpmSampleGet", ()) in g.dev.call.unsupported:
+            g.dev.call.failed(errors, e, Nvml.GPM_SAMPLE_GET)
+            if g.dev.call.absent(Nvml.GPM_SAMPLE_GET):
                 g.gpm.close()
                 g.gpm = None
             return {}

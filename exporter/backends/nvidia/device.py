@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from exporter.backends.nvidia.calls import Caller, text, u32, u64
+from exporter.backends.nvidia.calls import Caller, Nvml, text, u32, u64
 from exporter.backends.nvidia.fields import FieldKey, FieldReader, field_id
 from exporter.backends.nvidia.health import Health
 from exporter.backends.nvidia.nvlink import NvLinks
@@ -72,10 +72,10 @@ THROTTLE_BITS = {
 ECC_TYPES = {Severity.CORRECTED: "NVML_MEMORY_ERROR_TYPE_CORRECTED",
              Severity.UNCORRECTED: "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"}
 ENGINES = {
-    Engine.ENCODER: "nvmlDeviceGetEncoderUtilization",
-    Engine.DECODER: "nvmlDeviceGetDecoderUtilization",
-    Engine.JPEG: "nvmlDeviceGetJpgUtilization",
-    Engine.OFA: "nvmlDeviceGetOfaUtilization",
+    Engine.ENCODER: Nvml.DEVICE_GET_ENCODER_UTILIZATION,
+    Engine.DECODER: Nvml.DEVICE_GET_DECODER_UTILIZATION,
+    Engine.JPEG: Nvml.DEVICE_GET_JPG_UTILIZATION,
+    Engine.OFA: Nvml.DEVICE_GET_OFA_UTILIZATION,
 }
 SOURCE = "nvml"
 GPM_SOURCE = "nvml_gpm"  # GPM's profiling ratios, of a GPU or of a MIG GPU instance
@@ -119,12 +119,12 @@ def read_info(nvml: Any, handle: Any, driver_version: str) -> DeviceInfo:
         except (nvml.NVMLError, AttributeError):
             return None
 
-    cc = opt("nvmlDeviceGetCudaComputeCapability")
-    arch = opt("nvmlDeviceGetArchitecture")
+    cc = opt(Nvml.DEVICE_GET_CUDA_COMPUTE_CAPABILITY)
+    arch = opt(Nvml.DEVICE_GET_ARCHITECTURE)
     arch_names = {getattr(nvml, k): v for k, v in ARCHITECTURES.items() if hasattr(nvml, k)}
-    minor = opt("nvmlDeviceGetMinorNumber")
+    minor = opt(Nvml.DEVICE_GET_MINOR_NUMBER)
     name, serial, vbios = (opt(f) for f in (
-        "nvmlDeviceGetName", "nvmlDeviceGetSerial", "nvmlDeviceGetVbiosVersion"))
+        Nvml.DEVICE_GET_NAME, Nvml.DEVICE_GET_SERIAL, Nvml.DEVICE_GET_VBIOS_VERSION))
     return DeviceInfo(
         vendor="nvidia",
         pci_bus_id=normalize_pci_bus_id(text(pci.busId)),
@@ -190,48 +190,48 @@ class NvmlDevice:
         thresholds: dict[str, float] = {}
         for key, const in THRESHOLDS.items():
             if hasattr(self.nvml, const):
-                v = u32(g(errors, "nvmlDeviceGetTemperatureThreshold", self.c(const)))
+                v = u32(g(errors, Nvml.DEVICE_GET_TEMPERATURE_THRESHOLD, self.c(const)))
                 # 0 means "no such threshold" on cards that answer instead of failing
                 if v and (t := gated(errors, v, 1, "celsius")) is not None:
                     thresholds[key] = t
         max_clocks: dict[str, float] = {}
         for clock, const in CLOCKS.items():
-            v = u32(g(errors, "nvmlDeviceGetMaxClockInfo", self.c(const)))
+            v = u32(g(errors, Nvml.DEVICE_GET_MAX_CLOCK_INFO, self.c(const)))
             if v and (hz := gated(errors, v, 1e6, "hertz")) is not None:
                 max_clocks[clock] = hz
         self.static = DeviceValues(
             temperature_thresholds_celsius=thresholds,
             clocks_max_hertz=max_clocks,
-            pcie_link_max_generation=u32(g(errors, "nvmlDeviceGetMaxPcieLinkGeneration")),
-            pcie_link_max_width=u32(g(errors, "nvmlDeviceGetMaxPcieLinkWidth")),
+            pcie_link_max_generation=u32(g(errors, Nvml.DEVICE_GET_MAX_PCIE_LINK_GENERATION)),
+            pcie_link_max_width=u32(g(errors, Nvml.DEVICE_GET_MAX_PCIE_LINK_WIDTH)),
         )
-        self.fans = u32(g(errors, "nvmlDeviceGetNumFans")) or 0
+        self.fans = u32(g(errors, Nvml.DEVICE_GET_NUM_FANS)) or 0
 
     def read_fast(self, errors: Counter[str]) -> DeviceValues:
         """Cheap getters (1-30 us each, see backend.py TIERS), every --collector.interval."""
         g = self.call.get
         if self.static is None:  # lost at open, or lost and back: limits not read yet
             self.read_static(errors)
-        util = g(errors, "nvmlDeviceGetUtilizationRates")
+        util = g(errors, Nvml.DEVICE_GET_UTILIZATION_RATES)
         temps: dict[str, float] = {}
-        temp = u32(g(errors, "nvmlDeviceGetTemperature", self.c("NVML_TEMPERATURE_GPU")))
+        temp = u32(g(errors, Nvml.DEVICE_GET_TEMPERATURE, self.c("NVML_TEMPERATURE_GPU")))
         if (celsius := gated(errors, temp, 1, "celsius")) is not None:
             temps[Sensor.GPU] = celsius
-        power = u32(g(errors, "nvmlDeviceGetPowerUsage"))
-        limit = u32(g(errors, "nvmlDeviceGetEnforcedPowerLimit"))
+        power = u32(g(errors, Nvml.DEVICE_GET_POWER_USAGE))
+        limit = u32(g(errors, Nvml.DEVICE_GET_ENFORCED_POWER_LIMIT))
         fans = {}
         for fan in range(self.fans):
-            r = ratio(u32(g(errors, "nvmlDeviceGetFanSpeed_v2", fan)))
+            r = ratio(u32(g(errors, Nvml.DEVICE_GET_FAN_SPEED_V2, fan)))
             if r is not None:
                 fans[str(fan)] = r
         clocks: dict[str, float] = {}
         for clock, const in CLOCKS.items():
-            mhz = u32(g(errors, "nvmlDeviceGetClockInfo", self.c(const)))
+            mhz = u32(g(errors, Nvml.DEVICE_GET_CLOCK_INFO, self.c(const)))
             if (hz := gated(errors, mhz, 1e6, "hertz")) is not None:
                 clocks[clock] = hz
-        pstate = u32(g(errors, "nvmlDeviceGetPerformanceState"))
-        gen = u32(g(errors, "nvmlDeviceGetCurrPcieLinkGeneration"))
-        width = u32(g(errors, "nvmlDeviceGetCurrPcieLinkWidth"))
+        pstate = u32(g(errors, Nvml.DEVICE_GET_PERFORMANCE_STATE))
+        gen = u32(g(errors, Nvml.DEVICE_GET_CURR_PCIE_LINK_GENERATION))
+        width = u32(g(errors, Nvml.DEVICE_GET_CURR_PCIE_LINK_WIDTH))
         fv = self.fields.read(errors, self.fast_fields.values())
         mem_temp = self._field(fv, "memory_temp")
         # 0 is what cards without an HBM sensor answer instead of failing
@@ -246,7 +246,7 @@ class NvmlDevice:
                 engines[engine] = busy
         ecc: dict[str, int] = {}
         for severity, const in ECC_TYPES.items():
-            v = u64(g(errors, "nvmlDeviceGetTotalEccErrors", self.c(const),
+            v = u64(g(errors, Nvml.DEVICE_GET_TOTAL_ECC_ERRORS, self.c(const),
                       self.c("NVML_VOLATILE_ECC")))
             if v is not None:
                 ecc[severity] = v
@@ -270,7 +270,7 @@ class NvmlDevice:
         ), read_memory(self.call, errors), self._remapped(errors))
 
     def _remapped(self, errors: Counter[str]) -> DeviceValues:
-        rows = self.call.get(errors, "nvmlDeviceGetRemappedRows")
+        rows = self.call.get(errors, Nvml.DEVICE_GET_REMAPPED_ROWS)
         if rows is None:
             return DeviceValues()
         corr, unc, pending, failure = (u32(x) for x in rows)
@@ -286,9 +286,9 @@ class NvmlDevice:
         return None if fv is None else u32(fv.value)
 
     def _throttle(self, errors: Counter[str]) -> dict[str, bool]:
-        mask = u64(self.call.get(errors, "nvmlDeviceGetCurrentClocksEventReasons"))
-        if mask is None and ("nvmlDeviceGetCurrentClocksEventReasons", ()) in self.call.unsupported:
-            mask = u64(self.call.get(errors, "nvmlDeviceGetCurrentClocksThrottleReasons"))
+        mask = u64(self.call.get(errors, Nvml.DEVICE_GET_CURRENT_CLOCKS_EVENT_REASONS))
+        if mask is None and self.call.absent(Nvml.DEVICE_GET_CURRENT_CLOCKS_EVENT_REASONS):
+            mask = u64(self.call.get(errors, Nvml.DEVICE_GET_CURRENT_CLOCKS_THROTTLE_REASONS))
         if mask is None:
             return {}
         return {reason: bool(mask & bit) for reason, bit in THROTTLE_BITS.items()}
@@ -300,15 +300,15 @@ class NvmlDevice:
         cycle, self._slow_cycles = self._slow_cycles, self._slow_cycles + 1
         due = cycle % COUNTERS_EVERY == 0
         if due:
-            self._energy = gated(errors, u64(g(errors, "nvmlDeviceGetTotalEnergyConsumption")),
+            self._energy = gated(errors, u64(g(errors, Nvml.DEVICE_GET_TOTAL_ENERGY_CONSUMPTION)),
                                  1e-3, "joules")
         pcie: dict[str, float] = {}
         for key, const in ((Direction.TX, "NVML_PCIE_UTIL_TX_BYTES"),
                            (Direction.RX, "NVML_PCIE_UTIL_RX_BYTES")):
-            kb = u32(g(errors, "nvmlDeviceGetPcieThroughput", self.c(const)))
+            kb = u32(g(errors, Nvml.DEVICE_GET_PCIE_THROUGHPUT, self.c(const)))
             if (rate := gated(errors, kb, KIB, "bytes_per_second")) is not None:
                 pcie[key] = rate
-        replays = u32(g(errors, "nvmlDeviceGetPcieReplayCounter"))
+        replays = u32(g(errors, Nvml.DEVICE_GET_PCIE_REPLAY_COUNTER))
         throughput_due, errors_due = self.nvlink.due(cycle)
         values = self._slow_fields(errors, throughput_due)
         return DeviceValues(
@@ -335,13 +335,13 @@ class NvmlDevice:
 def read_memory(call: Caller, errors: Counter[str]) -> DeviceValues:
     """Device memory of a GPU or MIG device handle, v2 (with the reservation) where it answers."""
     v2 = getattr(call.nvml, "nvmlMemory_v2", None)
-    mem = None if v2 is None else call.get(errors, "nvmlDeviceGetMemoryInfo", version=v2)
+    mem = None if v2 is None else call.get(errors, Nvml.DEVICE_GET_MEMORY_INFO, version=v2)
     if mem is not None:
         # v2 splits off the driver-reserved memory; its `used` is what nvidia-smi shows.
         return DeviceValues(memory_total_bytes=u64(mem.total), memory_used_bytes=u64(mem.used),
                             memory_free_bytes=u64(mem.free),
                             memory_reserved_bytes=u64(mem.reserved))
-    mem = call.get(errors, "nvmlDeviceGetMemoryInfo")
+    mem = call.get(errors, Nvml.DEVICE_GET_MEMORY_INFO)
     if mem is None:
         return DeviceValues()
     return DeviceValues(memory_total_bytes=u64(mem.total), memory_used_bytes=u64(mem.used),

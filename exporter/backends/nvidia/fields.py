@@ -38,7 +38,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from exporter.backends.nvidia.calls import Caller
+from exporter.backends.nvidia.calls import Caller, Nvml
 
 FieldKey = tuple[int, int]  # (field id, scope id)
 
@@ -64,7 +64,7 @@ def field_values(nvml: Any, handle: Any, keys: Sequence[FieldKey]) -> Any:
     values = (nvml.c_nvmlFieldValue_t * (len(keys) + SPARE_ENTRIES))()
     for entry, (fid, scope) in zip(values, keys, strict=False):
         entry.fieldId, entry.scopeId = fid, scope
-    fn = nvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    fn = nvml._nvmlGetFunctionPointer(Nvml.DEVICE_GET_FIELD_VALUES.value)
     nvml._nvmlCheckReturn(fn(handle, ctypes.c_int32(len(keys)), ctypes.byref(values)))
     return values[:len(keys)]
 
@@ -96,7 +96,7 @@ class FieldReader:
         keys = tuple(k for k in wanted if k not in self.dropped)
         if not keys:
             return {}
-        values = self.call.get_with(errors, "nvmlDeviceGetFieldValues",
+        values = self.call.get_with(errors, Nvml.DEVICE_GET_FIELD_VALUES,
                                     lambda handle, k: field_values(self.nvml, handle, k), keys)
         if values is None:  # the call itself is unsupported (or failed and was counted)
             return {}

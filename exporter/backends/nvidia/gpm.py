@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from exporter.backends.nvidia.calls import Nvml
 from exporter.labels import Profiling
 from exporter.units import ratio_from_percent
 
@@ -41,7 +42,7 @@ class GpmSampler:
         self.nvml = nvml
         self.handle = handle  # the physical GPU, also for a MIG GPU instance
         self.gpu_instance_id = gpu_instance_id
-        if not hasattr(nvml, "nvmlGpmQueryDeviceSupport"):
+        if not hasattr(nvml, Nvml.GPM_QUERY_DEVICE_SUPPORT):
             raise GpmUnsupported("nvidia-ml-py has no GPM bindings")
         try:
             support = nvml.nvmlGpmQueryDeviceSupport(handle)
@@ -50,7 +51,7 @@ class GpmSampler:
         if not support.isSupportedDevice:
             raise GpmUnsupported("GPU does not support GPM (needs Hopper or later)")
         self.metrics = [(k, getattr(nvml, c)) for k, c in GPM_METRICS.items() if hasattr(nvml, c)]
-        if gpu_instance_id is not None and not hasattr(nvml, "nvmlGpmMigSampleGet"):
+        if gpu_instance_id is not None and not hasattr(nvml, Nvml.GPM_MIG_SAMPLE_GET):
             raise GpmUnsupported("nvidia-ml-py has no nvmlGpmMigSampleGet")
         # One request struct for the sampler's life: version and metric ids are inputs
         # NVML does not write (nvml.h nvmlGpmMetricsGet_t); only the two samples change.

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from exporter.backends.nvidia.calls import Caller, u64
+from exporter.backends.nvidia.calls import Caller, Nvml, u64
 from exporter.backends.nvidia.fields import FieldKey, FieldValue, field_id
 from exporter.labels import RetireCause, Severity, ThrottleReason
 from exporter.model import DeviceValues
@@ -102,7 +102,7 @@ class Health:
         if counters_due or self.events is None:
             events: dict[str, float] = {}
             for reason, policy in self.violations.items():
-                v = g(errors, "nvmlDeviceGetViolationStatus", policy)
+                v = g(errors, Nvml.DEVICE_GET_VIOLATION_STATUS, policy)
                 seconds = None if v is None else scaled(u64(v.violationTime), 1e-9, "seconds")
                 if seconds is not None:
                     events[reason] = seconds
@@ -112,7 +112,7 @@ class Health:
         if self.volatile is not None:
             for location, block in self.locations.items():
                 for severity, kind in self.severities.items():
-                    n = u64(g(errors, "nvmlDeviceGetMemoryErrorCounter", kind, self.volatile,
+                    n = u64(g(errors, Nvml.DEVICE_GET_MEMORY_ERROR_COUNTER, kind, self.volatile,
                               location))
                     if n is not None:
                         ras[(block, severity)] = n

@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from exporter.backends.nvidia.calls import Caller, text, u32
+from exporter.backends.nvidia.calls import Caller, Nvml, text, u32
 from exporter.backends.nvidia.device import SOURCE, NvmlDevice, nvml_sample, read_memory
 from exporter.backends.nvidia.gpm import GpmSampler, GpmUnsupported
 from exporter.backends.nvidia.processes import ProcessReader
@@ -69,7 +69,7 @@ class MigReader:
         changes made since the last cycle."""
         call = self.parent.call
         if slow or not self.mode_read:
-            mode = call.get(errors, "nvmlDeviceGetMigMode")
+            mode = call.get(errors, Nvml.DEVICE_GET_MIG_MODE)
             self.mode_read = True
             enabled = None if mode is None else u32(mode[0]) == self._enable
         else:
@@ -104,7 +104,7 @@ class MigReader:
     def _enumerate(self, errors: Counter[str]) -> dict[str, MigInstance]:
         nvml, call = self.nvml, self.parent.call
         seen: dict[str, MigInstance] = {}
-        slots = u32(call.get(errors, "nvmlDeviceGetMaxMigDeviceCount")) or 0
+        slots = u32(call.get(errors, Nvml.DEVICE_GET_MAX_MIG_DEVICE_COUNT)) or 0
         not_found = getattr(nvml, "NVML_ERROR_NOT_FOUND", 6)
         for index in range(slots):
             try:
@@ -112,7 +112,7 @@ class MigReader:
                 uuid = text(nvml.nvmlDeviceGetUUID(handle))
             except nvml.NVMLError as e:
                 if getattr(e, "value", None) != not_found:  # NOT_FOUND: an empty index
-                    call.failed(errors, ("nvmlDeviceGetMigDeviceHandleByIndex", ()), e)
+                    call.failed(errors, e, Nvml.DEVICE_GET_MIG_DEVICE_HANDLE_BY_INDEX)
                 continue
             known = self.instances.get(uuid)
             if known is not None:
@@ -122,7 +122,7 @@ class MigReader:
             try:
                 seen[uuid] = self._instance(handle, uuid, index)
             except nvml.NVMLError as e:  # destroyed between the two calls: next cycle
-                call.failed(errors, ("nvmlDeviceGetGpuInstanceId", ()), e)
+                call.failed(errors, e, Nvml.DEVICE_GET_GPU_INSTANCE_ID)
         return seen
 
     def _instance(self, handle: Any, uuid: str, index: int) -> MigInstance:
@@ -177,8 +177,8 @@ class MigReader:
         try:
             return sampler.sample()
         except nvml.NVMLError as e:
-            self.parent.call.failed(errors, ("nvmlGpmMigSampleGet", (gi,)), e)
-            if ("nvmlGpmMigSampleGet", (gi,)) in self.parent.call.unsupported:
+            self.parent.call.failed(errors, e, Nvml.GPM_MIG_SAMPLE_GET, gi)
+            if self.parent.call.absent(Nvml.GPM_MIG_SAMPLE_GET, gi):
                 sampler.close()
                 self.gpm[gi] = None
             return {}

@@ -36,7 +36,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from exporter.backends.nvidia.calls import Caller, u32, u64
+from exporter.backends.nvidia.calls import Caller, Nvml, u32, u64
 from exporter.backends.nvidia.fields import FieldKey, FieldValue, field_id
 from exporter.labels import Direction, NvLinkError, Remote
 from exporter.units import bounded
@@ -88,7 +88,7 @@ class NvLinks:
         if self.absent:
             return out
         for link in range(self.max_links):
-            state = u32(self.call.probe(errors, "nvmlDeviceGetNvLinkState", link))
+            state = u32(self.call.probe(errors, Nvml.DEVICE_GET_NV_LINK_STATE, link))
             if state is None:
                 continue
             if link not in self.remote:
@@ -96,13 +96,12 @@ class NvLinks:
                     continue  # never active: not a link this GPU uses
                 self.remote[link] = self._remote_type(errors, link)
             out[(str(link), self.remote[link])] = bool(state)
-        unsupported = self.call.unsupported
         self.absent = not self.remote and all(
-            ("nvmlDeviceGetNvLinkState", (link,)) in unsupported for link in range(self.max_links))
+            self.call.absent(Nvml.DEVICE_GET_NV_LINK_STATE, link) for link in range(self.max_links))
         return out
 
     def _remote_type(self, errors: Counter[str], link: int) -> str:
-        kind = self.call.get(errors, "nvmlDeviceGetNvLinkRemoteDeviceType", link)
+        kind = self.call.get(errors, Nvml.DEVICE_GET_NV_LINK_REMOTE_DEVICE_TYPE, link)
         return UNKNOWN_REMOTE if kind is None else self.remote_names.get(kind, UNKNOWN_REMOTE)
 
     def throughput_fields(self) -> list[FieldKey]:
@@ -137,10 +136,10 @@ class NvLinks:
 
     def _utilization_counter(self, errors: Counter[str], link: int,
                              now: float) -> dict[str, tuple[int, float]]:
-        control = self.call.get(errors, "nvmlDeviceGetNvLinkUtilizationControl", link, 0)
+        control = self.call.get(errors, Nvml.DEVICE_GET_NV_LINK_UTILIZATION_CONTROL, link, 0)
         if control is None or self.bytes_unit is None or control.units != self.bytes_unit:
             return {}
-        counts = self.call.get(errors, "nvmlDeviceGetNvLinkUtilizationCounter", link, 0)
+        counts = self.call.get(errors, Nvml.DEVICE_GET_NV_LINK_UTILIZATION_COUNTER, link, 0)
         if counts is None:
             return {}
         rx, tx = (u64(c) for c in counts)
@@ -162,7 +161,7 @@ class NvLinks:
         out: dict[tuple[str, str], int] = {}
         for link in sorted(self.remote):
             for kind, counter in self.errors_by_type.items():
-                v = u64(self.call.get(errors, "nvmlDeviceGetNvLinkErrorCounter", link, counter))
+                v = u64(self.call.get(errors, Nvml.DEVICE_GET_NV_LINK_ERROR_COUNTER, link, counter))
                 if v is not None:
                     out[(str(link), kind)] = v
         self._errors = out

@@ -21,13 +21,14 @@ import os
 from collections import Counter
 from typing import Any
 
-from exporter.backends.nvidia.calls import Caller, text, u32, u64
+from exporter.backends.nvidia.calls import Caller, Nvml, text, u32, u64
 from exporter.fs import ProcFS
 from exporter.model import ProcessSample
 from exporter.units import parse_rss, parse_start_time, process_name
 from exporter.units import ratio_from_percent as ratio
 
-PROCESS_LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
+PROCESS_LISTS = (Nvml.DEVICE_GET_COMPUTE_RUNNING_PROCESSES,
+                 Nvml.DEVICE_GET_GRAPHICS_RUNNING_PROCESSES)
 
 
 class ProcessReader:
@@ -78,8 +79,7 @@ class ProcessReader:
     def read_utilization(self, errors: Counter[str]) -> None:
         """Per-process SM utilisation since the last slow cycle (slow tier)."""
         not_found = getattr(self.nvml, "NVML_ERROR_NOT_FOUND", 6)
-        key = ("nvmlDeviceGetProcessUtilization", ())
-        if key in self.call.unsupported:
+        if self.call.absent(Nvml.DEVICE_GET_PROCESS_UTILIZATION):
             return
         try:
             samples = self.nvml.nvmlDeviceGetProcessUtilization(self.call.handle,
@@ -88,7 +88,7 @@ class ProcessReader:
             if getattr(e, "value", None) == not_found:  # no process ran a kernel since then
                 self._sm_util = {}
                 return
-            self.call.failed(errors, key, e)
+            self.call.failed(errors, e, Nvml.DEVICE_GET_PROCESS_UTILIZATION)
             return
         latest: dict[int, tuple[int, float]] = {}
         for s in samples:

@@ -1,0 +1,70 @@
+"""Closed vocabularies are enums the type checker sees (exporter.labels): health checks and
+finding codes, keyed as such by dcgm mode's mapping; the values served stay the strings."""
+
+from __future__ import annotations
+
+import json
+
+from exporter import dcgm, health
+from exporter.labels import Check, FindingCode
+from exporter.model import DeviceInfo, DeviceSample
+
+
+def test_every_check_but_xid_is_a_dcgm_health_watch_and_codes_are_finding_codes() -> None:
+    assert set(dcgm.HEALTH_WATCHES) == set(Check) - {Check.XID}  # docs/dcgm-compat.md
+    assert all(isinstance(code, FindingCode) for code in dcgm.HEALTH_CODES)
+    assert health.CHECKS == tuple(Check)
+    assert [str(c) for c in health.CHECKS] == ["thermal", "memory", "xid", "interconnect",
+                                              "power", "pcie", "driver"]
+
+
+def test_a_lost_gpu_s_finding_serves_plain_strings() -> None:
+    lost = DeviceSample(info=DeviceInfo(vendor="nvidia", pci_bus_id="0000:18:00.0",
+                                        uuid="GPU-1"), source="nvml", up=False)
+    verdict = health.evaluate(lost, now=0.0)
+    body = json.loads(json.dumps(verdict.as_dict()))
+    assert body == {"status": "failed", "checks": {"driver": 2}, "reasons": [
+        {"check": "driver", "status": "failed", "code": "gpu_unreadable",
+         "reason": "GPU cannot be read: lost, fallen off the bus, or its driver stopped "
+                   "answering"}]}
+    (family,) = dcgm.health_family([("0", lost, verdict)], "host")
+    assert {s.labels["health_watch"]: s.labels["health_error_code"]
+            for s in family.samples} == {"DRIVER": "DCGM_FR_UNKNOWN"}
+
+
+def test_reload_s_live_settings_name_real_fields() -> None:
+    """reload's live settings are named groups, not slices: each name is a field."""
+    from dataclasses import fields
+
+    from exporter import reload
+    from exporter.config import Config
+    from exporter.webconfig import WebConfig
+
+    config = {f.name for f in fields(Config)}
+    web = {f.name for f in fields(WebConfig)}
+    assert set(reload.LIVE) <= config and set(reload.SELECTION) <= set(reload.LIVE)
+    assert set(reload.WEB_LIVE) <= web and set(reload.TLS_FILES) <= set(reload.WEB_LIVE)
+    assert set(reload.LIVE) == {*reload.HUB_LIVE, *reload.SELECTION}
+
+
+def test_every_collection_error_reason_is_one_of_the_vocabulary() -> None:
+    """Reasons are one closed vocabulary (labels.ErrorReason): every reason written as a
+    literal in exporter/, and every one the goldens serve, is a member."""
+    import re
+    from pathlib import Path
+
+    from exporter.labels import ErrorReason
+
+    root = Path(__file__).resolve().parent.parent
+    literal = re.compile(r'errors\[\s*"([a-z_0-9]+)"\s*\]|problem = "([a-z_]+)"|'
+                         r'None, "(cgroup_[a-z_]+)"|else "(cgroup_[a-z_]+)"')
+    found = {g for path in (root / "exporter").rglob("*.py")
+             for m in literal.finditer(path.read_text()) for g in m.groups() if g}
+    served = {m.group(1) for path in (root / "tests" / "golden").rglob("*.prom")
+              for m in re.finditer(r'^gpu_exporter_collection_errors_total\{[^}]*reason="'
+                                   r'([a-z_]+)"', path.read_text(), re.M)}
+    assert {"parse", "unknown_device_id", "cgroup_unreadable", "child_hung"} <= found
+    assert served and "unreadable" in served
+    values = {r.value for r in ErrorReason}
+    assert found - values == set() and served - values == set()
+    assert {"nvml_error", "amdsmi_error", "level_zero_error"} <= values  # backends.calls
