@@ -26,7 +26,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from exporter.connections import AUTH_MARK
+from exporter.connections import AUTH_MARK, CHUNK
 
 OPEN_PATHS = frozenset({"/-/healthy", "/-/ready"})
 OK, FAILED, LIMITED = "ok", "failed", "limited"
@@ -224,3 +224,33 @@ class HeadersMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class ChunkedBodyMiddleware:
+    """Hands a response body to the server ``CHUNK`` bytes at a time: the server waits
+    for one to reach the kernel before it takes the next (exporter.connections), so a
+    client that does not read holds at most one chunk of its answer in this process,
+    not a whole copy of the exposition."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_chunked(message: Any) -> None:
+            body = message.get("body", b"") if message["type"] == "http.response.body" \
+                else b""
+            if len(body) <= CHUNK:
+                await send(message)
+                return
+            view = memoryview(body)
+            more = message.get("more_body", False)
+            for at in range(0, len(body), CHUNK):
+                last = at + CHUNK >= len(body)
+                await send({"type": "http.response.body", "body": view[at:at + CHUNK],
+                            "more_body": more or not last})
+
+        await self.app(scope, receive, send_chunked)

@@ -28,7 +28,7 @@ import ssl
 import stat
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import uvicorn
@@ -36,6 +36,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive
 
 from exporter.collector import Hub
 from exporter.config import Config, split_listen_address
@@ -48,11 +49,13 @@ from exporter.landing_static import APP_CSS, APP_JS
 from exporter.logs import Every
 from exporter.middleware import (
     BasicAuthMiddleware,
+    ChunkedBodyMiddleware,
     HeadersMiddleware,
     PasswordChecker,
     RateLimitMiddleware,
 )
-from exporter.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
+from exporter.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer, Worker
+from exporter.render.exposition import Busy
 from exporter.snapshot import snapshot_json
 from exporter.webconfig import WebConfig, tls_context
 
@@ -91,6 +94,42 @@ def negotiate(accept: str, accept_encoding: str) -> str:
     return f"{variant}+gzip" if _quality(accept_encoding, "gzip") > 0 else variant
 
 
+async def _disconnected(receive: Receive) -> None:
+    """Returns once the client has hung up (uvicorn's ``http.disconnect``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+T = TypeVar("T")
+
+
+async def off_loop(request: Request, worker: Worker, fn: Callable[[], T]) -> T | Response:
+    """``fn`` run on ``worker`` (the pages' thread), unless the client has hung up by
+    the time it would start: nothing is queued for a client already gone, and a queued
+    call is dropped when its client goes. 503 when the queue is full (PAGE_QUEUE)."""
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    await asyncio.sleep(0)  # a disconnect already received is seen now
+    if gone.done():
+        return Response(status_code=499)  # never sent: there is no one to send it to
+    try:
+        future = worker.call(fn)
+    except Busy:
+        gone.cancel()
+        return PlainTextResponse("Busy: too many page renders waiting; retry\n",
+                                 status_code=503, headers={"Retry-After": "1"})
+    result = asyncio.wrap_future(future)
+    waiting: set[asyncio.Future[Any]] = {result, gone}
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not result.done():  # the client hung up: drop the call if it has not started
+        future.cancel()
+        result.cancel()
+        return Response(status_code=499)
+    return result.result()
+
+
 def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | None = None,
               start_collection: bool = True, history: History | None = None) -> Starlette:
     """The routes; ``history``: the ring buffer the landing page draws (its own, fed by
@@ -119,15 +158,19 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
     async def snapshot(request: Request) -> Response:
         current = hub.snapshot
         otlp = renderer.otlp() if renderer.otlp is not None else None
-        body = await asyncio.wrap_future(
-            renderer.worker.call(lambda: snapshot_json(current, indent=2, otlp=otlp)))
+        body = await off_loop(request, renderer.pages,
+                              lambda: snapshot_json(current, indent=2, otlp=otlp))
+        if isinstance(body, Response):
+            return body
         return Response(body, media_type="application/json")
 
     async def landing(request: Request) -> Response:
         current = hub.snapshot
         otlp = renderer.otlp() if renderer.otlp is not None else None
-        body = await asyncio.wrap_future(renderer.worker.call(
-            lambda: landing_page(current, history, config.telemetry_path, otlp)))
+        body = await off_loop(request, renderer.pages, lambda: landing_page(
+            current, history, config.telemetry_path, otlp))
+        if isinstance(body, Response):
+            return body
         return HTMLResponse(body, headers={"Content-Security-Policy": CSP})
 
     async def history_json(request: Request) -> Response:
@@ -135,9 +178,11 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
             since = float(request.query_params.get("since", "0"))
         except ValueError:
             since = 0.0
-        body = await asyncio.wrap_future(renderer.worker.call(
-            lambda: json.dumps(history.as_json(since if math.isfinite(since) else 0.0),
-                               separators=(",", ":")).encode()))
+        body = await off_loop(request, renderer.pages, lambda: json.dumps(
+            history.as_json(since if math.isfinite(since) else 0.0),
+            separators=(",", ":")).encode())
+        if isinstance(body, Response):
+            return body
         return Response(body, media_type="application/json",
                         headers={"Cache-Control": "no-store"})
 
@@ -178,6 +223,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
     # A redirect for "/metrics/" would be built from the client's Host header.
     app.router.redirect_slashes = False
     # The last one added is the outermost: the headers go on 401 and 429 too.
+    app.add_middleware(ChunkedBodyMiddleware)
     if web is not None and web.basic_auth_users:
         passwords = PasswordChecker(web.basic_auth_users)
         passwords.on_thread = server_threads.append
