@@ -322,6 +322,39 @@ def _unix_socket(path: str) -> socket.socket:
     return sock
 
 
+def _tcp_socket(address: str) -> socket.socket:
+    """A bound TCP socket. ``:port`` (no host) and ``[::]:port`` listen on IPv6 and IPv4
+    (one dual-stack socket, as Go's servers do) where the host has IPv6, else on IPv4;
+    ``0.0.0.0:port`` on IPv4 only, ``[::1]:port`` and other IPv6 addresses on IPv6 only."""
+    host, port = split_listen_address(address)
+    any_host = address.rpartition(":")[0] in ("", "[::]")
+    dual = any_host and socket.has_ipv6
+    if dual:
+        host = "::"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only
+        # for sockets that say they are TCP; without it Nagle holds the body of a
+        # keep-alive response back until the scraper's delayed ACK (~40 ms).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    except OSError:  # IPv6 compiled in but not available (ipv6.disable=1)
+        if not dual:
+            raise
+        return _tcp_socket("0.0.0.0:" + str(port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual else 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if dual and e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+            return _tcp_socket("0.0.0.0:" + str(port))  # no IPv6 address on this host
+        raise AddressInUse(e.errno, f"{address}: {e.strerror}") from None
+    return sock
+
+
 def bind_sockets(addresses: tuple[str, ...]) -> list[socket.socket]:
     """Bind every --web.listen-address before serving, so a bad one fails at start-up."""
     sockets: list[socket.socket] = []
@@ -330,18 +363,7 @@ def bind_sockets(addresses: tuple[str, ...]) -> list[socket.socket]:
             if address.startswith("unix:"):
                 sock = _unix_socket(address[len("unix:"):])
             else:
-                host, port = split_listen_address(address)
-                family = socket.AF_INET6 if ":" in host else socket.AF_INET
-                # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only
-                # for sockets that say they are TCP; without it Nagle holds the body of a
-                # keep-alive response back until the scraper's delayed ACK (~40 ms).
-                sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind((host, port))
-                except OSError as e:
-                    sock.close()
-                    raise AddressInUse(e.errno, f"{address}: {e.strerror}") from None
+                sock = _tcp_socket(address)
             sock.listen(BACKLOG)
             sock.set_inheritable(True)
             sockets.append(sock)
