@@ -7,7 +7,8 @@ Starts the daemon of ``--repo`` (default: this checkout) on 127.0.0.1 with the f
 NVML generating ``--gpus`` GPUs, then opens ``--connections`` connections with a 4 KB
 receive buffer; each sends pipelined ``GET --path`` requests as fast as the server
 takes them and never reads a byte, for ``--seconds``, then all close. Meanwhile a
-probe opens a new connection every 0.25 s for ``/-/healthy`` (2 s timeout). Prints
+probe opens a new connection every 0.25 s for ``/-/healthy`` (``--probe-timeout``,
+default 2 s). The readers run in a process of their own. Prints
 the probes' success rate and latency p50/p99, the daemon's RSS before, at its highest
 during, and 5 s after the flood, and the kernel's TCP memory (pages) at its highest.
 
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import http.client
+import multiprocessing
 import os
 import resource
 import socket
@@ -28,10 +30,10 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "bench"))
@@ -122,18 +124,30 @@ async def _reader(port: int, request: bytes, deadline: float,
     return connects
 
 
-def flood(port: int, connections: int, seconds: float, request: bytes,
-          context: ssl.SSLContext | None) -> tuple[threading.Thread, list[int]]:
+def _flood(port: int, connections: int, seconds: float, request: bytes, tls: bool,
+           connects: Any) -> None:
+    context = None
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     deadline = time.monotonic() + seconds
-    result: list[int] = []
 
     async def run() -> None:
-        result.extend(await asyncio.gather(*(_reader(port, request, deadline, context)
-                                             for _ in range(connections))))
+        counts = await asyncio.gather(*(_reader(port, request, deadline, context)
+                                        for _ in range(connections)))
+        connects.value = sum(counts)
 
-    thread = threading.Thread(target=asyncio.run, args=(run(),), daemon=True)
-    thread.start()
-    return thread, result
+    asyncio.run(run())
+
+
+def flood(port: int, connections: int, seconds: float, request: bytes,
+          tls: bool) -> tuple[multiprocessing.Process, Any]:
+    """The readers, in a process of their own (not competing with the probe for a GIL)."""
+    connects = multiprocessing.Value("i", 0)
+    process = multiprocessing.Process(target=_flood, daemon=True, args=(
+        port, connections, seconds, request, tls, connects))
+    process.start()
+    return process, connects
 
 
 def main() -> None:
@@ -143,6 +157,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--path", default="/metrics", help="what the slow readers ask for")
     p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--probe-timeout", type=float, default=2.0,
+                   help="seconds a probe may take (default 2)")
     p.add_argument("--tls", action="store_true")
     p.add_argument("--auth", action="store_true",
                    help="basic auth on (the readers use the open --path /-/healthy then)")
@@ -182,7 +198,7 @@ def main() -> None:
             time.sleep(2)
             rss0, fds0 = rss_and_fds(proc.pid)
             mem0 = tcp_mem_pages()
-            thread, connects = flood(port, args.connections, args.seconds, request, context)
+            process, connects = flood(port, args.connections, args.seconds, request, args.tls)
             latencies: list[float] = []
             tries = 0
             rss_max, mem_max = rss0, mem0
@@ -190,13 +206,13 @@ def main() -> None:
             time.sleep(min(5.0, args.seconds / 4))  # let the readers fill their buffers
             while time.monotonic() < end:
                 tries += 1
-                took = probe(port, context)
+                took = probe(port, context, args.probe_timeout)
                 if took is not None:
                     latencies.append(took)
                 rss_max = max(rss_max, rss_and_fds(proc.pid)[0])
                 mem_max = max(mem_max, tcp_mem_pages())
                 time.sleep(0.25)
-            thread.join(args.seconds + 30)
+            process.join(args.seconds + 30)
             time.sleep(5)
             rss_after, fds_after = rss_and_fds(proc.pid)
             after_ok = probe(port, context) is not None
@@ -212,8 +228,10 @@ def main() -> None:
           f"{'ok' if after_ok else 'FAILED'}")
     print(f"daemon RSS     before {rss0:.0f} MB, highest during {rss_max:.0f} MB, "
           f"5 s after {rss_after:.0f} MB; fds {fds0} -> {fds_after}")
+    print(f"probe timeout  {args.probe_timeout:g} s; load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs")
     print(f"kernel TCP mem before {mem0} pages, highest during {mem_max} pages "
-          f"({mem_max * 4 / 1024:.0f} MiB); reader connects {sum(connects)}; "
+          f"({mem_max * 4 / 1024:.0f} MiB); reader connects {connects.value}; "
           f"Traceback lines {text.count('Traceback')}")
     refused = [line for line in text.splitlines() if "connection refused" in line]
     print(f"refusal log lines {len(refused)}: {refused[:2]}")

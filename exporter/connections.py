@@ -22,15 +22,20 @@ buffer of each accepted socket is ``SEND_BUFFER`` (not the autotuned megabytes),
 transport holds at most one ``CHUNK`` of an answer (the server hands bodies over in
 chunks and waits for the previous one to reach the kernel), and an answer that makes
 no progress for ``WRITE_TIMEOUT`` seconds (the client reads nothing) is aborted and
-its slot freed. A pipelined request is served only after the answer before it.
+its slot freed. A pipelined request is served only once the client has taken the
+answer before it (nothing of it left in the kernel's send queue), so a client that
+pipelines and never reads costs one answer, not one per request it sends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import socket
 import ssl
+import sys
+import termios
 from asyncio import sslproto
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +55,7 @@ TLS_READ_BUFFER = 16 * 1024  # asyncio's default is 256 KiB per connection, zero
 WRITE_TIMEOUT = 10.0  # seconds an answer may wait for the client to read it
 SEND_BUFFER = 64 * 1024  # SO_SNDBUF of an accepted socket (Linux doubles it: 128 KiB)
 CHUNK = 64 * 1024  # an answer is handed to the transport this much at a time
+PIPELINE_POLL = 0.05  # seconds between looks at whether a pipelining client has read
 
 # The states a connection is in, for choosing which one makes room.
 UNPROVEN = "unproven"  # handshake, no request yet, password being checked, auth failed
@@ -137,6 +143,8 @@ class BoundedH11(H11Protocol):
         self._completing = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
+        self._behind: asyncio.TimerHandle | None = None  # a pipelined request waits
+        self._behind_since: float | None = None
 
     def evict(self) -> None:
         """Close to make room: now, or as soon as the accepted socket is handed over."""
@@ -242,6 +250,25 @@ class BoundedH11(H11Protocol):
         self._mark(UNPROVEN)
 
     def on_response_complete(self) -> None:
+        if self._client_behind():
+            # A pipelined request waits, and the client has not taken the last answer
+            # yet: serve it once the client has (checked every PIPELINE_POLL seconds;
+            # WRITE_TIMEOUT without progress aborts). A reader that never reads costs
+            # one answer, not one per request it sends.
+            loop = self.loop
+            if self._behind_since is None:
+                self._behind_since = loop.time()
+                self.write_stalled = True
+                self._mark(self.state)
+            if loop.time() - self._behind_since > WRITE_TIMEOUT:
+                (self.raw or self.transport).abort()
+                return
+            self._behind = loop.call_later(PIPELINE_POLL, self.on_response_complete)
+            return
+        if self._behind_since is not None:
+            self._behind_since = self._behind = None
+            if not self.flow.write_paused:
+                self.write_stalled = False
         self._completing = True
         try:
             # starts a pipelined request already received (handle_events marks it)
@@ -253,9 +280,28 @@ class BoundedH11(H11Protocol):
             self.pipelined = False
             self._mark(UNPROVEN if self.failed_auth else IDLE)
 
+    def _client_behind(self) -> bool:
+        """A pipelined request is buffered while the answers before it still wait in
+        this process or the kernel's send queue (unread, or not acknowledged)."""
+        if self.transport.is_closing() or not self.conn.trailing_data[0]:
+            return False
+        if self.transport.get_write_buffer_size():
+            return True
+        sock = (self.raw or self.transport).get_extra_info("socket")
+        if sock is None or not hasattr(termios, "TIOCOUTQ"):
+            return False
+        try:
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int.from_bytes(queued, sys.byteorder) > 0
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._cancel_write_timer()
+        if self._behind is not None:
+            self._behind.cancel()
+            self._behind = None
         self.slots.release(self)
         super().connection_lost(exc)
 
