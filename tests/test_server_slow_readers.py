@@ -54,7 +54,14 @@ def serving(app: object, limit: int) -> Iterator[tuple[int, Slots]]:
         sock.close()
 
 
+SERVED: list[str] = []
+
+
 def big_app() -> Starlette:
+    async def count(request: Request) -> Response:
+        SERVED.append(request.url.path)
+        return PlainTextResponse("counted\n")
+
     async def big(request: Request) -> Response:
         return Response(BODY, media_type="application/octet-stream")
 
@@ -65,7 +72,7 @@ def big_app() -> Starlette:
     async def healthy(request: Request) -> Response:
         return PlainTextResponse("OK\n")
 
-    app = Starlette(routes=[Route("/big", big), Route("/slow", slow),
+    app = Starlette(routes=[Route("/big", big), Route("/slow", slow), Route("/count", count),
                             Route("/-/healthy", healthy)])
     app.add_middleware(ChunkedBodyMiddleware)  # as build_app does
     return app
@@ -128,6 +135,24 @@ def test_an_answer_that_makes_no_progress_is_aborted(monkeypatch: pytest.MonkeyP
             s.close()
     assert stalled
     assert freed and closed
+
+
+def test_a_client_that_pipelines_and_never_reads_is_not_served_on_and_on() -> None:
+    """27.1: each pipelined request was answered while the kernel took the answers
+    (megabytes of send buffer): a reader that never reads cost the server a request's
+    work for every request it sent. Now the next one waits for the client to read."""
+    SERVED.clear()
+    with serving(big_app(), limit=16) as (port, slots):
+        s = slow_reader(port, "/count", pipelined=400)
+        try:
+            time.sleep(1.5)
+            served = len(SERVED)
+            (connection,) = slots.open
+            stalled = connection.write_stalled
+        finally:
+            s.close()
+    assert 0 < served < 200, served  # a 4 KB receive buffer holds a few dozen answers
+    assert stalled  # and it is the first to make room
 
 
 def test_a_pipelined_connection_is_not_idle_while_it_is_served() -> None:
