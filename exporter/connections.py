@@ -291,6 +291,9 @@ class BoundedH11(H11Protocol):
         if sock is None or not hasattr(termios, "TIOCOUTQ"):
             return False
         try:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):  # reset by the client
+                (self.raw or self.transport).abort()
+                return True
             queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
         except OSError:
             return False
