@@ -101,15 +101,17 @@ def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
-async def _keep_alive_guesser(port: int, deadline: float, request: bytes) -> int:
+async def _keep_alive_guesser(port: int, deadline: float, request: bytes,
+                              source: str | None = None) -> int:
     """Re-send ``request`` on one keep-alive connection until ``deadline``, reconnecting
-    when the server closes it; returns the responses read."""
+    when the server closes it; returns the responses read. ``source``: the local
+    address to connect from (any 127.0.0.x is one on Linux)."""
     answered = 0
     while time.monotonic() < deadline:
         writer = None
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection("127.0.0.1", port), 5)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                "127.0.0.1", port, local_addr=(source, 0) if source else None), 5)
             while time.monotonic() < deadline:
                 writer.write(request)
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
@@ -128,15 +130,18 @@ async def _keep_alive_guesser(port: int, deadline: float, request: bytes) -> int
     return answered
 
 
-def wrong_password_flood(port: int, connections: int, seconds: float) -> threading.Thread:
-    """The flood, started on a thread of its own; it stops by itself after ``seconds``."""
+def wrong_password_flood(port: int, connections: int, seconds: float,
+                         sources: Sequence[str] = ()) -> threading.Thread:
+    """The flood, started on a thread of its own; it stops by itself after ``seconds``.
+    ``sources``: local addresses the connections come from, in turn (default: one)."""
     request = (b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: "
                + basic("prometheus", "wrong")["Authorization"].encode() + b"\r\n\r\n")
     deadline = time.monotonic() + seconds
 
     async def flood() -> None:
-        await asyncio.gather(*(_keep_alive_guesser(port, deadline, request)
-                               for _ in range(connections)))
+        await asyncio.gather(*(_keep_alive_guesser(
+            port, deadline, request, sources[i % len(sources)] if sources else None)
+            for i in range(connections)))
 
     thread = threading.Thread(target=asyncio.run, args=(flood(),), daemon=True)
     thread.start()

@@ -28,7 +28,7 @@ import ssl
 import stat
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import uvicorn
@@ -36,6 +36,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive
 
 from exporter.collector import Hub
 from exporter.config import Config, split_listen_address
@@ -48,11 +49,13 @@ from exporter.landing_static import APP_CSS, APP_JS
 from exporter.logs import Every
 from exporter.middleware import (
     BasicAuthMiddleware,
+    ChunkedBodyMiddleware,
     HeadersMiddleware,
     PasswordChecker,
     RateLimitMiddleware,
 )
-from exporter.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
+from exporter.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer, Worker
+from exporter.render.exposition import Busy
 from exporter.snapshot import snapshot_json
 from exporter.webconfig import WebConfig, tls_context
 
@@ -91,6 +94,42 @@ def negotiate(accept: str, accept_encoding: str) -> str:
     return f"{variant}+gzip" if _quality(accept_encoding, "gzip") > 0 else variant
 
 
+async def _disconnected(receive: Receive) -> None:
+    """Returns once the client has hung up (uvicorn's ``http.disconnect``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+T = TypeVar("T")
+
+
+async def off_loop(request: Request, worker: Worker, fn: Callable[[], T]) -> T | Response:
+    """``fn`` run on ``worker`` (the pages' thread), unless the client has hung up by
+    the time it would start: nothing is queued for a client already gone, and a queued
+    call is dropped when its client goes. 503 when the queue is full (PAGE_QUEUE)."""
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    await asyncio.sleep(0)  # a disconnect already received is seen now
+    if gone.done():
+        return Response(status_code=499)  # never sent: there is no one to send it to
+    try:
+        future = worker.call(fn)
+    except Busy:
+        gone.cancel()
+        return PlainTextResponse("Busy: too many page renders waiting; retry\n",
+                                 status_code=503, headers={"Retry-After": "1"})
+    result = asyncio.wrap_future(future)
+    waiting: set[asyncio.Future[Any]] = {result, gone}
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not result.done():  # the client hung up: drop the call if it has not started
+        future.cancel()
+        result.cancel()
+        return Response(status_code=499)
+    return result.result()
+
+
 def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | None = None,
               start_collection: bool = True, history: History | None = None) -> Starlette:
     """The routes; ``history``: the ring buffer the landing page draws (its own, fed by
@@ -119,15 +158,19 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
     async def snapshot(request: Request) -> Response:
         current = hub.snapshot
         otlp = renderer.otlp() if renderer.otlp is not None else None
-        body = await asyncio.wrap_future(
-            renderer.worker.call(lambda: snapshot_json(current, indent=2, otlp=otlp)))
+        body = await off_loop(request, renderer.pages,
+                              lambda: snapshot_json(current, indent=2, otlp=otlp))
+        if isinstance(body, Response):
+            return body
         return Response(body, media_type="application/json")
 
     async def landing(request: Request) -> Response:
         current = hub.snapshot
         otlp = renderer.otlp() if renderer.otlp is not None else None
-        body = await asyncio.wrap_future(renderer.worker.call(
-            lambda: landing_page(current, history, config.telemetry_path, otlp)))
+        body = await off_loop(request, renderer.pages, lambda: landing_page(
+            current, history, config.telemetry_path, otlp))
+        if isinstance(body, Response):
+            return body
         return HTMLResponse(body, headers={"Content-Security-Policy": CSP})
 
     async def history_json(request: Request) -> Response:
@@ -136,12 +179,14 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         except ValueError:
             since = math.nan
         if not math.isfinite(since):
-            return PlainTextResponse("since: not a number of seconds since the epoch\n",
+            return PlainTextResponse("since: not a number of seconds since the epoch
+",
                                      status_code=400)
         otlp = renderer.otlp() if renderer.otlp is not None else None
-        body = await asyncio.wrap_future(renderer.worker.call(
-            lambda: json.dumps(history.as_json(since, otlp=otlp),
-                               separators=(",", ":")).encode()))
+        body = await off_loop(request, renderer.pages, lambda: json.dumps(
+            history.as_json(since, otlp=otlp), separators=(",", ":")).encode())
+        if isinstance(body, Response):
+            return body
         return Response(body, media_type="application/json",
                         headers={"Cache-Control": "no-store"})
 
@@ -182,6 +227,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
     # A redirect for "/metrics/" would be built from the client's Host header.
     app.router.redirect_slashes = False
     # The last one added is the outermost: the headers go on 401 and 429 too.
+    app.add_middleware(ChunkedBodyMiddleware)
     if web is not None and web.basic_auth_users:
         passwords = PasswordChecker(web.basic_auth_users)
         passwords.on_thread = server_threads.append
@@ -280,6 +326,39 @@ def _unix_socket(path: str) -> socket.socket:
     return sock
 
 
+def _tcp_socket(address: str) -> socket.socket:
+    """A bound TCP socket. ``:port`` (no host) and ``[::]:port`` listen on IPv6 and IPv4
+    (one dual-stack socket, as Go's servers do) where the host has IPv6, else on IPv4;
+    ``0.0.0.0:port`` on IPv4 only, ``[::1]:port`` and other IPv6 addresses on IPv6 only."""
+    host, port = split_listen_address(address)
+    any_host = address.rpartition(":")[0] in ("", "[::]")
+    dual = any_host and socket.has_ipv6
+    if dual:
+        host = "::"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only
+        # for sockets that say they are TCP; without it Nagle holds the body of a
+        # keep-alive response back until the scraper's delayed ACK (~40 ms).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    except OSError:  # IPv6 compiled in but not available (ipv6.disable=1)
+        if not dual:
+            raise
+        return _tcp_socket("0.0.0.0:" + str(port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual else 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if dual and e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+            return _tcp_socket("0.0.0.0:" + str(port))  # no IPv6 address on this host
+        raise AddressInUse(e.errno, f"{address}: {e.strerror}") from None
+    return sock
+
+
 def bind_sockets(addresses: tuple[str, ...]) -> list[socket.socket]:
     """Bind every --web.listen-address before serving, so a bad one fails at start-up."""
     sockets: list[socket.socket] = []
@@ -288,18 +367,7 @@ def bind_sockets(addresses: tuple[str, ...]) -> list[socket.socket]:
             if address.startswith("unix:"):
                 sock = _unix_socket(address[len("unix:"):])
             else:
-                host, port = split_listen_address(address)
-                family = socket.AF_INET6 if ":" in host else socket.AF_INET
-                # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only
-                # for sockets that say they are TCP; without it Nagle holds the body of a
-                # keep-alive response back until the scraper's delayed ACK (~40 ms).
-                sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind((host, port))
-                except OSError as e:
-                    sock.close()
-                    raise AddressInUse(e.errno, f"{address}: {e.strerror}") from None
+                sock = _tcp_socket(address)
             sock.listen(BACKLOG)
             sock.set_inheritable(True)
             sockets.append(sock)

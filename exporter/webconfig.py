@@ -52,6 +52,7 @@ CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
     "RequestClientCert": ssl.CERT_OPTIONAL,
     "RequireAnyClientCert": ssl.CERT_REQUIRED,
+    "RequireClientCert": ssl.CERT_REQUIRED,  # exporter-toolkit's older name of the above
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
@@ -249,8 +250,21 @@ def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
     if auth_type in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert") and \
             ca is None and client_ca is None:
         raise ConfigError(key, f"client_auth_type {auth_type} needs client_ca_file")
+    warnings: list[str] = []
+    if auth_type in ("RequireAnyClientCert", "RequireClientCert"):
+        # exporter-toolkit (Go) requires a certificate there and accepts any; Python's
+        # ssl has no way to accept a certificate it cannot verify, so without a CA every
+        # client would be turned away in its handshake, with nothing said.
+        if ca is None and client_ca is None:
+            raise ConfigError(key, f"client_auth_type {auth_type} (any client certificate, "
+                                   "unverified) is not supported; give client_ca_file and "
+                                   "use RequireAndVerifyClientCert")
+        warnings.append(f"tls_server_config.client_auth_type {auth_type}: client "
+                        "certificates are verified against the client CA (exporter-toolkit "
+                        "accepts any)")
     sans = _strings(key, "tls_server_config.client_allowed_sans", tls.get("client_allowed_sans"))
-    if sans and auth_type not in ("RequireAnyClientCert", "RequireAndVerifyClientCert"):
+    if sans and auth_type not in ("RequireAnyClientCert", "RequireClientCert",
+                                  "RequireAndVerifyClientCert"):
         raise ConfigError(key, "client_allowed_sans needs client_auth_type "
                                "RequireAnyClientCert or RequireAndVerifyClientCert")
     for name in ("min_version", "max_version"):
@@ -266,7 +280,6 @@ def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
         if suite not in CIPHER_SUITES:
             raise ConfigError(key, f"tls_server_config.cipher_suites: unknown {suite!r}")
     ciphers = ":".join(CIPHER_SUITES[s] for s in suites if CIPHER_SUITES[s]) or None
-    warnings: list[str] = []
     curves = _strings(key, "tls_server_config.curve_preferences", tls.get("curve_preferences"))
     for curve in curves:
         if curve not in CURVES:

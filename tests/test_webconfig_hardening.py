@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import tempfile
 import time
 from collections.abc import Iterator
@@ -168,3 +169,50 @@ def test_the_healthcheck_speaks_tls_to_a_tls_unix_socket(tmp_path: Path,
         assert _poll(lambda: sock.exists(), 20)
         assert _poll(lambda: healthcheck.check(argv, environ) is None, 20), \
             healthcheck.check(argv, environ)
+
+
+def test_require_any_client_cert_without_a_ca_is_refused_at_start(tmp_path: Path) -> None:
+    """27.8: RequireAnyClientCert without a CA started, then turned every client away in
+    its handshake with nothing logged (exporter-toolkit accepts any certificate there;
+    Python's ssl cannot accept one it cannot verify): now one line at start."""
+    cert, key = _self_signed(tmp_path)
+    web = tmp_path / "web.yml"
+    for name in ("RequireAnyClientCert", "RequireClientCert"):
+        web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+                       f"  client_auth_type: {name}\n")
+        with pytest.raises(ConfigError, match=f"client_auth_type {name} .*not supported"):
+            load_web_config(str(web))
+    result = run_cli("--web.config.file", str(web), *no_gpu_args(tmp_path))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "RequireAndVerifyClientCert" in lines[0], result.stderr
+
+
+def test_require_any_client_cert_with_a_ca_requires_a_certificate(tmp_path: Path) -> None:
+    """27.8: with a CA, a client certificate is required (and verified against it)."""
+    server_dir, client_dir = tmp_path / "server", tmp_path / "client"
+    server_dir.mkdir()
+    client_dir.mkdir()
+    cert, key = _self_signed(server_dir)
+    client_cert, client_key = _self_signed(client_dir)  # self-signed: its own CA
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n"
+                   f"  client_auth_type: RequireAnyClientCert\n"
+                   f"  client_ca_file: {client_cert}\n")
+    assert any("verified against the client CA" in w for w in load_web_config(str(web)).warnings)
+    with running([*no_gpu_args(tmp_path), "--web.config.file", str(web)], tmp_path,
+                 ready=False) as d:
+        url = d.base_url.replace("http://", "https://") + "/-/healthy"
+        anonymous = ssl.create_default_context(cafile=str(cert))
+        identified = ssl.create_default_context(cafile=str(cert))
+        identified.load_cert_chain(str(client_cert), str(client_key))
+        deadline = time.monotonic() + 20
+        with_cert = 0
+        while with_cert != 200 and time.monotonic() < deadline:
+            try:
+                with_cert = httpx.get(url, verify=identified, timeout=3).status_code
+            except httpx.TransportError:
+                time.sleep(0.2)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url, verify=anonymous, timeout=3)  # no client certificate
+    assert with_cert == 200

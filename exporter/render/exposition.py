@@ -135,33 +135,52 @@ class Exposition:
             return self._bodies[variant]
 
 
-class Worker:
-    """One named thread that runs what it is given, in order: the renderer's.
+class Busy(Exception):
+    """A bounded Worker's queue is full: the caller answers 503."""
 
-    Renders (ahead of a scrape, or cold for a scrape that came early) and the
-    ``/snapshot`` JSON run here, never on the HTTP server's event loop, and their CPU
-    time is this thread's (``gpu_exporter_backend_cpu_seconds_total{backend="renderer"}``).
+
+class Worker:
+    """One named thread that runs what it is given, in order: the renderer's, and the
+    pages' (``limit``: at most that many waiting; more raise Busy).
+
+    Renders (ahead of a scrape, or cold for a scrape that came early) run on the
+    renderer's; the landing page, ``/api/v1/history`` and the ``/snapshot`` JSON on the
+    pages' thread: never on the HTTP server's event loop, and never in front of a
+    ``/metrics`` render or the snapshot it serves. Their CPU time is reported as the
+    renderer's (``gpu_exporter_backend_cpu_seconds_total{backend="renderer"}``). A
+    call whose future is cancelled before it starts (its client hung up) is skipped.
     Started on first use.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, limit: int | None = None) -> None:
         self.name = name
+        self.limit = limit
         self.thread: threading.Thread | None = None
         self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = \
             queue.SimpleQueue()
+        self._waiting = 0
         self._lock = threading.Lock()
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
         with self._lock:
+            if self.limit is not None and self._waiting >= self.limit:
+                raise Busy(self.name)
+            self._waiting += 1
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self.thread.start()
-        future: Future[T] = Future()
-        self._queue.put((fn, future))
+            self._queue.put((fn, future))
         return future
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
+            with self._lock:
+                self._waiting -= 1
             fn, future = item
             if not future.set_running_or_notify_cancel():
                 continue
@@ -172,6 +191,9 @@ class Worker:
 
     def stop(self) -> None:
         self._queue.put(None)
+
+
+PAGE_QUEUE = 4  # page, history and snapshot renders waiting at most: more are 503
 
 
 class Renderer:
@@ -187,6 +209,7 @@ class Renderer:
         self.lead = lead  # render ahead when a scrape is due within this many seconds
         self.options = options or RenderOptions()
         self.worker = Worker("renderer")
+        self.pages = Worker("pages", PAGE_QUEUE)  # the page, its history, /snapshot
         # label -> threads whose CPU time is reported under it (the server adds its own)
         self.cpu_threads: dict[str, list[threading.Thread]] = {}
         self._collector = _SnapshotCollector(self.options, self.cpu_threads)
@@ -236,8 +259,8 @@ class Renderer:
 
     def _render_bytes(self, snapshot: Snapshot, openmetrics: bool) -> bytes:
         with self._render_lock:  # the registry's collector holds one snapshot at a time
-            if self.worker.thread is not None:
-                self.cpu_threads["renderer"] = [self.worker.thread]
+            self.cpu_threads["renderer"] = [w.thread for w in (self.worker, self.pages)
+                                            if w.thread is not None]
             self._collector.snapshot = snapshot
             # Every name here is a legacy Prometheus name, so "allow-utf-8" writes the
             # same bytes as the default "underscores", which checks each label name
@@ -306,3 +329,4 @@ class Renderer:
 
     def stop(self) -> None:
         self.worker.stop()
+        self.pages.stop()
