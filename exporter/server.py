@@ -179,8 +179,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         except ValueError:
             since = math.nan
         if not math.isfinite(since):
-            return PlainTextResponse("since: not a number of seconds since the epoch
-",
+            return PlainTextResponse("since: not a number of seconds since the epoch\n",
                                      status_code=400)
         otlp = renderer.otlp() if renderer.otlp is not None else None
         body = await off_loop(request, renderer.pages, lambda: json.dumps(
