@@ -61,16 +61,17 @@ def build_all(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         proc.build(machine, out / machine / "proc")
     amd = load("build_amd", monkeypatch)
     assert amd.SAMPLES == CAPTURES
-    amd.HERE, amd.IDS = out, out / "libdrm" / "amdgpu.ids"  # the link's target, not copied
+    monkeypatch.setattr(amd, "HERE", out)
+    monkeypatch.setattr(amd, "IDS", out / "libdrm" / "amdgpu.ids")  # a link's target only
     amd.main()
     amd.build_mi300x()
     macmon = load("build_macmon", monkeypatch)
     assert macmon.SAMPLES == CAPTURES / "macmon"
-    macmon.HERE = out / "macmon"
+    monkeypatch.setattr(macmon, "HERE", out / "macmon")
     macmon.main()
     for name in ("build_intel", "build_pmu", "build_nvidia"):
         module = load(name, monkeypatch)
-        module.HERE = out
+        monkeypatch.setattr(module, "HERE", out)
         module.main()
 
 
@@ -116,7 +117,9 @@ def test_builders_read_only_the_repository_copy(
     sys.addaudithook(hook)  # audit hooks stay for the process: this one records while armed
     monkeypatch.setattr(sys, "path", list(sys.path))
     amd, macmon = load("build_amd", monkeypatch), load("build_macmon", monkeypatch)
-    amd.HERE, amd.IDS, macmon.HERE = tmp_path, tmp_path / "ids", tmp_path / "macmon"
+    monkeypatch.setattr(amd, "HERE", tmp_path)
+    monkeypatch.setattr(amd, "IDS", tmp_path / "ids")
+    monkeypatch.setattr(macmon, "HERE", tmp_path / "macmon")
     armed.append(True)
     try:
         amd.main()
