@@ -1,9 +1,9 @@
 """The gpu_metrics decoder, checked against real captures and hand-built tables.
 
 Expected values for the captures come from outside the decoder: the rx6900xt table
-was decoded independently (shared/fixtures/amdgpu_sysfs_DERIVED) and agrees with
-that card's hwmon files; the rx7800xt and phoenix values are the hwmon readings
-captured with them.
+was decoded independently of this decoder, with the kernel's gpu_metrics_v1_3 layout,
+and agrees with that card's hwmon files; the rx7800xt and phoenix values are the hwmon
+readings captured with them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Also home of the PromQL helpers the dashboard and end-to-end tests share: which
 metric names an expression uses, which names the exporter emits (the goldens),
-and which names METRICS.md promises.
+and which names docs/metrics.md promises.
 """
 
 from __future__ import annotations

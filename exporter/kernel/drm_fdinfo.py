@@ -2,7 +2,8 @@
 
 Owns the text format and its vendor semantics, nothing else: no file reads, no
 state. The format is the kernel's Documentation/gpu/drm-usage-stats.rst, as the
-drivers really print it (samples in ../shared/fixtures/fdinfo):
+drivers really print it (the shapes of public samples, each one a case in
+tests/test_fdinfo_parse.py):
 
 - ``key:<TAB>value``, but also spaces, space+TAB (amdgpu ``drm-memory-gtt: \\t``)
   or nothing after the colon; lines re-printed with leading blanks; ``grep``

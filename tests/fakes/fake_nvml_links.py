@@ -1,6 +1,7 @@
 """FakeNVML's NVLink, MIG and health surface (mixed into FakeNVML in fake_nvml.py).
 
-Behaviour follows NVML where the captures in ../shared/fixtures/nvidia_smi show it:
+Behaviour follows NVML where real ``nvidia-smi`` captures show it (utkuozdemir/
+nvidia_gpu_exporter ``internal/captures``, H100 and H100 MIG on driver 590.48.01):
 - NVLink: a GPU without NVLink answers NOT_SUPPORTED for every link; a link index past
   the GPU's last link answers INVALID_ARGUMENT; in MIG mode every NVLink query answers
   NOT_SUPPORTED ("Nvlink queries are not supported for Devices in MIG mode", H100 MIG
