@@ -270,6 +270,8 @@ def test_one_history_or_page_view_serves_at_most_max_points_per_gpu() -> None:
     class Snap:
         ready = True
         devices = (("0", device),)
+        backends = ()
+        health = ()
 
     history = History(86_400, 1.0)
     for i in range(5_000):
