@@ -128,6 +128,15 @@ class _Slow:
     max_clocks: dict[str, float] = field(default_factory=dict)
     max_generation: int | None = None
     max_width: int | None = None
+    # Slow-tier readings of things that change rarely: the link the SMU runs now (it
+    # follows the power state), memory sizes, and the error counters (a counter read
+    # less often loses nothing).
+    generation: int | None = None
+    width: int | None = None
+    vram_total: float | None = None
+    gtt_total: float | None = None
+    replays: int | None = None
+    ecc: dict[str, int] = field(default_factory=dict)
 
 
 class CardCounters:
@@ -137,6 +146,7 @@ class CardCounters:
     def __init__(self) -> None:
         self.xgmi: AccumulatorRates[tuple[str, str]] = AccumulatorRates()
         self.residency = ResidencyFlags()
+        self.fan_max: dict[str, float | None] = {}  # hwmon pwmN_max / fanN_max, by path
         self.slow: _Slow | None = None  # the slow tier's values, kept between slow cycles
 
     def xgmi_rates(self, metrics: GpuMetrics) -> dict[tuple[str, str], float]:
@@ -160,8 +170,10 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
               reader: AttrReader | None = None, slow: bool = True) -> DeviceSample:
     """One sample of one card; never raises for a bad value (it is skipped and counted).
 
-    Limits and maxima (temperature thresholds, power cap, DPM maxima, max PCIe link)
-    are read on slow cycles (and the first one) and kept in ``counters`` meanwhile.
+    Limits and maxima (temperature thresholds, power cap, DPM maxima, max PCIe link,
+    fan maxima, memory sizes) and the slowly changing readings (the PCIe link now, the
+    PCIe replay and RAS error counters) are read on slow cycles (and the first one) and
+    kept in ``counters`` meanwhile.
 
     The card's files (text attributes, hwmon) come first; the binary ``gpu_metrics``
     table fills what they do not say, through the same field-by-field merge that
@@ -189,7 +201,8 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
                    engine_utilization_ratio=dict(sorted(merged.engine_utilization_ratio.items())))
 
 
-def _hwmon_values(r: _Files, slow: bool) -> dict[str, dict[Any, float]]:
+def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
+                  ) -> dict[str, dict[Any, float]]:
     """Every hwmon chip of the card, by kind; thresholds and caps only when ``slow``."""
     out: dict[str, dict[Any, float]] = {k: {} for k in (
         "temps", "thresholds", "limits", "power", "caps", "energy", "fans", "freqs", "volts")}
@@ -210,7 +223,8 @@ def _hwmon_values(r: _Files, slow: bool) -> dict[str, dict[Any, float]]:
             out["caps"].update(hwmon.read_power_caps(d, "cap", errors, reader))
         out["power"].update(hwmon.read_power(d, errors, reader))
         out["energy"].update(hwmon.read_energy(d, errors, reader))
-        out["fans"].update(hwmon.read_fan_ratios(d, errors, reader))
+        out["fans"].update(hwmon.read_fan_ratios(d, errors, reader, maxima=fan_max,
+                                                 refresh=slow))
         out["freqs"].update(hwmon.read_frequencies(d, errors, reader))
         out["volts"].update(hwmon.read_voltages(d, errors, reader))
     return out
@@ -220,7 +234,7 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
                 counters: CardCounters, slow: bool) -> DeviceSample:
     """What the card's text attributes and hwmon chips say."""
     slow = slow or counters.slow is None
-    hw = _hwmon_values(r, slow)
+    hw = _hwmon_values(r, slow, counters.fan_max)
     clocks: dict[str, float] = {}
     for clock, label, table in (("graphics", "sclk", "pp_dpm_sclk"),
                                 ("memory", "mclk", "pp_dpm_mclk")):
@@ -228,6 +242,15 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
         if value is not None:
             clocks[clock] = value
     if slow:
+        # PCIe: the starred pp_dpm_pcie level is the link the SMU runs; Navi dGPUs sit
+        # behind an internal switch whose current_link_* shows the switch's link instead.
+        pcie = [lvl for lvl in r.dpm("pp_dpm_pcie") if lvl.current]
+        gen = units.pcie_generation(pcie[0].pcie_gts) if pcie else None
+        width = pcie[0].pcie_width if pcie else None
+        if gen is None:
+            gen = r.link_speed("current_link_speed")
+        if width is None:
+            width = r.link_width("current_link_width")
         counters.slow = _Slow(
             thresholds=hw["thresholds"],
             limits=hw["limits"],
@@ -237,27 +260,23 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
                         if (hz := dpm_max_hz(r.dpm(table))) is not None},
             max_generation=r.link_speed("max_link_speed"),
             max_width=r.link_width("max_link_width"),
+            generation=gen,
+            width=width,
+            vram_total=r.number("mem_info_vram_total", "bytes"),
+            gtt_total=r.number("mem_info_gtt_total", "bytes"),
+            replays=_int(r.number("pcie_replay_count", "count")),
+            ecc=_ras_counts(r),
         )
     limits = counters.slow
     assert limits is not None
-
-    # PCIe: the starred pp_dpm_pcie level is the link the SMU runs; Navi dGPUs sit
-    # behind an internal switch whose current_link_* shows the switch's link instead.
-    pcie = [lvl for lvl in r.dpm("pp_dpm_pcie") if lvl.current]
-    gen = units.pcie_generation(pcie[0].pcie_gts) if pcie else None
-    width = pcie[0].pcie_width if pcie else None
-    if gen is None:
-        gen = r.link_speed("current_link_speed")
-    if width is None:
-        width = r.link_width("current_link_width")
 
     util = r.ratio("gpu_busy_percent")
     mem_util = r.ratio("mem_busy_percent")
     video = r.ratio("vcn_busy_percent")
 
-    vram_total = r.number("mem_info_vram_total", "bytes")
+    vram_total = limits.vram_total
     vram_used = r.number("mem_info_vram_used", "bytes")
-    gtt_total = r.number("mem_info_gtt_total", "bytes")
+    gtt_total = limits.gtt_total
     gtt_used = r.number("mem_info_gtt_used", "bytes")
     if is_apu(metrics, list(hw["volts"])):
         # The "VRAM" of an APU is a carve-out of system RAM: report it with GTT as
@@ -290,13 +309,13 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
         fan_speed_ratio=hw["fans"],
         clocks_hertz=clocks,
         clocks_max_hertz=limits.max_clocks,
-        pcie_link_generation=gen,
-        pcie_link_width=width,
+        pcie_link_generation=limits.generation,
+        pcie_link_width=limits.width,
         pcie_link_max_generation=limits.max_generation,
         pcie_link_max_width=limits.max_width,
-        pcie_replay_errors=_int(r.number("pcie_replay_count", "count")),
+        pcie_replay_errors=limits.replays,
         engine_utilization_ratio={"video": video} if video is not None else {},
-        ecc_errors=_ras_counts(r),
+        ecc_errors=limits.ecc,
     )
 
 
