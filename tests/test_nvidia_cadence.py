@@ -89,7 +89,7 @@ def test_an_xid_rereads_the_rare_tier_on_the_next_cycle() -> None:
     assert fake.calls["nvmlDeviceGetRemappedRows"] == 2
 
 
-def test_static_limits_are_read_once_until_the_gpu_is_lost() -> None:
+def test_static_limits_are_read_at_open_and_after_the_gpu_was_lost() -> None:
     gpu = FakeGPU()
     fake = FakeNVML([gpu])
     b = opened(fake)
@@ -104,6 +104,7 @@ def test_static_limits_are_read_once_until_the_gpu_is_lost() -> None:
     gpu.lost, gpu.power_limit_mw = False, 400000
     d = b.sample(slow=False).devices[0]
     assert d.up and d.power_limit_watts == 400.0  # the rare tier read afresh after a loss
+    assert fake.calls["nvmlDeviceGetMaxPcieLinkWidth"] == 2  # and the static one
 
 
 def test_an_xid_rereads_the_link_state_on_the_next_cycle() -> None:

@@ -190,9 +190,10 @@ class NvmlDevice:
         self._state_due = False  # read the slow state on the next cycle (after an XID)
 
     def reset_counters(self) -> None:
-        """After the GPU was lost: the next slow cycle reads every counter afresh."""
+        """After the GPU was lost: the next cycle reads the static and rare tiers and
+        every counter afresh."""
         self._slow_cycles, self._energy, self.health.events = 0, None, None
-        self._rare = None
+        self._rare = self.static = None  # a reset may have come with new limits
         self.nvlink.reset()
 
     def invalidate(self) -> None:
