@@ -130,3 +130,23 @@ def test_intel_slow_values_are_served_between_slow_cycles(tmp_path: Path) -> Non
     slow = b.sample(True).devices[0]
     assert slow.fan_speed_ratio["0"] == pytest.approx(0.5)
     assert slow.clocks_max_hertz["graphics"] == 2000e6
+
+
+def test_intel_reads_only_the_temperature_channels_it_reports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The B580's xe hwmon lists 16 temperature channels; pkg and vram are the sensors.
+    root, dev = machine(tmp_path, "intel-xe-b580")
+    hwmon = next((dev / "hwmon").iterdir())
+    labels = {f.name.removesuffix("_label"): f.read_text().strip()
+              for f in hwmon.glob("temp*_label")}
+    assert len(labels) == 16
+    wanted = {f"{ch}_input": label for ch, label in labels.items() if label in ("pkg", "vram")}
+    b = intel(root)
+    b.sample(False)
+    for name, data in (("pkg", "61000\n"), ("vram", "58000\n")):  # fresh readings
+        ch = next(c for c, label in wanted.items() if label == name)
+        (hwmon / ch).write_text(data)
+    dev_sample: list[Any] = []
+    read = files_read(monkeypatch, lambda: dev_sample.append(b.sample(False).devices[0]))
+    assert {f for f in read if f.startswith("temp") and f.endswith("_input")} == set(wanted)
+    assert dev_sample[0].temperatures_celsius == {"package": 61.0, "vram": 58.0}

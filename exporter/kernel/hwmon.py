@@ -88,11 +88,18 @@ def _labelled(reader: AttrReader, d: str, prefix: str, suffix: str) -> list[tupl
 
 
 def _read_channels(hwmon_dir: HwmonDir, prefix: str, suffix: str, scale: float, unit: str,
-                   errors: ErrorCounter | None, reader: AttrReader | None) -> dict[str, float]:
+                   errors: ErrorCounter | None, reader: AttrReader | None,
+                   only: frozenset[str] | None = None) -> dict[str, float]:
+    """Every channel's value by label; with ``only``, just the channels so labelled (the
+    others are not read at all)."""
     r = reader or AttrReader(keep=False)
     d = os.fspath(hwmon_dir)
     out: dict[str, float] = {}
-    for label, filename in _labelled(r, d, prefix, suffix):
+    found = _labelled(r, d, prefix, suffix)
+    if only is not None:
+        found = r.memo(("only", d, prefix, suffix, only),
+                       lambda: [c for c in found if c[0] in only])
+    for label, filename in found:
         value = r.number(d, filename, errors, scale, unit)
         if value is not None and label not in out:
             out[label] = value
@@ -100,9 +107,10 @@ def _read_channels(hwmon_dir: HwmonDir, prefix: str, suffix: str, scale: float, 
 
 
 def read_temperatures(hwmon_dir: HwmonDir, errors: ErrorCounter | None = None,
-                      reader: AttrReader | None = None) -> dict[str, float]:
-    """tempN_input, millidegrees Celsius -> °C."""
-    return _read_channels(hwmon_dir, "temp", "input", 0.001, "celsius", errors, reader)
+                      reader: AttrReader | None = None,
+                      only: frozenset[str] | None = None) -> dict[str, float]:
+    """tempN_input, millidegrees Celsius -> °C; with ``only``, just those labels."""
+    return _read_channels(hwmon_dir, "temp", "input", 0.001, "celsius", errors, reader, only)
 
 
 def read_temperature_thresholds(hwmon_dir: HwmonDir, kind: str, errors: ErrorCounter | None = None,

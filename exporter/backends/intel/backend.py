@@ -51,6 +51,7 @@ from exporter.kernel.i915_xe import (
     first_present,
     gt_clock_label,
     map_throttle_reasons,
+    temperature_labels,
     temperature_sensor,
 )
 from exporter.model import DeviceInfo, DeviceSample, pci_uuid
@@ -242,7 +243,10 @@ class IntelBackend:
         chips = [(d, hwmon.hwmon_name(d, r)) for d in hwmon.hwmon_dirs(dev, r)]
         chips = [(d, name) for d, name in chips if name in HWMON_NAMES]
         for chip, chip_name in chips:
-            for label, celsius in hwmon.read_temperatures(chip, errors, r).items():
+            # Only the channels that are a METRICS sensor: xe lists 16 on a B580 (every
+            # VRAM channel, the memory controller, PCIe), of which pkg and vram are used.
+            wanted = temperature_labels(chip_name)
+            for label, celsius in hwmon.read_temperatures(chip, errors, r, wanted).items():
                 sensor = temperature_sensor(chip_name, label)
                 if sensor is not None:
                     temps.setdefault(sensor, celsius)
