@@ -2,7 +2,10 @@
 # The measurements of docs/performance.md on a machine with a real NVIDIA GPU, in two
 # parts that each fit one device-tool call (10 minutes). Logs go to $OUT (or ./out).
 #   bash bench/h100.sh hardware   # hardware tests, NVML call costs, memory, scrape latency
-#   bash bench/h100.sh cost       # CPU and RSS side by side with nvitop-exporter, CUDA load on
+#   bash bench/h100.sh cost       # CPU and RSS side by side with nvitop-exporter, CUDA load on:
+#                                 # 3 rounds of 60 s windows, medians, the table against the
+#                                 # targets (bench/cost_table.py compare; about 7 minutes)
+#   bash bench/h100.sh idle       # the exporter alone, idle, at 100 ms / 1 s / 10 s (about 4 min)
 #   bash bench/h100.sh matrix     # this machine's row of the hardware matrix: the field-values
 #                                 # overrun reproduction, tests/hardware, a soak of SOAK_S
 #                                 # (600) seconds under CUDA load, then the row as a table
@@ -53,17 +56,18 @@ cost)
   if [ -n "${CLEAN:-}" ]; then
     python3 -m venv --without-pip /tmp/clean && PY=/tmp/clean/bin/python3
   fi
-  load
-  [ "${MEMORY:-1}" = 1 ] && $PY bench/memory.py --real 2>&1 | tee "$OUT/memory_clean.log"
-  nvitop="$PY -m nvitop_exporter --bind-address 127.0.0.1 --port {port} --interval 1.0"
-  for run in "1 15" "2 15" "3 0"; do
-    set -- $run
-    echo "=== round $1, scrape every ${2}s: gpu-exporter"
-    $PY bench/daemon_cost.py --real --window "${WINDOW:-45}" --warmup 6 --scrape-every "$2"
-    echo "=== round $1, scrape every ${2}s: nvitop-exporter"
-    $PY bench/daemon_cost.py --cmd "$nvitop" --window "${WINDOW:-45}" --warmup 6 --scrape-every "$2"
-  done 2>&1 | tee "$OUT/cost.log"
-  kill "$LOAD"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  [ "${MEMORY:-0}" = 1 ] && $PY bench/memory.py --real 2>&1 | tee "$OUT/memory_clean.log"
+  $PY bench/cost_table.py compare --load --window "${WINDOW:-60}" --repeats "${REPEATS:-3}" \
+    2>&1 | tee "$OUT/cost.log"
+  ;;
+idle)
+  PY=python3
+  if [ -n "${CLEAN:-}" ]; then
+    python3 -m venv --without-pip /tmp/clean && PY=/tmp/clean/bin/python3
+  fi
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  $PY bench/cost_table.py idle --window "${WINDOW:-60}" 2>&1 | tee "$OUT/idle.log"
   ;;
 matrix-start)
   DIR=${SOAK_DIR:-/tmp/gpu-exporter-matrix}
@@ -93,7 +97,7 @@ matrix)
   bash "$0" matrix-start && WAIT_S=100000 bash "$0" matrix-wait
   ;;
 *)
-  echo "usage: $0 hardware|cost|matrix|matrix-start|matrix-wait" >&2
+  echo "usage: $0 hardware|cost|idle|matrix|matrix-start|matrix-wait" >&2
   exit 2
   ;;
 esac

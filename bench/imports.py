@@ -1,6 +1,8 @@
 """What the running daemon imports, and its RSS, as configured on an NVIDIA-only host.
 
     python bench/imports.py [--real] [--list] [--repeat 3] [-- extra daemon flags]
+    python bench/imports.py --costs      # what each optional feature's imports cost
+    python bench/imports.py --machines   # the daemon's RSS on no-GPU and fixture machines
 
 Runs ``exporter.cli.main`` exactly as ``python -m exporter.cli`` does (main thread,
 uvicorn serving, every collector at its default: amd, intel, fdinfo and pmu find no
@@ -12,6 +14,13 @@ the machine's NVML and /sys). A watcher thread in the same process waits for
 Prints the median RSS over ``--repeat`` runs, the module count, the top-level
 packages and the exporter's own modules (``--list``: every module). The same probe
 backs tests/test_imports.py, which asserts what must not be imported.
+
+``--costs``: in a fresh interpreter per feature, imports what every daemon imports
+(DAEMON_BASE), reads VmRSS, imports the feature's modules (FEATURES: what the exporter
+imports when the feature is configured) and prints the RSS and module count they add.
+``--machines``: the probe's RSS on a machine without GPUs (the fake NVML answering
+"driver not loaded", empty /sys and /proc), the NVIDIA fixture machine and the mixed
+NVIDIA + AMD + Intel fixture machine.
 """
 
 from __future__ import annotations
@@ -69,6 +78,83 @@ sys.exit(main())
 """
 
 
+# What every running daemon imports before any optional feature.
+DAEMON_BASE = ("exporter.cli", "exporter.daemon", "exporter.server", "exporter.collector",
+               "exporter.render.exposition", "uvicorn.server", "starlette.applications",
+               "prometheus_client", "structlog", "pynvml")
+# feature -> the modules the exporter imports when it is configured.
+FEATURES = {
+    "Kubernetes (gRPC, protobuf)": ("exporter.kubernetes.backend", "grpc",
+                                    "exporter.kubernetes.proto.podresources_pb2_grpc"),
+    "config file / web config (PyYAML)": ("yaml",),
+    "basic auth (bcrypt)": ("bcrypt",),
+    "OTLP push (OpenTelemetry SDK, HTTP exporter)": ("exporter.otlp",),
+    "rich (the top command only)": ("rich.console", "rich.live", "rich.table"),
+}
+COST_PROBE = """
+import importlib, json, sys
+def rss():
+    return [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:")][0]
+base, feature = sys.argv[1].split(","), sys.argv[2].split(",")
+sys.modules["rich"] = None  # as exporter.cli.main does: structlog would import it
+for m in base:
+    importlib.import_module(m)
+del sys.modules["rich"]
+before, n = rss(), len(sys.modules)
+for m in feature:
+    importlib.import_module(m)
+print(json.dumps({"kib": rss() - before, "modules": len(sys.modules) - n}))
+"""
+
+
+def import_cost(modules: Sequence[str], env: Mapping[str, str]) -> tuple[float, int]:
+    """(MiB, modules) that importing ``modules`` adds to a daemon's interpreter."""
+    out = subprocess.run([sys.executable, "-c", COST_PROBE, ",".join(DAEMON_BASE),
+                          ",".join(modules)], cwd=REPO, env=dict(env), capture_output=True,
+                         text=True, timeout=60, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return int(got["kib"]) / 1024, int(got["modules"])
+
+
+def print_costs(repeat: int, env: Mapping[str, str]) -> None:
+    print(f"RSS each optional feature's imports add to a daemon (median of {repeat} fresh "
+          f"interpreters, after {len(DAEMON_BASE)} base imports):")
+    for feature, modules in FEATURES.items():
+        try:
+            runs = [import_cost(modules, env) for _ in range(repeat)]
+        except subprocess.CalledProcessError as e:
+            print(f"  {feature:<46} not installed ({e.stderr.strip().splitlines()[-1]})")
+            continue
+        mib = statistics.median(r[0] for r in runs)
+        print(f"  {feature:<46} {mib:6.1f} MiB, {runs[-1][1]:4d} modules")
+
+
+def print_machines(repeat: int) -> None:
+    """The daemon's RSS on a machine with no GPU and on the fixture machines."""
+    mixed = REPO / "tests" / "fixtures" / "mixed"
+    with tempfile.TemporaryDirectory(prefix="imports-empty-") as tmp:
+        for d in ("sys", "proc"):
+            (Path(tmp) / d).mkdir()
+        machines = {
+            "no GPU (NVML: driver not loaded, empty /sys)": (
+                ["--path.sysfs", f"{tmp}/sys", "--path.procfs", f"{tmp}/proc"],
+                REPO / "tests" / "fixtures" / "no-nvidia.json"),
+            "NVIDIA 2 x H100 fixture (fake NVML)": (nvidia_only_args(), MACHINE / "nvml.json"),
+            "mixed NVIDIA + AMD + Intel fixture": (
+                ["--path.sysfs", str(mixed / "sys"), "--path.procfs", str(mixed / "proc")],
+                mixed / "nvml.json"),
+        }
+        print(f"daemon RSS after the first scrape, median of {repeat} runs:")
+        for name, (args, nvml) in machines.items():
+            env = nvidia_only_env()
+            env["FAKE_NVML_JSON"] = str(nvml)
+            runs = [probe(args, env) for _ in range(repeat)]
+            rss = statistics.median(int(r["rss_kib"]) / 1024  # type: ignore[call-overload]
+                                    for r in runs)
+            modules: list[str] = runs[-1]["modules"]  # type: ignore[assignment]
+            print(f"  {name:<46} {rss:6.1f} MiB, {len(modules)} modules")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,9 +208,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--list", action="store_true", help="print every module")
     ap.add_argument("--repo", type=Path, default=REPO, help="run another tree's exporter")
+    ap.add_argument("--costs", action="store_true", help="RSS of each feature's imports")
+    ap.add_argument("--machines", action="store_true", help="RSS on no-GPU / fixture machines")
     ap.add_argument("extra", nargs="*", help="more daemon flags (after --)")
     args = ap.parse_args()
     env = nvidia_only_env(args.real)
+    if args.costs or args.machines:
+        if args.costs:
+            print_costs(args.repeat, env)
+        if args.machines:
+            print_machines(args.repeat)
+        return
     if args.repo != REPO:
         env["PYTHONPATH"] = env["PYTHONPATH"].replace(str(REPO), str(args.repo.resolve()))
     runs = [probe([*nvidia_only_args(args.real), *args.extra], env, args.repo)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -281,3 +282,38 @@ def test_parse_ras_count() -> None:
     assert parse_ras_count("ue: 0\nce: 3\n") == ({"uncorrected": 0, "corrected": 3}, 0)
     assert parse_ras_count("") == ({}, 0)
     assert parse_ras_count(f"ue: {'9' * 400}\nce: 18446744073709551615\n") == ({}, 2)
+
+
+@pytest.mark.parametrize("machine", ["amd-rdna3-rx7800xt", "amd-rdna2-rx6900xt",
+                                     "amd-apu-phoenix", "amd-mi300x", "amd-mi300x-faulty"])
+def test_table_fill_gives_what_the_backend_merge_gives(machine: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """card.fill joins the files' sample with the gpu_metrics table's by exporter.merge's
+    rule without walking every field: the same sample as merge_device on every fixture."""
+    from exporter.backends.amd import card
+    from exporter.backends.base import KERNEL
+    from exporter.merge import View, merge_device
+
+    pairs: list[tuple[DeviceSample, DeviceSample]] = []
+    real = card.fill
+
+    def spy(files: DeviceSample, table: DeviceSample) -> DeviceSample:
+        pairs.append((files, table))
+        return real(files, table)
+
+    monkeypatch.setattr(card, "fill", spy)
+    b = backend(FIXTURES / machine / "sys")
+    b.sample(True)
+    b.sample(False)
+    assert pairs  # every one of these cards has a gpu_metrics table
+    view = View(priority=KERNEL, serving=True, devices=())
+    for files, table in pairs:
+        merged = merge_device([(view, files), (view, table)])
+        assert merged is not None
+        want = replace(merged, clocks_hertz=dict(sorted(merged.clocks_hertz.items())),
+                       engine_utilization_ratio=dict(
+                           sorted(merged.engine_utilization_ratio.items())))
+        got = real(files, table)
+        assert got == want
+        assert list(got.clocks_hertz) == list(want.clocks_hertz)
+        assert list(got.temperatures_celsius) == list(want.temperatures_celsius)

@@ -131,3 +131,27 @@ def test_padded_and_truncated_reads() -> None:
 def test_rejects_unknown(data: bytes) -> None:
     with pytest.raises(GpuMetricsError):
         parse_gpu_metrics(data)
+
+
+@pytest.mark.parametrize("blob", sorted(FIXTURES.glob("*/sys/devices/**/gpu_metrics")),
+                         ids=lambda p: p.parts[len(FIXTURES.parts)])
+def test_one_unpack_of_the_whole_table_gives_each_field_at_its_offset(blob: Path) -> None:
+    """decode_raw unpacks a whole table at once: each field equals an unpack of that
+    field alone at its offset (all-ones -> None), for every fixture's table."""
+    from exporter.kernel.amdgpu_gpu_metrics import layout_for, layout_offsets
+
+    data = blob.read_bytes()
+    fmt_rev, content_rev, size, raw = decode_raw(data)
+    layout = layout_for(fmt_rev, content_rev, size)
+    assert layout is not None
+    checked = 0
+    for name, offset, code in layout_offsets(layout)[0]:
+        if not isinstance(code, str):
+            continue  # per-partition blocks are not decoded
+        count = int(code[:-1] or 1)
+        values = struct.unpack_from(f"<{count}{code[-1]}", data, offset)
+        unset = (1 << (8 * struct.calcsize(code[-1]))) - 1
+        cleaned = tuple(None if v == unset else v for v in values)
+        assert raw[name] == (cleaned if count > 1 else cleaned[0]), name
+        checked += 1
+    assert checked == len(raw) > 10

@@ -11,6 +11,8 @@ and stops it with SIGTERM.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.imports import nvidia_only_args, nvidia_only_env, probe
@@ -65,3 +67,15 @@ def test_heavy_list_catches_an_eager_import() -> None:
     for m in ("grpc._channel", "yaml", "bcrypt", "pyudev.core", "opentelemetry.sdk"):
         assert heavy_in(["exporter.cli", m]) == [m]
 
+
+
+def test_a_config_file_imports_yaml_and_nothing_else_heavy(tmp_path: Path) -> None:
+    # Each optional feature pays for its own imports only: a config file brings PyYAML,
+    # not gRPC, bcrypt or OpenTelemetry.
+    config = tmp_path / "config.yml"
+    config.write_text("collector.interval: 0.5s\n")
+    got = probe(["--config.file", str(config), *nvidia_only_args()], nvidia_only_env())
+    assert got["status"] == 200
+    modules: list[str] = got["modules"]  # type: ignore[assignment]
+    assert "yaml" in modules
+    assert [m for m in heavy_in(modules) if m != "yaml" and not m.startswith("yaml.")] == []

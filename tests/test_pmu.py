@@ -281,3 +281,39 @@ def test_a_card_refused_on_hotplug_is_counted_once_and_waits(tmp_path: Path) -> 
     second = backend.sample(slow=False)
     assert first.errors == {"permission": 1} and first.devices == []
     assert second.errors == {} and kernel.attempts == attempts  # no retry every cycle
+
+
+def test_a_pmu_that_did_not_open_is_not_parsed_again_until_the_pmus_change(
+        tmp_path: Path) -> None:
+    # Retried every cycle without udev: the same cards and PMUs fail alike, so the retry
+    # costs one listing, not a parse of every event and a perf_event_open per counter.
+    import shutil
+
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / ARC / "sys", root, symlinks=True)
+    config = perf_json(ARC)
+    config["pmus"]["23"]["open_errno"] = "ENODEV"
+    backend, kernel = make(ARC, FakePerf(config), root=root)
+    with pytest.raises(BackendUnavailable, match="i915_0000_08_00.0: perf_event_open ENODEV"):
+        backend.open()
+    first = kernel.attempts
+    assert first > 0
+    for _ in range(3):
+        with pytest.raises(BackendUnavailable, match="i915_0000_08_00.0: perf_event_open ENODEV"):
+            backend.open()
+    assert kernel.attempts == first
+    (root / "bus/event_source/devices/breakpoint").mkdir()  # a PMU registered meanwhile
+    with pytest.raises(BackendUnavailable, match="ENODEV"):
+        backend.open()
+    assert kernel.attempts == 2 * first
+
+
+def test_a_denied_pmu_is_asked_again_at_every_retry() -> None:
+    # A right can be granted without any change in sysfs (perf_event_paranoid).
+    config = perf_json(COMETLAKE)
+    config["pmus"]["12"]["open_errno"] = "EACCES"
+    backend, kernel = make(COMETLAKE, FakePerf(config))
+    for _ in range(2):
+        with pytest.raises(BackendUnavailable, match="EACCES"):
+            backend.open()
+    assert kernel.attempts == 2

@@ -127,6 +127,7 @@ Offsets = tuple[list[tuple[str, int, str | Nested]], int, int]
 # its id (the layout itself is kept beside, so an id is never reused meanwhile).
 _OFFSETS: dict[int, tuple[Layout, Offsets]] = {}
 _PLANS: dict[int, tuple[Layout, list[tuple[str, int, str, int, int, int]]]] = {}
+_WHOLE: dict[int, tuple[Layout, tuple[struct.Struct, list[tuple[str, int, int, int]]]]] = {}
 
 
 def layout_offsets(layout: Layout) -> Offsets:
@@ -173,13 +174,40 @@ def decode_raw(data: bytes) -> tuple[int, int, int, dict[str, RawValue]]:
     # never read past what we have.
     limit = min(len(data), size or len(data))
     out: dict[str, RawValue] = {}
-    for name, offset, fmt, count, end, unset in _plan(layout):
+    plan = _plan(layout)
+    whole = _WHOLE.get(id(layout))
+    if whole is None or whole[0] is not layout:
+        whole = _WHOLE[id(layout)] = (layout, _whole(plan))
+    table, slices = whole[1]
+    if table.size <= limit:  # the common case: every field at once, one unpack
+        flat = table.unpack_from(data)
+        for name, start, count, unset in slices:
+            if count == 1:
+                v = flat[start]
+                out[name] = None if v == unset else v
+            else:
+                out[name] = tuple(None if v == unset else v for v in flat[start:start + count])
+        return fmt_rev, content_rev, size, out
+    for name, offset, fmt, count, end, unset in plan:
         if end > limit:
             break
         values = struct.unpack_from(fmt, data, offset)
         cleaned = tuple(None if v == unset else v for v in values)
         out[name] = cleaned if count > 1 else cleaned[0]
     return fmt_rev, content_rev, size, out
+
+
+def _whole(plan: list[tuple[str, int, str, int, int, int]]
+           ) -> tuple[struct.Struct, list[tuple[str, int, int, int]]]:
+    """One struct for every plain field of a plan (gaps skipped as pad bytes) and
+    (field, index of its first value, count, all-ones value) of each."""
+    fmt, at, index, slices = "<", 0, 0, []
+    for name, offset, field_fmt, count, end, unset in plan:
+        fmt += f"{offset - at}x" if offset > at else ""
+        fmt += field_fmt[1:]
+        slices.append((name, index, count, unset))
+        at, index = end, index + count
+    return struct.Struct(fmt), slices
 
 
 def _plan(layout: Layout) -> list[tuple[str, int, str, int, int, int]]:

@@ -88,11 +88,18 @@ def _labelled(reader: AttrReader, d: str, prefix: str, suffix: str) -> list[tupl
 
 
 def _read_channels(hwmon_dir: HwmonDir, prefix: str, suffix: str, scale: float, unit: str,
-                   errors: ErrorCounter | None, reader: AttrReader | None) -> dict[str, float]:
+                   errors: ErrorCounter | None, reader: AttrReader | None,
+                   only: frozenset[str] | None = None) -> dict[str, float]:
+    """Every channel's value by label; with ``only``, just the channels so labelled (the
+    others are not read at all)."""
     r = reader or AttrReader(keep=False)
     d = os.fspath(hwmon_dir)
     out: dict[str, float] = {}
-    for label, filename in _labelled(r, d, prefix, suffix):
+    found = _labelled(r, d, prefix, suffix)
+    if only is not None:
+        found = r.memo(("only", d, prefix, suffix, only),
+                       lambda: [c for c in found if c[0] in only])
+    for label, filename in found:
         value = r.number(d, filename, errors, scale, unit)
         if value is not None and label not in out:
             out[label] = value
@@ -100,9 +107,10 @@ def _read_channels(hwmon_dir: HwmonDir, prefix: str, suffix: str, scale: float, 
 
 
 def read_temperatures(hwmon_dir: HwmonDir, errors: ErrorCounter | None = None,
-                      reader: AttrReader | None = None) -> dict[str, float]:
-    """tempN_input, millidegrees Celsius -> °C."""
-    return _read_channels(hwmon_dir, "temp", "input", 0.001, "celsius", errors, reader)
+                      reader: AttrReader | None = None,
+                      only: frozenset[str] | None = None) -> dict[str, float]:
+    """tempN_input, millidegrees Celsius -> °C; with ``only``, just those labels."""
+    return _read_channels(hwmon_dir, "temp", "input", 0.001, "celsius", errors, reader, only)
 
 
 def read_temperature_thresholds(hwmon_dir: HwmonDir, kind: str, errors: ErrorCounter | None = None,
@@ -144,7 +152,9 @@ def energy_labels(hwmon_dir: HwmonDir, reader: AttrReader | None = None) -> list
 
 
 def read_fan_ratios(hwmon_dir: HwmonDir, errors: ErrorCounter | None = None,
-                    reader: AttrReader | None = None, pwm: bool = True) -> dict[str, float]:
+                    reader: AttrReader | None = None, pwm: bool = True,
+                    maxima: dict[str, float | None] | None = None,
+                    refresh: bool = True) -> dict[str, float]:
     """Fan speed 0..1 keyed by fan index from 0 (hwmon fan1 is "0", as NVML counts).
 
     The PWM duty cycle (pwmN / pwmN_max, 255 by the hwmon ABI when pwmN_max is absent)
@@ -152,21 +162,32 @@ def read_fan_ratios(hwmon_dir: HwmonDir, errors: ErrorCounter | None = None,
     channel (or ``pwm`` is False), measured fanN_input / fanN_max. A fan without
     fanN_max has no ratio rather than a guess. xe passes ``pwm=False``: it reads pwmN
     as 0 while the firmware fan curve (pwmN_enable 2) spins the fan (B580 capture).
+
+    ``maxima``: the caller's cache of the ``*_max`` files (static limits), by path;
+    they are read again only when ``refresh`` (the slow tier) or not cached yet.
     """
     r = reader or AttrReader(keep=False)
     d = os.fspath(hwmon_dir)
     names = r.names(d)
+    cache: dict[str, float | None] = {} if maxima is None else maxima
+
+    def top_of(name: str, unit: str) -> float | None:
+        key = f"{d}/{name}"
+        if refresh or key not in cache:
+            cache[key] = r.number(d, name, errors, 1.0, unit)
+        return cache[key]
+
     out: dict[str, float] = {}
     for index, filename in _pwm_channels(r, d, pwm):
         duty = r.number(d, filename, errors, 1.0, "count")
         top: float | None = 255.0
         if f"{filename}_max" in names:
-            top = r.number(d, f"{filename}_max", errors, 1.0, "count")
+            top = top_of(f"{filename}_max", "count")
         _put_ratio(out, index, duty, top)
     for index, filename in _fan_channels(r, d):
         if str(index - 1) not in out:
             rpm = r.number(d, filename, errors, 1.0, "rpm")
-            _put_ratio(out, index, rpm, r.number(d, f"fan{index}_max", errors, 1.0, "rpm"))
+            _put_ratio(out, index, rpm, top_of(f"fan{index}_max", "rpm"))
     return out
 
 

@@ -75,6 +75,12 @@ def temperature_sensor(chip: str | None, label: str) -> Sensor | None:
     return None
 
 
+def temperature_labels(chip: str | None) -> frozenset[str]:
+    """Every hwmon label ``temperature_sensor`` maps to a sensor on chip ``chip``: the
+    channels worth reading (xe lists 16 on a B580, every VRAM channel among them)."""
+    return frozenset(TEMP_SENSORS) | (frozenset({"temp1"}) if chip == "i915" else frozenset())
+
+
 # xe names each GT's idle (C-state) domain "gt<N>-rc" for a render/compute GT and
 # "gt<N>-mc" for a media GT (xe_gt_idle.c). The media GT clocks the video engines
 # (vcs/vecs), which is what METRICS's clock="video" means (NVML's video clock).

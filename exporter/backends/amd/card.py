@@ -18,14 +18,13 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter import units
 from exporter.backends.amd.backend import SOURCE
 from exporter.backends.amd.ids import AmdgpuIds
 from exporter.backends.amd.rates import AccumulatorRates, ResidencyFlags
-from exporter.backends.base import KERNEL
 from exporter.discovery import DrmCard
 from exporter.fs import AttrReader, ProcFS, SysFS
 from exporter.kernel import hwmon
@@ -42,7 +41,7 @@ from exporter.kernel.amdgpu_gpu_metrics import (
     GpuMetricsError,
     parse_gpu_metrics,
 )
-from exporter.merge import View, merge_device
+from exporter.merge import KEY_GROUPS
 from exporter.model import DeviceInfo, DeviceSample, pci_uuid
 
 _HWMON_SENSORS = {"edge": "edge", "junction": "junction", "mem": "memory"}
@@ -138,6 +137,15 @@ class _Slow:
     max_clocks: dict[str, float] = field(default_factory=dict)
     max_generation: int | None = None
     max_width: int | None = None
+    # Slow-tier readings of things that change rarely: the link the SMU runs now (it
+    # follows the power state), memory sizes, and the error counters (a counter read
+    # less often loses nothing).
+    generation: int | None = None
+    width: int | None = None
+    vram_total: float | None = None
+    gtt_total: float | None = None
+    replays: int | None = None
+    ecc: dict[str, int] = field(default_factory=dict)
 
 
 class CardCounters:
@@ -147,6 +155,7 @@ class CardCounters:
     def __init__(self) -> None:
         self.xgmi: AccumulatorRates[tuple[str, str]] = AccumulatorRates()
         self.residency = ResidencyFlags()
+        self.fan_max: dict[str, float | None] = {}  # hwmon pwmN_max / fanN_max, by path
         self.slow: _Slow | None = None  # the slow tier's values, kept between slow cycles
 
     def xgmi_rates(self, metrics: GpuMetrics) -> dict[tuple[str, str], float]:
@@ -162,7 +171,6 @@ GPU_METRICS_BYTES = 16384  # a binary attribute: the largest table (MI300, v1.5)
 # What the gpu_metrics table stands in for where the files do not say it.
 _TABLE_TEMPS = ("edge", "junction", "memory")
 _TABLE_CLOCKS = ("graphics", "memory")
-_TABLE_VIEW = View(priority=KERNEL, serving=True, devices=())
 
 
 def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
@@ -170,8 +178,10 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
               reader: AttrReader | None = None, slow: bool = True) -> DeviceSample:
     """One sample of one card; never raises for a bad value (it is skipped and counted).
 
-    Limits and maxima (temperature thresholds, power cap, DPM maxima, max PCIe link)
-    are read on slow cycles (and the first one) and kept in ``counters`` meanwhile.
+    Limits and maxima (temperature thresholds, power cap, DPM maxima, max PCIe link,
+    fan maxima, memory sizes) and the slowly changing readings (the PCIe link now, the
+    PCIe replay and RAS error counters) are read on slow cycles (and the first one) and
+    kept in ``counters`` meanwhile.
 
     The card's files (text attributes, hwmon) come first; the binary ``gpu_metrics``
     table fills what they do not say, through the same field-by-field merge that
@@ -191,15 +201,40 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
     files = _from_files(_Files(reader, device_dir, errors), info, metrics, counters, slow)
     if metrics is None:
         return files
-    table = _from_gpu_metrics(info, metrics, counters)
-    merged = merge_device([(_TABLE_VIEW, files), (_TABLE_VIEW, table)])
-    assert merged is not None  # both samples are primary and up
-    # Clocks and engines keep their name order whichever sample gave which key.
-    return replace(merged, clocks_hertz=dict(sorted(merged.clocks_hertz.items())),
-                   engine_utilization_ratio=dict(sorted(merged.engine_utilization_ratio.items())))
+    return fill(files, _from_gpu_metrics(info, metrics, counters))
 
 
-def _hwmon_values(r: _Files, slow: bool) -> dict[str, dict[Any, float]]:
+def fill(files: DeviceSample, table: DeviceSample) -> DeviceSample:
+    """``files`` with what only ``table`` says, by exporter.merge's rule (the first value
+    wins, field by field and key by key; a key of a key group belongs to the sample that
+    has it first in any field of the group), for two samples of one source and one card,
+    without walking every field of both as ``merge_device`` does (a third of an amdgpu
+    fast cycle); tests/test_amd.py checks it gives what ``merge_device`` gives. Clocks
+    and engines keep their name order whichever sample gave which key."""
+    owned = {(group, key) for name, group in KEY_GROUPS.items()
+             for key in getattr(files, name) or ()}
+    changes: dict[str, Any] = {}
+    for name, value in table.present().items():
+        mine = getattr(files, name)
+        if isinstance(value, dict):
+            group = KEY_GROUPS.get(name)
+            extra = {k: v for k, v in value.items()
+                     if k not in mine and (group is None or (group, k) not in owned)}
+            if extra:
+                changes[name] = {**mine, **extra}
+        elif mine is None:
+            changes[name] = value
+    for name in ("clocks_hertz", "engine_utilization_ratio"):
+        changes[name] = dict(sorted(changes.get(name, getattr(files, name)).items()))
+    # dataclasses.replace() without re-running __init__ (as DeviceValues.overlay does).
+    out: DeviceSample = object.__new__(DeviceSample)
+    out.__dict__.update(files.__dict__)
+    out.__dict__.update(changes)
+    return out
+
+
+def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
+                  ) -> dict[str, dict[Any, float]]:
     """Every hwmon chip of the card, by kind; thresholds and caps only when ``slow``."""
     out: dict[str, dict[Any, float]] = {k: {} for k in (
         "temps", "thresholds", "limits", "power", "caps", "energy", "fans", "freqs", "volts")}
@@ -220,7 +255,8 @@ def _hwmon_values(r: _Files, slow: bool) -> dict[str, dict[Any, float]]:
             out["caps"].update(hwmon.read_power_caps(d, "cap", errors, reader))
         out["power"].update(hwmon.read_power(d, errors, reader))
         out["energy"].update(hwmon.read_energy(d, errors, reader))
-        out["fans"].update(hwmon.read_fan_ratios(d, errors, reader))
+        out["fans"].update(hwmon.read_fan_ratios(d, errors, reader, maxima=fan_max,
+                                                 refresh=slow))
         out["freqs"].update(hwmon.read_frequencies(d, errors, reader))
         out["volts"].update(hwmon.read_voltages(d, errors, reader))
     return out
@@ -230,7 +266,7 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
                 counters: CardCounters, slow: bool) -> DeviceSample:
     """What the card's text attributes and hwmon chips say."""
     slow = slow or counters.slow is None
-    hw = _hwmon_values(r, slow)
+    hw = _hwmon_values(r, slow, counters.fan_max)
     clocks: dict[str, float] = {}
     for clock, label, table in (("graphics", "sclk", "pp_dpm_sclk"),
                                 ("memory", "mclk", "pp_dpm_mclk")):
@@ -238,6 +274,15 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
         if value is not None:
             clocks[clock] = value
     if slow:
+        # PCIe: the starred pp_dpm_pcie level is the link the SMU runs; Navi dGPUs sit
+        # behind an internal switch whose current_link_* shows the switch's link instead.
+        pcie = [lvl for lvl in r.dpm("pp_dpm_pcie") if lvl.current]
+        gen = units.pcie_generation(pcie[0].pcie_gts) if pcie else None
+        width = pcie[0].pcie_width if pcie else None
+        if gen is None:
+            gen = r.link_speed("current_link_speed")
+        if width is None:
+            width = r.link_width("current_link_width")
         counters.slow = _Slow(
             thresholds=hw["thresholds"],
             limits=hw["limits"],
@@ -247,27 +292,23 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
                         if (hz := dpm_max_hz(r.dpm(table))) is not None},
             max_generation=r.link_speed("max_link_speed"),
             max_width=r.link_width("max_link_width"),
+            generation=gen,
+            width=width,
+            vram_total=r.number("mem_info_vram_total", "bytes"),
+            gtt_total=r.number("mem_info_gtt_total", "bytes"),
+            replays=_int(r.number("pcie_replay_count", "count")),
+            ecc=_ras_counts(r),
         )
     limits = counters.slow
     assert limits is not None
-
-    # PCIe: the starred pp_dpm_pcie level is the link the SMU runs; Navi dGPUs sit
-    # behind an internal switch whose current_link_* shows the switch's link instead.
-    pcie = [lvl for lvl in r.dpm("pp_dpm_pcie") if lvl.current]
-    gen = units.pcie_generation(pcie[0].pcie_gts) if pcie else None
-    width = pcie[0].pcie_width if pcie else None
-    if gen is None:
-        gen = r.link_speed("current_link_speed")
-    if width is None:
-        width = r.link_width("current_link_width")
 
     util = r.ratio("gpu_busy_percent")
     mem_util = r.ratio("mem_busy_percent")
     video = r.ratio("vcn_busy_percent")
 
-    vram_total = r.number("mem_info_vram_total", "bytes")
+    vram_total = limits.vram_total
     vram_used = r.number("mem_info_vram_used", "bytes")
-    gtt_total = r.number("mem_info_gtt_total", "bytes")
+    gtt_total = limits.gtt_total
     gtt_used = r.number("mem_info_gtt_used", "bytes")
     if is_apu(metrics, list(hw["volts"])):
         # The "VRAM" of an APU is a carve-out of system RAM: report it with GTT as
@@ -301,13 +342,13 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
         voltages_volts=hw["volts"],
         clocks_hertz=clocks,
         clocks_max_hertz=limits.max_clocks,
-        pcie_link_generation=gen,
-        pcie_link_width=width,
+        pcie_link_generation=limits.generation,
+        pcie_link_width=limits.width,
         pcie_link_max_generation=limits.max_generation,
         pcie_link_max_width=limits.max_width,
-        pcie_replay_errors=_int(r.number("pcie_replay_count", "count")),
+        pcie_replay_errors=limits.replays,
         engine_utilization_ratio={"video": video} if video is not None else {},
-        ecc_errors=_ras_counts(r),
+        ecc_errors=limits.ecc,
     )
 
 

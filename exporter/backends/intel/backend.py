@@ -51,6 +51,7 @@ from exporter.kernel.i915_xe import (
     first_present,
     gt_clock_label,
     map_throttle_reasons,
+    temperature_labels,
     temperature_sensor,
 )
 from exporter.labels import Clock, Threshold
@@ -116,6 +117,9 @@ class _Slow:
     thresholds_celsius: dict[str, float] = field(default_factory=dict)
     max_generation: int | None = None
     max_width: int | None = None
+    # The host link now: it follows the power state, not worth a read every fast cycle.
+    generation: int | None = None
+    width: int | None = None
 
 
 @dataclass
@@ -127,6 +131,10 @@ class _CardState:
     energy_channels: list[str] | None = None  # hwmon energy labels present, preferred first
     slow: _Slow | None = None
     lost: bool = False
+    # Static per GT, read on slow cycles: RP0 (else max) clock, VRAM size; fan maxima.
+    max_clocks: dict[str, float] = field(default_factory=dict)
+    vram: float | None = None
+    fan_max: dict[str, float | None] = field(default_factory=dict)
 
 
 class IntelBackend:
@@ -222,11 +230,14 @@ class IntelBackend:
             r.reset()  # kept descriptors of removed files; re-listed when it is back
             return DeviceSample(info=state.info, source=SOURCE, up=False)
 
+        slow = slow or state.slow is None
         if card.driver == "xe":
-            clocks, max_clocks, throttle, vram = _read_xe_gts(r, dev, errors)
+            clocks, max_clocks, throttle, vram = _read_xe_gts(r, dev, errors, slow)
         else:
-            clocks, max_clocks, throttle = _read_i915_gt(r, os.path.dirname(dev), errors)
+            clocks, max_clocks, throttle = _read_i915_gt(r, os.path.dirname(dev), errors, slow)
             vram = None
+        if slow:
+            state.max_clocks, state.vram = max_clocks, vram
 
         temps: dict[str, float] = {}
         fans: dict[str, float] = {}
@@ -234,28 +245,32 @@ class IntelBackend:
         chips = [(d, hwmon.hwmon_name(d, r)) for d in hwmon.hwmon_dirs(dev, r)]
         chips = [(d, name) for d, name in chips if name in HWMON_NAMES]
         for chip, chip_name in chips:
-            for label, celsius in hwmon.read_temperatures(chip, errors, r).items():
+            # Only the channels that are a METRICS sensor: xe lists 16 on a B580 (every
+            # VRAM channel, the memory controller, PCIe), of which pkg and vram are used.
+            wanted = temperature_labels(chip_name)
+            for label, celsius in hwmon.read_temperatures(chip, errors, r, wanted).items():
                 sensor = temperature_sensor(chip_name, label)
                 if sensor is not None:
                     temps.setdefault(sensor, celsius)
-            fans.update(hwmon.read_fan_ratios(chip, errors, r, pwm=False))
+            fans.update(hwmon.read_fan_ratios(chip, errors, r, pwm=False,
+                                              maxima=state.fan_max, refresh=slow))
             if not readings:
                 if not state.energy_channels:
                     labels = hwmon.energy_labels(chip, r)
                     state.energy_channels = [c for c in ENERGY_CHANNELS if c in labels]
                 joules = hwmon.read_energy(chip, errors, r)
                 readings = {c: joules.get(c) for c in state.energy_channels}
-        if slow or state.slow is None:
+        if slow:
             state.slow = _read_slow(r, [c for c, _ in chips], state.link_dir, errors)
+        assert state.slow is not None
         energy, power = state.energy.update(state.energy_channels or [], readings,
                                             self._clock())
 
-        link = state.link_dir
         return DeviceSample(
             info=state.info,
             source=SOURCE,
             field_sources={"power_watts": POWER_SOURCE} if power is not None else {},
-            memory_total_bytes=vram,
+            memory_total_bytes=state.vram,
             temperatures_celsius=temps,
             temperature_thresholds_celsius=state.slow.thresholds_celsius,
             power_watts=power,
@@ -263,10 +278,10 @@ class IntelBackend:
             energy_joules=energy,
             fan_speed_ratio=fans,
             clocks_hertz=clocks,
-            clocks_max_hertz=max_clocks,
+            clocks_max_hertz=state.max_clocks,
             throttle_reasons=throttle,
-            pcie_link_generation=r.link_speed(link, "current_link_speed", errors),
-            pcie_link_width=r.link_width(link, "current_link_width", errors),
+            pcie_link_generation=state.slow.generation,
+            pcie_link_width=state.slow.width,
             pcie_link_max_generation=state.slow.max_generation,
             pcie_link_max_width=state.slow.max_width,
         )
@@ -276,15 +291,16 @@ Clocks = dict[str, float]
 
 
 def _read_xe_gts(
-    r: AttrReader, dev: str, errors: Counter[str]
+    r: AttrReader, dev: str, errors: Counter[str], slow: bool = True
 ) -> tuple[Clocks, Clocks, dict[str, bool], float | None]:
-    """xe: every ``tile<T>/gt<G>``; the first render GT and first media GT win."""
+    """xe: every ``tile<T>/gt<G>``; the first render GT and first media GT win. The
+    static maxima and VRAM size only when ``slow`` (else empty and None)."""
     clocks: Clocks = {}
     max_clocks: Clocks = {}
     throttle: dict[str, bool] = {}
     vram: float | None = None
     for tile in _numbered(r, dev, "tile"):
-        size = r.number(tile, "physical_vram_size_bytes", errors, 1, "bytes")
+        size = r.number(tile, "physical_vram_size_bytes", errors, 1, "bytes") if slow else None
         if size is not None:
             vram = (vram or 0.0) + size
         for gt in _numbered(r, tile, "gt"):
@@ -293,7 +309,7 @@ def _read_xe_gts(
                 r.text(idle, "name", errors, keep=False), os.path.basename(gt)))  # noqa: B023
             if label is None or label in clocks or label in max_clocks:
                 continue
-            act, top = _freqs(r, f"{gt}/freq0", "", "_freq", errors, rp0="rp0")
+            act, top = _freqs(r, f"{gt}/freq0", "", "_freq", errors, "rp0", slow)
             if act is not None:
                 clocks[label] = act
             if top is not None:
@@ -304,17 +320,20 @@ def _read_xe_gts(
 
 
 def _freqs(r: AttrReader, base: str, prefix: str, suffix: str, errors: Counter[str],
-           rp0: str) -> tuple[float | None, float | None]:
-    """(actual, hardware max: RP0, else the user-set max) of one GT, MHz -> Hz."""
+           rp0: str, slow: bool = True) -> tuple[float | None, float | None]:
+    """(actual, hardware max: RP0, else the user-set max) of one GT, MHz -> Hz; the
+    maximum only when ``slow``."""
     act = r.number(base, f"{prefix}act{suffix}", errors, MHZ, "hertz")
+    if not slow:
+        return act, None
     top = r.number(base, f"{prefix}{rp0}{suffix}", errors, MHZ, "hertz")
     if top is None:
         top = r.number(base, f"{prefix}max{suffix}", errors, MHZ, "hertz")
     return act, top
 
 
-def _read_i915_gt(r: AttrReader, card_dir: str,
-                  errors: Counter[str]) -> tuple[Clocks, Clocks, dict[str, bool]]:
+def _read_i915_gt(r: AttrReader, card_dir: str, errors: Counter[str],
+                  slow: bool = True) -> tuple[Clocks, Clocks, dict[str, bool]]:
     """i915: ``gt/gt0/rps_*_freq_mhz`` (kernels with per-GT sysfs), else ``gt_*_freq_mhz``."""
     gt0 = f"{card_dir}/gt/gt0"
     if "gt0" in r.names(f"{card_dir}/gt"):
@@ -324,7 +343,7 @@ def _read_i915_gt(r: AttrReader, card_dir: str,
         base, prefix, throttle = card_dir, "gt_", {}
     clocks: Clocks = {}
     max_clocks: Clocks = {}
-    act, top = _freqs(r, base, prefix, "_freq_mhz", errors, rp0="RP0")
+    act, top = _freqs(r, base, prefix, "_freq_mhz", errors, "RP0", slow)
     if act is not None:
         clocks[Clock.GRAPHICS] = act
     if top is not None:
@@ -349,7 +368,7 @@ def _read_reasons(r: AttrReader, directory: str, prefix: str,
 
 
 def _read_slow(r: AttrReader, chips: list[Path], link: str, errors: Counter[str]) -> _Slow:
-    """Power limit, pkg temperature thresholds, the host link's maximum."""
+    """Power limit, pkg temperature thresholds, the host link now and its maximum."""
     limit: float | None = None
     thresholds: dict[str, float] = {}
     for chip in chips:
@@ -362,4 +381,6 @@ def _read_slow(r: AttrReader, chips: list[Path], link: str, errors: Counter[str]
             if value is not None:
                 thresholds.setdefault(threshold, value)
     return _Slow(limit, thresholds, r.link_speed(link, "max_link_speed", errors),
-                 r.link_width(link, "max_link_width", errors))
+                 r.link_width(link, "max_link_width", errors),
+                 r.link_speed(link, "current_link_speed", errors),
+                 r.link_width(link, "current_link_width", errors))

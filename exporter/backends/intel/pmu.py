@@ -34,6 +34,7 @@ rights over other processes, only the right to open the GPU's perf events
 from __future__ import annotations
 
 import errno
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -97,17 +98,36 @@ class PmuBackend:
         self._failed: set[DrmCard] = set()  # cards whose group did not open: retried on hotplug
         # (pci bus id, engine label) -> busy seconds: kept across reopens (never goes back)
         self._busy: dict[tuple[str, str], float] = {}
+        # (what the last open() saw, why it opened nothing): an open() that would see the
+        # same cards and the same PMUs fails alike without parsing every PMU again.
+        self._unopened: tuple[object, str] | None = None
 
     @property
     def retry_interval(self) -> float:
         """open() reads a cached card list and a few sysfs files: retried like intel's."""
         return self._discovery.retry_interval(self._config.interval)
 
+    def _seen(self, cards: Sequence[DrmCard]) -> object:
+        """What an open() depends on: the cards, hotplug's generation, the PMUs registered."""
+        from exporter.kernel.i915_xe_pmu import EVENT_SOURCES
+
+        try:
+            pmus = sorted(os.listdir(Path(self._config.sysfs).joinpath(*EVENT_SOURCES)))
+        except OSError:
+            pmus = []
+        return tuple(cards), self._discovery.generation, tuple(pmus)
+
     def open(self) -> Sequence[DeviceInfo]:
         self._discovery.start()
         cards = self._discovery.cards(DRIVERS)
         if not cards:
             raise BackendUnavailable(f"no i915/xe card under {self._config.sysfs}/class/drm")
+        # Retried every cycle where nothing announces hotplug: a card whose PMU did not
+        # open (no such event on this kernel) costs one listing, not a parse of every
+        # PMU's events and a perf_event_open per counter (5 ms a cycle on a B580).
+        seen = self._seen(cards)
+        if self._unopened is not None and self._unopened[0] == seen:
+            raise BackendUnavailable(self._unopened[1])
         from exporter.kernel.i915_xe_pmu import read_pmus
 
         pmus = read_pmus(Path(self._config.sysfs))
@@ -124,8 +144,10 @@ class PmuBackend:
             self.close()  # every other card would be refused alike
             raise BackendUnavailable(DENIED_HINT.format(code=exc.code)) from exc
         if not self._cards:  # the collector logs this reason once
-            raise BackendUnavailable(next((r for r in reasons.values() if r),
-                                          "no PMU events opened"))
+            reason = next((r for r in reasons.values() if r), "no PMU events opened")
+            self._unopened = (seen, reason)  # not after _Denied: a right may be granted
+            raise BackendUnavailable(reason)
+        self._unopened = None
         for card, reason in reasons.items():  # some cards opened: say why not the others
             if reason:
                 log.warning("pmu card skipped", card=card.card, reason=reason)

@@ -55,6 +55,9 @@ log = structlog.get_logger(__name__)
 #     3897), ProcessUtilization 1798,
 #     GPM SampleGet+MetricsGet 1342, PcieReplayCounter 130 (100x a plain getter; a
 #     counter loses nothing by being read less often) -> about 58 ms per GPU.
+#   Of the fast getters, EnforcedPowerLimit, TotalEccErrors and RemappedRows are read on
+#     the rare tier and CurrPcieLinkGeneration/Width and NvLinkState on the slow one
+#     (device.py RARE_EVERY: cadence per field).
 #   static (at open): TemperatureThreshold 1.1 (x4), MaxClockInfo 1206 (x4),
 #     MaxPcieLinkGeneration/Width 0.9, NumFans 0.9. nvmlInit itself: 9991 cold, 9543 warm.
 
@@ -197,6 +200,9 @@ class NvidiaBackend:
             self._xid_last_at[uuid] = now
             self._xid_last[uuid] = xid
             self._xid_seen.setdefault(uuid, {})[xid] = now
+            for g in self._gpus:  # an XID may come with an ECC error or a row remap
+                if g.dev.info.uuid == uuid:
+                    g.dev.invalidate()
         if failed:
             errors["xid_event"] += failed
 
@@ -204,7 +210,7 @@ class NvidiaBackend:
         """The GPU's sample, then one per MIG instance."""
         try:
             g.mig.refresh(errors, slow or g.slow is None)
-            values = g.dev.read_fast(errors)
+            values = g.dev.read_fast(errors, slow or g.slow is None)
             if slow or g.slow is None:  # the first cycle fills the slow values too
                 g.slow = g.dev.read_slow(errors)
                 if not g.mig.enabled:

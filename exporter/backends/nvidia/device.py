@@ -148,6 +148,22 @@ def read_info(nvml: Any, handle: Any, driver_version: str) -> DeviceInfo:
 # to 30 s old. The first slow cycle reads them.
 COUNTERS_EVERY = 3
 
+# Cadence per field (DCGM's update frequency per field), four tiers:
+#   fast (every --collector.interval): what a user wants at 100 ms: GPU and per-engine
+#     utilisation, memory used, power (averaged and instant), clocks, temperatures, fans,
+#     performance state and clock-event reasons.
+#   slow (every --collector.slow-interval): current PCIe link generation and width (they
+#     follow the power state; the width getter costs 26 us, the most of any fast getter),
+#     NVLink state, and everything read_slow reads.
+#   rare (RARE_EVERY-th slow cycle, at open, and on the next cycle after an XID event on
+#     the GPU or after it was lost): enforced power limit, volatile ECC totals, remapped
+#     rows. They change only when an administrator sets a limit or the memory reports an
+#     error (an uncorrectable one comes with an XID, which re-reads them at once); the
+#     counters lose nothing by being read less often.
+#   static (at open, and after the GPU was lost): temperature thresholds, maximum clocks,
+#     maximum PCIe link, fan count, identity (name, VBIOS, serial: read_info).
+RARE_EVERY = COUNTERS_EVERY
+
 
 class NvmlDevice:
     """Reads one GPU. ``read_static`` once at open; ``read_fast`` / ``read_slow`` per tier."""
@@ -169,11 +185,21 @@ class NvmlDevice:
         # counters (COUNTERS_EVERY) and NVLink throughput and errors (nvlink.due).
         self._slow_cycles = 0
         self._energy: float | None = None  # the last total energy read, J
+        self._rare: DeviceValues | None = None  # rare-tier values; None: read them next cycle
+        self._slow_state = DeviceValues()  # the slow tier's PCIe link and NVLink state
+        self._state_due = False  # read the slow state on the next cycle (after an XID)
 
     def reset_counters(self) -> None:
-        """After the GPU was lost: the next slow cycle reads every counter afresh."""
+        """After the GPU was lost: the next cycle reads the static and rare tiers and
+        every counter afresh."""
         self._slow_cycles, self._energy, self.health.events = 0, None, None
+        self._rare = self.static = None  # a reset may have come with new limits
         self.nvlink.reset()
+
+    def invalidate(self) -> None:
+        """An event (an XID: ECC, row remap, NVLink, fallen off the bus) may have changed
+        the rare-tier values and the link state: read them on the next cycle."""
+        self._rare, self._state_due = None, True
 
     def forget_unsupported(self) -> None:
         """Ask again for everything once found unsupported (after a MIG mode change)."""
@@ -207,18 +233,23 @@ class NvmlDevice:
         )
         self.fans = u32(g(errors, Nvml.DEVICE_GET_NUM_FANS)) or 0
 
-    def read_fast(self, errors: Counter[str]) -> DeviceValues:
-        """Cheap getters (1-30 us each, see backend.py TIERS), every --collector.interval."""
+    def read_fast(self, errors: Counter[str], slow: bool = False) -> DeviceValues:
+        """Cheap getters (1-30 us each, see backend.py TIERS), every --collector.interval,
+        with the rare tier when it is due (``slow``: this cycle is a slow one) and the
+        last rare and slow-tier state values otherwise."""
         g = self.call.get
         if self.static is None:  # lost at open, or lost and back: limits not read yet
             self.read_static(errors)
+        if self._rare is None or (slow and self._slow_cycles % RARE_EVERY == 0):
+            self._rare = self.read_rare(errors)
+        if slow or self._state_due:
+            self.read_state(errors)
         util = g(errors, Nvml.DEVICE_GET_UTILIZATION_RATES)
         temps: dict[str, float] = {}
         temp = u32(g(errors, Nvml.DEVICE_GET_TEMPERATURE, self.c("NVML_TEMPERATURE_GPU")))
         if (celsius := gated(errors, temp, 1, "celsius")) is not None:
             temps[Sensor.GPU] = celsius
         power = u32(g(errors, Nvml.DEVICE_GET_POWER_USAGE))
-        limit = u32(g(errors, Nvml.DEVICE_GET_ENFORCED_POWER_LIMIT))
         fans = {}
         for fan in range(self.fans):
             r = ratio(u32(g(errors, Nvml.DEVICE_GET_FAN_SPEED_V2, fan)))
@@ -230,44 +261,56 @@ class NvmlDevice:
             if (hz := gated(errors, mhz, 1e6, "hertz")) is not None:
                 clocks[clock] = hz
         pstate = u32(g(errors, Nvml.DEVICE_GET_PERFORMANCE_STATE))
-        gen = u32(g(errors, Nvml.DEVICE_GET_CURR_PCIE_LINK_GENERATION))
-        width = u32(g(errors, Nvml.DEVICE_GET_CURR_PCIE_LINK_WIDTH))
         fv = self.fields.read(errors, self.fast_fields.values())
         mem_temp = self._field(fv, "memory_temp")
         # 0 is what cards without an HBM sensor answer instead of failing
         if mem_temp and (celsius := gated(errors, mem_temp, 1, "celsius")) is not None:
             temps[Sensor.MEMORY] = celsius
         instant = gated(errors, self._field(fv, "power_instant"), 1e-3, "watts")
-        nvlink_up = self.nvlink.read_state(errors)
         engines: dict[str, float] = {}
         for engine, fn in ENGINES.items():
             r = g(errors, fn)
             if r is not None and (busy := ratio(u32(r[0]))) is not None:
                 engines[engine] = busy
+        assert self.static is not None
+        return self.static.overlay(self._slow_state, self._rare, DeviceValues(
+            utilization_ratio=None if util is None else ratio(u32(util.gpu)),
+            memory_utilization_ratio=None if util is None else ratio(u32(util.memory)),
+            temperatures_celsius=temps,
+            power_watts=gated(errors, power, 1e-3, "watts"),
+            fan_speed_ratio=fans,
+            clocks_hertz=clocks,
+            performance_state=None if pstate is None or pstate >= PSTATE_UNKNOWN else pstate,
+            throttle_reasons=self._throttle(errors),
+            power_instant_watts=instant,
+            engine_utilization_ratio=engines,
+        ), read_memory(self.call, errors))
+
+    def read_rare(self, errors: Counter[str]) -> DeviceValues:
+        """The rare tier (RARE_EVERY above): power limit, ECC totals, remapped rows."""
+        g = self.call.get
+        limit = u32(g(errors, Nvml.DEVICE_GET_ENFORCED_POWER_LIMIT))
         ecc: dict[str, int] = {}
         for severity, const in ECC_TYPES.items():
             v = u64(g(errors, Nvml.DEVICE_GET_TOTAL_ECC_ERRORS, self.c(const),
                       self.c("NVML_VOLATILE_ECC")))
             if v is not None:
                 ecc[severity] = v
-        assert self.static is not None
-        return self.static.overlay(DeviceValues(
-            utilization_ratio=None if util is None else ratio(u32(util.gpu)),
-            memory_utilization_ratio=None if util is None else ratio(u32(util.memory)),
-            temperatures_celsius=temps,
-            power_watts=gated(errors, power, 1e-3, "watts"),
+        return DeviceValues(
             power_limit_watts=gated(errors, limit, 1e-3, "watts") if limit else None,
-            fan_speed_ratio=fans,
-            clocks_hertz=clocks,
-            performance_state=None if pstate is None or pstate >= PSTATE_UNKNOWN else pstate,
-            throttle_reasons=self._throttle(errors),
-            pcie_link_generation=gen,
-            pcie_link_width=width,
-            power_instant_watts=instant,
-            nvlink_up=nvlink_up,
-            engine_utilization_ratio=engines,
             ecc_errors=ecc,
-        ), read_memory(self.call, errors), self._remapped(errors))
+        ).overlay(self._remapped(errors))
+
+    def read_state(self, errors: Counter[str]) -> DeviceValues:
+        """Slow-tier state (read by read_fast on a slow cycle, served by it between):
+        PCIe link now, NVLink up/down."""
+        g = self.call.get
+        self._state_due = False
+        self._slow_state = DeviceValues(
+            pcie_link_generation=u32(g(errors, Nvml.DEVICE_GET_CURR_PCIE_LINK_GENERATION)),
+            pcie_link_width=u32(g(errors, Nvml.DEVICE_GET_CURR_PCIE_LINK_WIDTH)),
+            nvlink_up=self.nvlink.read_state(errors))
+        return self._slow_state
 
     def _remapped(self, errors: Counter[str]) -> DeviceValues:
         rows = self.call.get(errors, Nvml.DEVICE_GET_REMAPPED_ROWS)
@@ -327,7 +370,7 @@ class NvmlDevice:
     def prime(self, errors: Counter[str]) -> None:
         """At open: find the active NVLinks and take a first throughput reading, so the
         first collection already reports a rate (over the time since open)."""
-        self.nvlink.read_state(errors)
+        self.read_state(errors)
         if self.nvlink.remote:
             self.nvlink.throughput(errors, self._slow_fields(errors), self.fields.dropped)
 
