@@ -213,6 +213,9 @@ class ErrorReason(Vocabulary):
     CDI_DEVICE_CONFLICT = "cdi_device_conflict"
     DRA_DEVICE_NODE_UNKNOWN = "dra_device_node_unknown"
     DRA_DEVICE_SHARED = "dra_device_shared"
+    # Slurm job mapping files
+    NONCANONICAL_NAME = "noncanonical_name"  # a GPU index file named "01", not "1"
+    JOBS_OVER_CAP = "jobs_over_cap"  # jobs past the per-GPU cap of one mapping file
 
 
 # label name -> its closed vocabulary (a label not named here is open).

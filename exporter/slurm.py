@@ -38,6 +38,7 @@ from exporter.backends.base import DERIVED, Cycle
 from exporter.config import Config, open_regular
 from exporter.fieldspec import MetricSpec, Otlp
 from exporter.joins import Row
+from exporter.labels import ErrorReason
 from exporter.model import DeviceInfo, DeviceSample
 
 log = structlog.get_logger(__name__)
@@ -107,7 +108,7 @@ class SlurmBackend:
             missing = False
             canonical = [n for n in names if _CANONICAL.fullmatch(n)]
             if len(canonical) < len(names):  # 01 beside (or instead of) 1: skipped
-                errors["noncanonical_name"] += len(names) - len(canonical)
+                errors[ErrorReason.NONCANONICAL_NAME] += len(names) - len(canonical)
                 names = canonical
         except OSError:
             names, missing = [], True
@@ -124,11 +125,11 @@ class SlurmBackend:
                 continue  # vanished between listdir and stat
             files[name] = entry
             if entry[1] is None:
-                errors["unreadable"] += 1
+                errors[ErrorReason.UNREADABLE] += 1
                 continue
             kept, dropped = entry[1]
             if dropped:
-                errors["jobs_over_cap"] += dropped
+                errors[ErrorReason.JOBS_OVER_CAP] += dropped
             if kept:
                 jobs[name] = kept
         self._files = files

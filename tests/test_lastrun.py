@@ -14,7 +14,7 @@ from exporter.lastrun import CRASH_FILE, RUN_FILE, RunRecord, crash_summary, sta
 from tests.daemon import FIXTURES, machine_args, running
 
 pytestmark = pytest.mark.slow
-MACHINE = FIXTURES / "amd-rdna3"
+MACHINE = FIXTURES / "amd-rdna3-rx7800xt"
 
 
 def records(log: str, event: str) -> list[dict[str, object]]:
