@@ -422,10 +422,14 @@ class Pusher:
         self.thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
+        """Ends the push in flight and the thread; only the first call does anything."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self.session.abort()  # ends a request in flight at once
         self.exporter.shutdown()  # ends a retry back-off at once
-        self.thread.join(timeout)
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout)
 
     def build(self, snapshot: Snapshot) -> MetricsData:
         threads = {name: (t,) for name, t in snapshot.threads.items()}
@@ -475,20 +479,3 @@ class Pusher:
             self.counts["dropped"] += max(0, now_tick - tick)
             tick = max(tick, now_tick) + 1
 
-
-def run_push_only(hub: Hub, pusher: Pusher) -> int:
-    """``--otlp.only``: collect and push, with no listening socket, until SIGTERM/SIGINT."""
-    import signal
-
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    if hasattr(signal, "SIGHUP"):  # as with a server: the configuration is read at start
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    hub.start()
-    pusher.start()
-    log.info("pushing over otlp only; no port is bound", endpoint=pusher.endpoint)
-    done.wait()
-    pusher.stop()
-    hub.stop()
-    return 0

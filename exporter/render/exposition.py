@@ -159,11 +159,16 @@ class Worker:
         self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = \
             queue.SimpleQueue()
         self._waiting = 0
+        self._stopped = False
         self._lock = threading.Lock()
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
+        """``fn``'s future; once stopped, a future already cancelled (nothing runs)."""
         future: Future[T] = Future()
         with self._lock:
+            if self._stopped:
+                future.cancel()
+                return future
             if self.limit is not None and self._waiting >= self.limit:
                 raise Busy(self.name)
             self._waiting += 1
@@ -189,8 +194,17 @@ class Worker:
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
                 future.set_exception(e)
 
-    def stop(self) -> None:
-        self._queue.put(None)
+    def stop(self, timeout: float = 2.0) -> None:
+        """No call starts after this; what is queued runs, then the thread ends (waited
+        for up to ``timeout``). Only the first call does anything."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            thread = self.thread
+            self._queue.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
 
 PAGE_QUEUE = 4  # page, history and snapshot renders waiting at most: more are 503
@@ -327,6 +341,8 @@ class Renderer:
         if snapshot is not None:
             self.render_now(snapshot)
 
-    def stop(self) -> None:
-        self.worker.stop()
-        self.pages.stop()
+    def stop(self, timeout: float = 2.0) -> None:
+        """Its threads end (the Daemon calls this once the Hub no longer publishes)."""
+        deadline = time.monotonic() + timeout
+        self.worker.stop(timeout)
+        self.pages.stop(max(0.0, deadline - time.monotonic()))
