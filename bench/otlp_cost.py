@@ -108,7 +108,7 @@ def main() -> None:
     points = sum(len(m.data.data_points) for rm in pusher.build(snapshot).resource_metrics
                  for sm in rm.scope_metrics for m in sm.metrics)
 
-    render = cpu_ms(lambda: renderer._render_bytes(snapshot, False), args.n)
+    render = cpu_ms(lambda: renderer._render_bytes(snapshot, renderer.options, False), args.n)
     build = cpu_ms(lambda: pusher.build(snapshot), args.n)
     data = pusher.build(snapshot)
     export = cpu_ms(lambda: pusher.exporter.export(data), args.n)

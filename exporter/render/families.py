@@ -64,7 +64,8 @@ def families_of(spec: MetricSpec) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """What the operator chose about label shapes; fixed for the life of the process."""
+    """What the operator chose about label shapes and what is served. A render is bound
+    to one (exporter.render.exposition); a reload replaces it whole, never in place."""
 
     pod_labels: bool = False  # kubernetes attribution on: process series carry pod labels
     device_pod_labels: bool = False  # --kubernetes.device-labels
