@@ -8,7 +8,7 @@ RSS: fresh interpreters import what the daemon imports (exporter.cli, .collector
 OTLP/HTTP exporter); VmRSS is read from /proc/self/status, median of ``--rounds``.
 CPU: one fixture machine (the fake NVML of tests/fakes reads its nvml.json) is collected
 once; then, ``--n`` times, the push thread's work on that snapshot is timed with
-time.thread_time(): the families -> OTLP conversion, and the export (protobuf encoding
+time.thread_time(): the snapshot -> OTLP projection, and the export (protobuf encoding
 and the POST to a receiver on 127.0.0.1 that answers 200, whose own CPU is on another
 thread and not counted), next to the text exposition of the same snapshot (a scrape).
 Medians and ratios are printed. Needs the otlp extra.
@@ -108,14 +108,14 @@ def main() -> None:
     points = sum(len(m.data.data_points) for rm in pusher.build(snapshot).resource_metrics
                  for sm in rm.scope_metrics for m in sm.metrics)
 
-    render = cpu_ms(lambda: renderer._render_bytes(snapshot, False), args.n)
+    render = cpu_ms(lambda: renderer._render_bytes(snapshot, renderer.options, False), args.n)
     build = cpu_ms(lambda: pusher.build(snapshot), args.n)
     data = pusher.build(snapshot)
     export = cpu_ms(lambda: pusher.exporter.export(data), args.n)
     server.shutdown()
     print(f"{args.machine}: {points} data points per push, median of {args.n}")
     print(f"  /metrics text render      {render:7.2f} ms CPU")
-    print(f"  push: families -> OTLP    {build:7.2f} ms CPU")
+    print(f"  push: snapshot -> OTLP    {build:7.2f} ms CPU")
     print(f"  push: encode + POST       {export:7.2f} ms CPU")
     print(f"  push in all               {build + export:7.2f} ms CPU "
           f"(x{(build + export) / render:.2f} a render)")

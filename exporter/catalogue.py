@@ -37,7 +37,7 @@ from exporter.render.families import (
 from exporter.render.selfmetrics import EXPORTER
 
 __all__ = ["FAMILIES", "GAUGE", "HISTOGRAM", "INT_ATTRIBUTES", "LABELS", "SCHEMA_URL", "SPECS",
-           "SUM", "UPDOWN", "Target", "attribute_name", "otlp_table"]
+           "SUM", "UPDOWN", "Target", "attribute_name", "otlp_table", "target"]
 
 SEMCONV_VERSION = "1.44.0"
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
@@ -78,15 +78,20 @@ class Target:
     constant: Mapping[str, str] = field(default_factory=dict)  # attributes added to each point
 
 
+def target(spec: MetricSpec, key: str = "") -> Target:
+    """The OTLP metric of a spec's family (``key``: of a spec served one family per key)."""
+    otlp = spec.otlp
+    if otlp is None:
+        raise ValueError(f"{spec.name}: a served family without its OTLP name")
+    return Target(otlp.name.format(key=key), spec.otlp_unit(), spec.otlp_kind(), otlp.labels,
+                  otlp.constant)
+
+
 def _targets() -> Mapping[str, Target]:
     out: dict[str, Target] = {}
     for spec in SPECS:
-        otlp = spec.otlp
-        if otlp is None:
-            raise ValueError(f"{spec.name}: a served family without its OTLP name")
         for key in spec.per_key or ("",):  # one family per key, or the one family
-            out[spec.family(key)] = Target(otlp.name.format(key=key), spec.otlp_unit(),
-                                           spec.otlp_kind(), otlp.labels, otlp.constant)
+            out[spec.family(key)] = target(spec, key)
     return MappingProxyType(out)
 
 

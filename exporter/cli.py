@@ -452,8 +452,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if command == "snapshot":
         from exporter.snapshot import snapshot_json
 
-        snapshot = daemon.hub.collect_once()
-        daemon.stop(timeout=0)
+        snapshot = daemon.collect_once()
         sys.stdout.buffer.write(snapshot_json(snapshot, indent=2) + b"\n")
         return 0
     from exporter.lastrun import RunRecord, state_dir

@@ -120,6 +120,7 @@ class Hub:
             max_window=2 * max(config.slow_interval, config.processes_interval) + config.interval)
         self._generation = 0
         self._stop = threading.Event()
+        self._life = threading.Lock()  # start() and stop(): no thread started after a stop
         self._threads: list[threading.Thread] = []
         self._all_attempted = threading.Event()
         with self._publish_lock:
@@ -127,33 +128,47 @@ class Hub:
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
+        """A thread per backend, then (once each has tried its first open, OPEN_WAIT at
+        most) the GPU numbering, a first publish and the watchdog. A stop() that comes
+        meanwhile wins: no thread is started after it."""
         epoch = self.clock.now()
         threads: dict[str, threading.Thread] = {}
-        for backend in self.backends:
-            t = threading.Thread(target=self._run, args=(backend, epoch),
-                                 name=f"collector-{backend.name}", daemon=True)
-            t.start()
-            self._threads.append(t)
-            threads[backend.name] = t
+        with self._life:
+            if self._stop.is_set():
+                return
+            for backend in self.backends:
+                t = threading.Thread(target=self._run, args=(backend, epoch),
+                                     name=f"collector-{backend.name}", daemon=True)
+                t.start()
+                self._threads.append(t)
+                threads[backend.name] = t
         if not self.backends:
             self._all_attempted.set()
         self._all_attempted.wait(OPEN_WAIT)
+        if self._stop.is_set():
+            return
         with self._lock:
             self._threads_by_backend = MappingProxyType(threads)
             self._number_gpus()
         self.publish()
-        w = threading.Thread(target=self._watchdog, name="collector-watchdog", daemon=True)
-        w.start()
-        self._threads.append(w)
+        with self._life:
+            if self._stop.is_set():
+                return
+            w = threading.Thread(target=self._watchdog, name="collector-watchdog", daemon=True)
+            w.start()
+            self._threads.append(w)
 
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the threads, then close every backend; a thread stuck inside a driver call
         is a daemon and is left. Only the first call does anything."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
+        with self._life:
+            if self._stop.is_set():
+                return
+            self._stop.set()
+            self._all_attempted.set()  # a start() waiting for first opens goes on, and ends
+            threads = list(self._threads)
         deadline = time.monotonic() + timeout
-        for t in self._threads:
+        for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         for backend in self.backends:
             _close_quietly(backend)

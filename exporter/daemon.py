@@ -9,23 +9,33 @@ environment and config file, then hands the Config over.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.backends import Shared
 from exporter.config import Config
 from exporter.render.selection import Selection
+
+if TYPE_CHECKING:
+    from exporter.state import Snapshot
 
 
 class Daemon:
     """Everything the exporter runs, built, started and stopped in one place.
 
     Built: the shared DRM discovery, a backend per row of the backend table that is
-    not switched off, the Hub that samples them. ``run()`` adds the renderer and the
-    HTTP server, starts collection and serves until a signal; ``stop()`` stops the
-    renderer, the Hub (its threads, then every backend's close()) and the discovery's
-    udev listener, in that order, and may be called more than once.
+    not switched off, the Hub that samples them, the landing page's history. Every mode
+    goes through here: ``run()`` serves (``start()``: the renderer, the OTLP pusher,
+    collection; then the reloader and the HTTP server until a signal), or with
+    ``--otlp.only`` collects and pushes until a signal; ``collect_once()`` is the
+    ``snapshot`` command. Each ends in ``stop()``, the one place anything is stopped:
+    the reloader, the pusher, the Hub (its threads, then every backend's close()), the
+    renderer's threads, the discovery's udev listener, in that order. Only its first
+    call does anything. The HTTP server's lifespan stops nothing: it started nothing.
     """
 
     def __init__(self, config: Config, selection: Selection | None = None) -> None:
@@ -42,7 +52,11 @@ class Daemon:
         self.hub = Hub(config, self.backends)
         self.renderer: Any = None
         self.pusher: Any = None  # the OTLP push thread, with --otlp.endpoint
+        self.reloader: Any = None  # SIGHUP and web config reloads, while serving
         self.reread: Callable[[], Config] = lambda: config  # main() sets flags+env+file
+        self._starter: threading.Thread | None = None  # runs Hub.start (its first opens)
+        self._life = threading.Lock()
+        self._stopped = False
 
     def check(self) -> str | None:
         """Why a collector switched on cannot run (exit 2), or None."""
@@ -50,28 +64,33 @@ class Daemon:
 
         return forced_but_unavailable(self.config, self.backends)
 
-    def start(self) -> None:
-        """The renderer, then collection: the Hub's first opens wait up to OPEN_WAIT, on a
-        thread of their own, so the server answers (not ready) meanwhile."""
-        import threading
-
+    def start(self, serving: bool = True) -> None:
+        """The renderer (``serving``: an HTTP server will serve it and the history), the
+        OTLP pusher (--otlp.endpoint), then collection: the Hub's first opens wait up to
+        OPEN_WAIT, on a thread of their own, so the server answers (not ready) meanwhile."""
+        from exporter.history import fan_out
         from exporter.render import Renderer
 
         config = self.config
         options = self.render_options()
-        # Render ahead only the snapshot that precedes a scrape: one collection interval.
-        self.renderer = Renderer(lead=config.interval, options=options)
-        from exporter.history import fan_out
+        with self._life:
+            if self._stopped:
+                return
+            if serving:
+                # Render ahead only the snapshot that precedes a scrape: one interval.
+                self.renderer = Renderer(lead=config.interval, options=options)
+                self.hub.listener = fan_out(self.renderer.submit, self.history.add)
+            if config.otlp_endpoint is not None:
+                from exporter.otlp import Pusher
 
-        self.hub.listener = fan_out(self.renderer.submit, self.history.add)
-        if config.otlp_endpoint is not None:
-            from exporter.otlp import Pusher
-
-            self.pusher = Pusher(config, self.hub, options)
-            self.renderer.otlp = self.pusher.status
-            self.renderer.cpu_threads["otlp"] = [self.pusher.thread]
-            self.pusher.start()
-        threading.Thread(target=self.hub.start, name="collector-start", daemon=True).start()
+                self.pusher = Pusher(config, self.hub, options)
+                if self.renderer is not None:
+                    self.renderer.otlp = self.pusher.status
+                    self.renderer.cpu_threads["otlp"] = [self.pusher.thread]
+                self.pusher.start()
+            self._starter = threading.Thread(target=self.hub.start, name="collector-start",
+                                             daemon=True)
+            self._starter.start()
 
     def render_options(self) -> Any:
         from exporter.render import RenderOptions
@@ -91,17 +110,37 @@ class Daemon:
         if self.pusher is not None:
             self.pusher.options = replace(self.pusher.options, selection=selection)
 
+    def collect_once(self) -> Snapshot:
+        """The ``snapshot`` command: every backend opened and sampled once, then stopped."""
+        try:
+            return self.hub.collect_once()
+        finally:
+            self.stop(timeout=0)
+
     def stop(self, timeout: float = 2.0) -> None:
+        """Stop everything started, consumers before what feeds them; ``timeout`` bounds
+        the wait for each thread (one stuck in a driver call is a daemon and is left)."""
+        with self._life:
+            if self._stopped:
+                return
+            self._stopped = True
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+        if self.reloader is not None:
+            self.reloader.stop(left())
         if self.pusher is not None:
-            self.pusher.stop()
+            self.pusher.stop(left())
+        self.hub.listener = None  # nothing more reaches the renderer or the history
+        self.hub.stop(timeout=left())
+        if self._starter is not None:
+            self._starter.join(left())
         if self.renderer is not None:
-            self.renderer.stop()
-        self.hub.stop(timeout=timeout)
+            self.renderer.stop(left())
         self.shared.stop()
 
     def run(self) -> int:
-        import signal
-
         import structlog
 
         from exporter.fs import raise_open_files_limit
@@ -115,13 +154,7 @@ class Daemon:
         # Before any backend opens a file: the kept-descriptor budget is sized from it.
         raise_open_files_limit()
         if config.otlp_only:  # push, with no listening socket (exporter.otlp)
-            from exporter.otlp import Pusher, run_push_only
-
-            self.pusher = Pusher(config, self.hub, self.render_options())
-            try:
-                return run_push_only(self.hub, self.pusher)
-            finally:
-                self.shared.stop()
+            return self.push_only()
         web = load_web_config(config.web_config_file) if config.web_config_file else None
         for warning in web.warnings if web else ():
             log.warning("web config", note=warning)
@@ -132,8 +165,8 @@ class Daemon:
             print(f"gpu-exporter: error: cannot listen on {e.strerror or e}", file=sys.stderr)
             return 1
         files = unix_files(sockets)
-        reloader = Reloader(config, web, self.reread, apply_live(self.hub), self.selection,
-                            self.select)
+        reloader = self.reloader = Reloader(config, web, self.reread, apply_live(self.hub),
+                                            self.selection, self.select)
         if hasattr(signal, "SIGHUP"):  # exporter.reload: what changes live, what needs a restart
             signal.signal(signal.SIGHUP, lambda *_: reloader.request("sighup"))
         from exporter.early import take_held
@@ -143,16 +176,32 @@ class Daemon:
         self.start()
         if config.config_file or config.web_config_file:  # something a reload can change
             self.renderer.reload_status(reloader.status)
-        app = build_app(config, self.hub, self.renderer, web, start_collection=False,
-                        history=self.history)
+        app = build_app(config, self.hub, self.renderer, web, history=self.history)
         reloader.passwords = getattr(app.state, "passwords", None)
         reloader.start()
-        try:
+        try:  # until SIGTERM or SIGINT
             serve(config, app, web, sockets, reloader.context, reloader.on_connection)
         finally:
-            reloader.stop()
             self.stop()
             close_sockets(sockets, files)
+        return 0
+
+    def push_only(self) -> int:
+        """``--otlp.only``: collect and push, with no listening socket, until SIGTERM/SIGINT."""
+        import structlog
+
+        done = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
+        if hasattr(signal, "SIGHUP"):  # as with a server: the configuration is read at start
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self.start(serving=False)
+        structlog.get_logger(__name__).info(
+            "pushing over otlp only; no port is bound", endpoint=self.pusher.endpoint)
+        try:
+            done.wait()
+        finally:
+            self.stop()
         return 0
 
 

@@ -16,10 +16,11 @@ verdict of their own: their parent's is the one that matters.
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from exporter.fieldspec import MetricSpec, Otlp
 from exporter.labels import Check, FindingCode
@@ -254,15 +255,24 @@ CHECK = MetricSpec("gpu_health_check_status",
 LABELS = ("gpu", "uuid", "vendor", "source")
 
 
+def series(entries: Iterable[tuple[str, DeviceSample, Verdict]]
+           ) -> Iterator[tuple[MetricSpec, dict[str, str], float]]:
+    """(STATUS or CHECK, labels, value) of each series of a snapshot's verdicts: what the
+    families below and the OTLP points (exporter.otlp) are made of."""
+    for gpu, d, verdict in entries:
+        labels = dict(zip(LABELS, (gpu, d.info.uuid, d.info.vendor, SOURCE), strict=True))
+        yield STATUS, labels, verdict.status
+        for check, value in verdict.checks.items():
+            yield CHECK, {**labels, CHECK.labels[0]: check}, value
+
+
 def families(entries: Iterable[tuple[str, DeviceSample, Verdict]]) -> list[Metric]:
     """``gpu_health_status`` and ``gpu_health_check_status`` of a snapshot's verdicts."""
     status = GaugeMetricFamily(STATUS.name, STATUS.help, labels=list(LABELS))
     checks = GaugeMetricFamily(CHECK.name, CHECK.help, labels=[*LABELS, *CHECK.labels])
-    for gpu, d, verdict in entries:
-        labels = [gpu, d.info.uuid, d.info.vendor, SOURCE]
-        status.add_metric(labels, verdict.status)
-        for check, value in verdict.checks.items():
-            checks.add_metric([*labels, check], value)
+    for spec, labels, value in series(entries):
+        family = status if spec is STATUS else checks
+        family.samples.append(Sample(spec.name, labels, value))
     return [status, checks] if status.samples else []
 
 

@@ -2,12 +2,13 @@
 
 Imported only when ``--otlp.endpoint`` is set (it imports the OpenTelemetry SDK, the
 ``otlp`` extra). The push thread never calls a driver: every interval it takes the
-Hub's latest Snapshot, builds the same prometheus-client families the renderer builds
-for ``/metrics`` (render.snapshot_families) and converts them with the OTLP names, units
-and types the families declare (exporter.catalogue). The SDK's OTLPMetricExporter sends
-them: it retries 429, 502, 503 and 504 with exponential back-off, honouring Retry-After,
-within ``--otlp.timeout``
-(the OTLP/HTTP spec's retry rules), and reads the standard ``OTEL_EXPORTER_OTLP_*``
+Hub's latest Snapshot and projects its merged view through the catalogue: the walk that
+builds ``/metrics`` (render.families.walk) puts each series straight into an OTLP point of
+its spec's metric (exporter.catalogue.target); the join series and the exporter's own,
+built as families, are converted with the names, units and types they declare. The
+SDK's OTLPMetricExporter sends them: it retries 429, 502, 503 and 504 with exponential
+back-off, honouring Retry-After, within ``--otlp.timeout`` (the OTLP/HTTP spec's retry
+rules), and reads the standard ``OTEL_EXPORTER_OTLP_*``
 variables for whatever the flags leave unset.
 
 At most one export is in flight and nothing queues behind it: a tick that comes while
@@ -49,7 +50,7 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.core import Metric as PromMetric
 
-from exporter import __version__
+from exporter import __version__, health
 from exporter.catalogue import (
     FAMILIES,
     GAUGE,
@@ -59,10 +60,16 @@ from exporter.catalogue import (
     SUM,
     Target,
     attribute_name,
+    target,
 )
 from exporter.collector import Hub
 from exporter.config import Config
-from exporter.render import RenderOptions, snapshot_families
+from exporter.fieldspec import MetricSpec
+from exporter.joins import join_families
+from exporter.render import RenderOptions
+from exporter.render.families import in_order, walk
+from exporter.render.selection import Selection
+from exporter.render.selfmetrics import exporter_families
 from exporter.state import Snapshot
 
 log = structlog.get_logger(__name__)
@@ -334,6 +341,47 @@ def _histogram_points(key: str, target: Target, family: PromMetric, start: int, 
     return points
 
 
+class _Points:
+    """A sink of the merged view's walk (render.families.walk): each series becomes an OTLP
+    point of its spec's catalogue metric (exporter.catalogue.target), with no family
+    built and no name looked up. Families the selection excludes get no points."""
+
+    def __init__(self, selection: Selection, start: int, now: int) -> None:
+        self.allows = selection.allows
+        self.start, self.now = start, now
+        self.by_name: dict[str, tuple[MetricSpec, str, Target, list[NumberDataPoint]]] = {}
+
+    def add(self, spec: MetricSpec, key: str, labels: dict[str, str], value: float) -> None:
+        name = spec.family(key) if key else spec.name
+        entry = self.by_name.get(name)
+        if entry is None:
+            if not self.allows(name):
+                return
+            entry = self.by_name[name] = (spec, key, target(spec, key), [])
+        entry[3].append(NumberDataPoint(_attributes(name, entry[2], labels), self.start,
+                                        self.now, float(value)))
+
+    def metrics(self) -> list[Metric]:
+        """One metric per family with points, in the order /metrics serves them."""
+        out = []
+        for name in in_order(self.by_name):
+            spec, key, t, points = self.by_name[name]
+            data = Gauge(points) if t.kind == GAUGE else \
+                Sum(points, CUMULATIVE, is_monotonic=t.kind == SUM)
+            out.append(Metric(t.name, spec.per_key[key] if key else spec.help, t.unit, data))
+        return out
+
+
+def project(snapshot: Snapshot, options: RenderOptions, start: int, now: int) -> list[Metric]:
+    """The merged view's per-GPU, per-process and health series as OTLP metrics, from the
+    typed snapshot through the catalogue (the same walk as /metrics)."""
+    points = _Points(options.selection, start, now)
+    walk(snapshot, options, points)
+    for spec, labels, value in health.series(snapshot.health):
+        points.add(spec, "", labels, value)
+    return points.metrics()
+
+
 def to_otlp(families: Iterable[PromMetric], start: int, now: int) -> list[Metric]:
     """prometheus-client families -> OTLP metrics, one per family, in the same order."""
     out = []
@@ -422,17 +470,26 @@ class Pusher:
         self.thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
+        """Ends the push in flight and the thread; only the first call does anything."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self.session.abort()  # ends a request in flight at once
         self.exporter.shutdown()  # ends a retry back-off at once
-        self.thread.join(timeout)
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout)
 
     def build(self, snapshot: Snapshot) -> MetricsData:
         threads = {name: (t,) for name, t in snapshot.threads.items()}
         threads["otlp"] = (self.thread,)
-        families = snapshot_families(snapshot, self.options, threads, otlp=self.counts)
-        now = int(snapshot.created * 1e9)
-        metrics = to_otlp(families, self.start_ns, max(now, self.start_ns))
+        now = max(int(snapshot.created * 1e9), self.start_ns)
+        selection = self.options.selection
+        # The join series and the exporter's own are built as families (their labels
+        # come from the backends and the threads); converted through the catalogue too.
+        rest = [*selection.keep(join_families(snapshot)),
+                *selection.keep(exporter_families(snapshot, threads, self.counts, None))]
+        metrics = project(snapshot, self.options, self.start_ns, now) + \
+            to_otlp(rest, self.start_ns, now)
         return MetricsData([ResourceMetrics(
             self.resource, [ScopeMetrics(self.scope, metrics, SCHEMA_URL)], SCHEMA_URL)])
 
@@ -475,20 +532,3 @@ class Pusher:
             self.counts["dropped"] += max(0, now_tick - tick)
             tick = max(tick, now_tick) + 1
 
-
-def run_push_only(hub: Hub, pusher: Pusher) -> int:
-    """``--otlp.only``: collect and push, with no listening socket, until SIGTERM/SIGINT."""
-    import signal
-
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    if hasattr(signal, "SIGHUP"):  # as with a server: the configuration is read at start
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    hub.start()
-    pusher.start()
-    log.info("pushing over otlp only; no port is bound", endpoint=pusher.endpoint)
-    done.wait()
-    pusher.stop()
-    hub.stop()
-    return 0

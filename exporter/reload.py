@@ -96,9 +96,12 @@ class Reloader:
     def start(self) -> None:
         self.thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
+        """The thread ends once a reload in progress is done (waited for up to ``timeout``)."""
         self._stop = True
         self._wake.set()
+        if self.thread.ident is not None:
+            self.thread.join(timeout)
 
     # -- the reload thread ----------------------------------------------------------------
     def _run(self) -> None:

@@ -42,7 +42,7 @@ from exporter.collector import Hub
 from exporter.config import Config, split_listen_address
 from exporter.connections import MAX_CONNECTIONS, Slots, protocol_factory
 from exporter.fs import open_files_limit
-from exporter.history import History, fan_out
+from exporter.history import History
 from exporter.landing import CSP
 from exporter.landing import page as landing_page
 from exporter.landing_static import APP_CSS, APP_JS
@@ -131,9 +131,9 @@ async def off_loop(request: Request, worker: Worker, fn: Callable[[], T]) -> T |
 
 
 def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | None = None,
-              start_collection: bool = True, history: History | None = None) -> Starlette:
-    """The routes; ``history``: the ring buffer the landing page draws (its own, fed by
-    the Hub, when start_collection; the Daemon's, already fed, otherwise)."""
+              history: History | None = None) -> Starlette:
+    """The routes over a Hub and a Renderer that the caller (exporter.daemon) starts and
+    stops; ``history``: the ring buffer the landing page draws, fed by the caller."""
     if history is None:
         history = History(config.web_history, config.interval)
     async def metrics(request: Request) -> Response:
@@ -203,14 +203,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         loop.set_exception_handler(LoopErrors().handle)
         server_threads.append(threading.current_thread())
         renderer.render_now(hub.snapshot)
-        if start_collection:
-            hub.listener = fan_out(renderer.submit, history.add)
-            threading.Thread(target=hub.start, name="collector-start", daemon=True).start()
-        try:
-            yield
-        finally:
-            renderer.stop()
-            hub.stop()
+        yield  # the Daemon stops the Hub and the renderer: it started them
 
     get = ["GET", "HEAD"]
     app = Starlette(routes=[

@@ -155,7 +155,7 @@ def test_a_request_head_must_complete_within_the_header_timeout() -> None:
     hub = Hub(Config(), [])
     renderer = Renderer()
     renderer.render_now(hub.collect_once())
-    app = build_app(Config(), hub, renderer, start_collection=False)
+    app = build_app(Config(), hub, renderer)
     with in_process_server(app, header_timeout=0.3) as port:
         with socket.create_connection(("127.0.0.1", port)) as slow:
             slow.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n")
@@ -212,7 +212,7 @@ def cold_render_lag() -> tuple[float, float]:
     t0 = time.perf_counter()
     snapshot_json(snapshot, indent=2)
     json_seconds = time.perf_counter() - t0
-    app = build_app(Config(), hub, renderer, start_collection=False)
+    app = build_app(Config(), hub, renderer)
 
     async def scenario() -> float:
         renderer.render_now(snapshot)  # current, nothing rendered yet: every scrape is cold

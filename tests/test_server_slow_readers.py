@@ -196,7 +196,7 @@ def _renderer_with_history() -> tuple[Starlette, Renderer]:
     hub = Hub(Config(), [Big()])
     renderer = Renderer()
     renderer.render_now(hub.collect_once())
-    return build_app(Config(), hub, renderer, start_collection=False), renderer
+    return build_app(Config(), hub, renderer), renderer
 
 
 def test_a_page_for_a_client_gone_is_never_rendered() -> None:

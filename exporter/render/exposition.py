@@ -2,8 +2,11 @@
 
 The exposition is rendered on the renderer's thread, for text 0.0.4 and OpenMetrics and
 their gzip forms, at most once per snapshot and format and only for formats someone
-scrapes; ``/metrics`` returns bytes. The families come from ``render.families`` (the
-devices) and ``render.selfmetrics`` (the exporter itself).
+scrapes; ``/metrics`` returns bytes. Each render builds its own collector, bound to the
+snapshot and the options in force (``SnapshotCollector``): nothing is shared between
+renders, and a reload's new selection is the options the next render is bound to. The
+families come from ``render.families`` (the devices) and ``render.selfmetrics`` (the
+exporter itself).
 """
 
 from __future__ import annotations
@@ -51,26 +54,25 @@ def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,
     yield from opts.selection.keep(exporter_families(s, threads or {}, otlp, reload))
 
 
-class _SnapshotCollector:
-    def __init__(self, options: RenderOptions,
-                 threads: Mapping[str, Sequence[threading.Thread]]) -> None:
-        self.snapshot: Snapshot | None = None
-        self.otlp: Callable[[], Mapping[str, Any]] | None = None  # the OTLP pusher's status
-        self.reload: Callable[[], tuple[bool, float]] | None = None  # exporter.reload
-        self.options = options
-        self.threads = threads
+@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity, as registries do
+class SnapshotCollector:
+    """One render's families: a snapshot, bound to the options in force when its render
+    was asked for. Built per render and never changed, so renders need no lock and a
+    reload (a new selection) changes only which collector the next render builds."""
+
+    snapshot: Snapshot
+    options: RenderOptions
+    threads: Mapping[str, Sequence[threading.Thread]]  # label -> threads (CPU time)
+    otlp: Mapping[str, int] | None = None  # the OTLP pusher's counts (--otlp.endpoint)
+    reload: tuple[bool, float] | None = None  # the last configuration reload
 
     def describe(self) -> list[Metric]:
         return []  # so registering never calls collect()
 
     def collect(self) -> Iterator[Metric]:
         s = self.snapshot
-        if s is not None:
-            threads = {**{name: (t,) for name, t in s.threads.items()}, **self.threads}
-            status = self.otlp() if self.otlp is not None else None
-            yield from snapshot_families(s, self.options, threads,
-                                         None if status is None else status["exports"],
-                                         self.reload() if self.reload is not None else None)
+        threads = {**{name: (t,) for name, t in s.threads.items()}, **self.threads}
+        yield from snapshot_families(s, self.options, threads, self.otlp, self.reload)
 
 
 VARIANTS = ("text", "text+gzip", "openmetrics", "openmetrics+gzip")
@@ -109,10 +111,13 @@ class _Demand:
 
 
 class Exposition:
-    """The bytes of one snapshot in every format, rendered on demand and kept."""
+    """The bytes of one snapshot under one set of options, in every format, rendered on
+    demand and kept."""
 
-    def __init__(self, snapshot: Snapshot, render: Callable[[bool], bytes]) -> None:
+    def __init__(self, snapshot: Snapshot, options: RenderOptions,
+                 render: Callable[[Snapshot, RenderOptions, bool], bytes]) -> None:
         self.snapshot = snapshot
+        self.options = options
         self._render = render
         self._bodies: dict[str, bytes] = {}
         self._lock = threading.Lock()
@@ -129,7 +134,8 @@ class Exposition:
                 fmt, _, zipped = variant.partition("+")
                 raw = self._bodies.get(fmt)
                 if raw is None:
-                    raw = self._bodies[fmt] = self._render(fmt == "openmetrics")
+                    raw = self._bodies[fmt] = self._render(self.snapshot, self.options,
+                                                           fmt == "openmetrics")
                 if zipped:
                     self._bodies[variant] = gzip.compress(raw, compresslevel=6)
             return self._bodies[variant]
@@ -159,11 +165,16 @@ class Worker:
         self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = \
             queue.SimpleQueue()
         self._waiting = 0
+        self._stopped = False
         self._lock = threading.Lock()
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
+        """``fn``'s future; once stopped, a future already cancelled (nothing runs)."""
         future: Future[T] = Future()
         with self._lock:
+            if self._stopped:
+                future.cancel()
+                return future
             if self.limit is not None and self._waiting >= self.limit:
                 raise Busy(self.name)
             self._waiting += 1
@@ -189,8 +200,17 @@ class Worker:
             except BaseException as e:  # noqa: BLE001 - handed to whoever waits for it
                 future.set_exception(e)
 
-    def stop(self) -> None:
-        self._queue.put(None)
+    def stop(self, timeout: float = 2.0) -> None:
+        """No call starts after this; what is queued runs, then the thread ends (waited
+        for up to ``timeout``). Only the first call does anything."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            thread = self.thread
+            self._queue.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
 
 PAGE_QUEUE = 4  # page, history and snapshot renders waiting at most: more are 503
@@ -207,89 +227,81 @@ class Renderer:
 
     def __init__(self, lead: float = 2.0, options: RenderOptions | None = None) -> None:
         self.lead = lead  # render ahead when a scrape is due within this many seconds
+        # The options in force: replaced whole on a reload (select()), never changed.
         self.options = options or RenderOptions()
         self.worker = Worker("renderer")
         self.pages = Worker("pages", PAGE_QUEUE)  # the page, its history, /snapshot
         # label -> threads whose CPU time is reported under it (the server adds its own)
         self.cpu_threads: dict[str, list[threading.Thread]] = {}
-        self._collector = _SnapshotCollector(self.options, self.cpu_threads)
-        self.registry = self._registry(self.options)
+        self.otlp: Callable[[], Mapping[str, Any]] | None = None  # the OTLP pusher's status
+        self._reload: Callable[[], tuple[bool, float]] | None = None  # exporter.reload
+        # The process, platform and gc collectors (a throwaway registry: GCCollector
+        # must register somewhere); each render puts them behind its own selection.
+        scratch = CollectorRegistry()
+        self._python = tuple(make(registry=scratch)
+                             for make in (ProcessCollector, PlatformCollector, GCCollector))
         self._demand = {variant: _Demand() for variant in VARIANTS}
         self._pending: Snapshot | None = None
         self._scheduled = False
         self._lock = threading.Lock()
-        self._render_lock = threading.Lock()
         self.current: Exposition | None = None
         self.coalesce = 0.02  # let backends that tick together land in one render
 
-    def _registry(self, options: RenderOptions) -> CollectorRegistry:
-        """The snapshot's collector, and the process, platform and gc collectors each
-        behind the operator's selection (a throwaway registry: GCCollector must register
-        somewhere)."""
+    def registry(self, snapshot: Snapshot, options: RenderOptions) -> CollectorRegistry:
+        """One render's registry: the snapshot's collector bound to ``options``, and the
+        process, platform and gc collectors behind its selection."""
+        threads = {**self.cpu_threads, "renderer": [
+            w.thread for w in (self.worker, self.pages) if w.thread is not None]}
+        status = self.otlp() if self.otlp is not None else None
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self._collector)
-        for make in (ProcessCollector, PlatformCollector, GCCollector):
-            registry.register(Filtered(make(registry=CollectorRegistry()), options.selection))
+        registry.register(SnapshotCollector(
+            snapshot, options, threads, None if status is None else status["exports"],
+            self._reload() if self._reload is not None else None))
+        for collector in self._python:
+            registry.register(Filtered(collector, options.selection))
         return registry
 
     def select(self, selection: Selection) -> None:
-        """Serve ``selection`` from now on (a reload, exporter.reload): new options, the
-        filtered collectors rebuilt, and the current snapshot's cached bodies dropped, so
-        the next scrape renders it again under the new selection. A render in progress
-        finishes first (the render lock); render_now() does not make its bodies current."""
+        """Serve ``selection`` from now on (a reload, exporter.reload): the next render is
+        bound to the new options, and the current snapshot's bodies, rendered under the
+        old ones, are no longer served (its next scrape renders it again)."""
         options = dataclasses.replace(self.options, selection=selection)
-        with self._render_lock:
-            self.registry = self._registry(options)
-            self.options = self._collector.options = options
+        with self._lock:
+            self.options = options
             if self.current is not None:
-                self.current = self._exposition(self.current.snapshot)
-
-    @property
-    def otlp(self) -> Callable[[], Mapping[str, Any]] | None:
-        """The OTLP pusher's status (exporter/otlp.py), with --otlp.endpoint only."""
-        return self._collector.otlp
-
-    @otlp.setter
-    def otlp(self, status: Callable[[], Mapping[str, Any]] | None) -> None:
-        self._collector.otlp = status
+                self.current = Exposition(self.current.snapshot, options, self._render_bytes)
 
     def reload_status(self, status: Callable[[], tuple[bool, float]]) -> None:
         """Serve the configuration reload gauges from ``status`` (a serving daemon)."""
-        self._collector.reload = status
+        self._reload = status
 
-    def _render_bytes(self, snapshot: Snapshot, openmetrics: bool) -> bytes:
-        with self._render_lock:  # the registry's collector holds one snapshot at a time
-            self.cpu_threads["renderer"] = [w.thread for w in (self.worker, self.pages)
-                                            if w.thread is not None]
-            self._collector.snapshot = snapshot
-            # Every name here is a legacy Prometheus name, so "allow-utf-8" writes the
-            # same bytes as the default "underscores", which checks each label name
-            # character by character: 40 % of an OpenMetrics render (bench on H100).
-            if openmetrics:
-                body: bytes = om_format.generate_latest(  # type: ignore[no-untyped-call]
-                    self.registry, escaping=ESCAPING)
-                return body
-            return text_format.generate_latest(self.registry, escaping=ESCAPING)
+    def _render_bytes(self, snapshot: Snapshot, options: RenderOptions,
+                      openmetrics: bool) -> bytes:
+        registry = self.registry(snapshot, options)
+        # Every name here is a legacy Prometheus name, so "allow-utf-8" writes the
+        # same bytes as the default "underscores", which checks each label name
+        # character by character: 40 % of an OpenMetrics render (bench on H100).
+        if openmetrics:
+            body: bytes = om_format.generate_latest(  # type: ignore[no-untyped-call]
+                registry, escaping=ESCAPING)
+            return body
+        return text_format.generate_latest(registry, escaping=ESCAPING)
 
     def render_now(self, snapshot: Snapshot) -> Exposition:
         """Make ``snapshot`` current, rendering it in the formats due to be asked for soon."""
-        options = self.options
-        exposition = self._exposition(snapshot)
+        exposition = Exposition(snapshot, self.options, self._render_bytes)
         now = time.monotonic()
         for variant, demand in self._demand.items():
             if demand.due(now, self.lead):
                 demand.ahead = True
                 exposition.body(variant)
-        with self._render_lock:  # not interleaved with select()
-            if options is not self.options:  # bodies of the old selection: not served
-                exposition = self._exposition(snapshot)
+        with self._lock:  # not interleaved with select()
+            if exposition.options is not self.options:  # a reload came: not served
+                exposition = Exposition(snapshot, self.options, self._render_bytes)
             current = self.current
             if current is None or snapshot.generation >= current.snapshot.generation:
                 self.current = exposition
         return exposition
-
-    def _exposition(self, snapshot: Snapshot) -> Exposition:
-        return Exposition(snapshot, lambda om: self._render_bytes(snapshot, om))
 
     def body(self, variant: str) -> tuple[bytes, Snapshot]:
         """The current snapshot's bytes, rendered on the calling thread if not cached."""
@@ -327,6 +339,8 @@ class Renderer:
         if snapshot is not None:
             self.render_now(snapshot)
 
-    def stop(self) -> None:
-        self.worker.stop()
-        self.pages.stop()
+    def stop(self, timeout: float = 2.0) -> None:
+        """Its threads end (the Daemon calls this once the Hub no longer publishes)."""
+        deadline = time.monotonic() + timeout
+        self.worker.stop(timeout)
+        self.pages.stop(max(0.0, deadline - time.monotonic()))

@@ -9,10 +9,10 @@ key. The families are built fresh from an immutable Snapshot on every render (no
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
@@ -64,13 +64,23 @@ def families_of(spec: MetricSpec) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True)
 class RenderOptions:
-    """What the operator chose about label shapes; fixed for the life of the process."""
+    """What the operator chose about label shapes and what is served. A render is bound
+    to one (exporter.render.exposition); a reload replaces it whole, never in place."""
 
     pod_labels: bool = False  # kubernetes attribution on: process series carry pod labels
     device_pod_labels: bool = False  # --kubernetes.device-labels
     metric_names: str = "gpu"  # gpu, dcgm or both
     hostname: str = dataclass_field(default_factory=dcgm.hostname)  # dcgm's Hostname label
     selection: Selection = dataclass_field(default_factory=Selection)  # what is served
+
+
+class Sink(Protocol):
+    """Where a walk over the merged devices puts each series: prometheus-client families
+    (``_Families``, here) or OTLP points (exporter.otlp). ``key``: the key of a spec
+    served as one family per key, else ""."""
+
+    def add(self, spec: MetricSpec, key: str, labels: dict[str, str], value: float) -> None:
+        ...
 
 
 class _Families:
@@ -84,14 +94,16 @@ class _Families:
         self.by_name: dict[str, Metric] = {}
         self.allows = selection.allows
 
-    def add(self, name: str, doc: str, kind: Kind, labels: dict[str, str], value: float
-            ) -> None:
+    def add(self, spec: MetricSpec, key: str, labels: dict[str, str], value: float) -> None:
+        name = spec.family(key) if key else spec.name
         family = self.by_name.get(name)
         if family is None:
             if not self.allows(name):  # not selected: no samples built
                 return
             # prometheus-client names a counter family without its samples' _total.
+            kind = spec.kind
             base = name.removesuffix("_total") if kind is Kind.COUNTER else name
+            doc = spec.per_key[key] if key else spec.help
             family = self.by_name[name] = Metric(base, doc, kind.value)
         family.samples.append(Sample(name, labels, float(value)))
 
@@ -101,7 +113,7 @@ def _exclusive_pod(d: DeviceSample) -> PodRef | None:
     return next(iter(pods)) if len(pods) == 1 else None
 
 
-def _device_families(f: _Families, gpu: str, d: DeviceSample, opts: RenderOptions) -> None:
+def _device_families(f: Sink, gpu: str, d: DeviceSample, opts: RenderOptions) -> None:
     info = d.info
     extra: dict[str, str] = dict(info.slice_labels)
     if opts.device_pod_labels and (pod := _exclusive_pod(d)) is not None:
@@ -111,17 +123,17 @@ def _device_families(f: _Families, gpu: str, d: DeviceSample, opts: RenderOption
         return {"gpu": gpu, "uuid": info.uuid, "vendor": info.vendor, "source": source,
                 **extra, **more}
 
-    f.add(INFO.name, INFO.help, INFO.kind, {
+    f.add(INFO, "", {
         **labels(d.source), "name": info.name, "pci_bus_id": info.pci_bus_id,
         "driver": info.driver, "driver_version": info.driver_version,
         "vbios_version": info.vbios_version, "compute_capability": info.compute_capability,
         "architecture": info.architecture, "serial": info.serial, **info.info_labels}, 1)
-    f.add(UP.name, UP.help, UP.kind, labels(d.source), 1 if d.up else 0)
+    f.add(UP, "", labels(d.source), 1 if d.up else 0)
     seen_pods = set()
     for a in d.allocations:
         if (a.pod, a.resource, a.claim) not in seen_pods:
             seen_pods.add((a.pod, a.resource, a.claim))
-            f.add(ALLOCATION.name, ALLOCATION.help, ALLOCATION.kind, labels(
+            f.add(ALLOCATION, "", labels(
                 ALLOCATION_SOURCE, container=a.pod.container, pod=a.pod.pod,
                 namespace=a.pod.namespace, resource=a.resource, pod_uid=a.pod_uid,
                 claim=a.claim), 1)
@@ -131,20 +143,19 @@ def _device_families(f: _Families, gpu: str, d: DeviceSample, opts: RenderOption
     for field, spec in scalars:
         value = getattr(d, field)
         if value is not None:
-            f.add(spec.name, spec.help, spec.kind, labels(d.source_of(field)), value)
+            f.add(spec, "", labels(d.source_of(field)), value)
     for field, spec in labelled:
         names = spec.labels
         for key, value in getattr(d, field).items():
             keys = key if isinstance(key, tuple) else (key,)
-            f.add(spec.name, spec.help, spec.kind, labels(
+            f.add(spec, "", labels(
                 d.source_of(field, key), **{n: str(k) for n, k in zip(names, keys, strict=True)}),
                 value)
     for field, spec in per_key:
         docs = spec.per_key
         for key, value in getattr(d, field).items():
             if key in docs:
-                f.add(spec.family(key), docs[key], spec.kind, labels(d.source_of(field, key)),
-                      value)
+                f.add(spec, key, labels(d.source_of(field, key)), value)
     if process_scalars or process_labelled:
         for p in d.processes:
             _process_families(f, labels, d, p, opts, process_scalars, process_labelled)
@@ -164,7 +175,7 @@ def _tables(selection: Selection) -> tuple[Table, Table, Table, Table, Table]:
             keep(PROCESS_LABELLED))
 
 
-def _process_families(f: _Families, labels: Callable[..., dict[str, str]], d: DeviceSample,
+def _process_families(f: Sink, labels: Callable[..., dict[str, str]], d: DeviceSample,
                       p: ProcessSample, opts: RenderOptions, scalars: Table,
                       labelled: Table) -> None:
     base_source = p.source or d.source_of("processes")
@@ -182,12 +193,12 @@ def _process_families(f: _Families, labels: Callable[..., dict[str, str]], d: De
     for field, spec in labelled:
         (label,) = spec.labels
         for key, v in getattr(p, field).items():
-            f.add(spec.name, spec.help, spec.kind, labels(
+            f.add(spec, "", labels(
                 source(field, key), pid=pid, process=p.process, **pod, **{label: key}), v)
     for field, spec in scalars:
         value = getattr(p, field)
         if value is not None:
-            f.add(spec.name, spec.help, spec.kind, labels(
+            f.add(spec, "", labels(
                 source(field), pid=pid, process=p.process, **pod), value)
 
 
@@ -198,12 +209,23 @@ FAMILY_ORDER = (INFO.name, UP.name, ALLOCATION.name,
 _RANK = {name: i for i, name in enumerate(FAMILY_ORDER)}
 
 
+def walk(s: Snapshot, opts: RenderOptions, sink: Sink) -> None:
+    """Every per-GPU and per-process series of a snapshot's merged devices, into ``sink``
+    (the families the selection excludes: only those a sink lets through)."""
+    for gpu, d in s.devices:
+        _device_families(sink, gpu, d, opts)
+
+
+def in_order(names: Iterable[str]) -> list[str]:
+    """Family names in FAMILY_ORDER (names it lacks last)."""
+    return sorted(names, key=lambda n: _RANK.get(n, len(_RANK)))
+
+
 def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
     """The per-GPU and per-process families of a snapshot's merged devices."""
     f = _Families(opts.selection)
-    for gpu, d in s.devices:
-        _device_families(f, gpu, d, opts)
-    ours = [f.by_name[n] for n in sorted(f.by_name, key=lambda n: _RANK.get(n, len(_RANK)))]
+    walk(s, opts, f)
+    ours = [f.by_name[n] for n in in_order(f.by_name)]
     ours += opts.selection.keep(health.families(s.health))
     if opts.metric_names == "gpu":
         return ours
