@@ -30,7 +30,9 @@ OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "ta
                             "privileged", "device", "group-add", "all", "from-file",
                             "query-gpu", "format", "report", "quiet", "kubelet-arg",
                             # device plugins (docs/kubernetes.md), nvitop-exporter
-                            "device-id-strategy", "shared-dev-num", "bind-address", "port"}
+                            "device-id-strategy", "shared-dev-num", "bind-address", "port",
+                            # bench scripts (docs/performance.md)
+                            "costs", "machines"}
 
 
 def golden_families() -> set[str]:
