@@ -192,7 +192,7 @@ def test_version_help_and_snapshot(tmp_path: Path) -> None:
     assert all(states[b]["up"] for b in ("nvidia", "amd", "intel", "fdinfo"))
     gpus = sorted(d["gpu"] for s in states.values() for d in s.get("devices", [])
                   if d.get("primary", True))
-    assert gpus == [0, 1, 2]
+    assert gpus == ["0", "1", "2"]  # a string, as under devices[]
 
 
 def test_no_gpu_snapshot_explains_why_each_backend_is_off(tmp_path: Path) -> None:
