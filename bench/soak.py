@@ -18,7 +18,9 @@ procfs tree) with, for ``--duration`` seconds:
 
 After ``--warmup`` seconds (imports, first collections, history filling) it reads the
 daemon's VmRSS, open fds, threads and CPU seconds (utime + stime) from /proc, prints a line
-every ``--report`` seconds, and at the end the start and end figures with the growth. A
+every ``--report`` seconds, and at the end the start and end figures with the growth, and
+the growth over the second half alone (the landing page's history, ``--web.history``
+15m by default, fills during the first quarter of an hour and then holds still). A
 failed scrape or a daemon that exits is counted and printed; exit status 1 if the daemon
 died or any scrape failed.
 """
@@ -216,6 +218,7 @@ def main() -> int:
                   f"{args.churn}s, hotplug every {args.hotplug}s, SIGHUP every "
                   f"{args.sighup}s", flush=True)
             start: Figures | None = None
+            mid: Figures | None = None  # halfway: the history (--web.history) is full by then
             last: Figures | None = None
             nexts = dict.fromkeys(("churn", "hotplug", "sighup", "scrape", "page", "report"),
                                   t0)
@@ -244,6 +247,9 @@ def main() -> int:
                     start = figures(proc.pid)
                     print(line("start", start, t0), flush=True)
                     nexts["report"] = now + args.report
+                elif mid is None and now >= t0 + args.duration / 2 and start is not None:
+                    mid = last = figures(proc.pid)
+                    print(line("half", mid, t0), flush=True)
                 elif start is not None and now >= nexts["report"]:
                     last = figures(proc.pid)
                     print(line("", last, t0), flush=True)
@@ -268,6 +274,11 @@ def main() -> int:
                   f"fds {end.fds - start.fds:+d}, threads {end.threads - start.threads:+d}, "
                   f"cpu {end.cpu_s - start.cpu_s:.1f}s "
                   f"({100 * (end.cpu_s - start.cpu_s) / max(span, 1e-9):.1f}% of a core)")
+        if mid is not None and end is not None and end.at > mid.at:
+            span = end.at - mid.at
+            print(f"growth over the second half ({span:.0f}s): rss "
+                  f"{end.rss_mib - mid.rss_mib:+.1f} MiB, fds {end.fds - mid.fds:+d}, threads "
+                  f"{end.threads - mid.threads:+d}")
         print(f"processes started {machine.next_pid - 20000}, hotplugs {machine.hotplugs}, "
               f"SIGHUPs {sighups}, requests ok {client.ok}, failed "
               f"{sum(client.failed.values())} {client.failed or ''}")
