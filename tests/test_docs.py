@@ -30,7 +30,8 @@ OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "ta
                             "privileged", "device", "group-add", "all", "from-file",
                             "query-gpu", "format", "report", "quiet", "kubelet-arg",
                             # device plugins (docs/kubernetes.md), nvitop-exporter
-                            "device-id-strategy", "shared-dev-num", "bind-address", "port"}
+                            "device-id-strategy", "shared-dev-num", "bind-address", "port",
+                            "duration"}  # bench/soak.py (docs/performance.md)
 
 
 def golden_families() -> set[str]:
