@@ -32,7 +32,7 @@ OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "ta
                             # device plugins (docs/kubernetes.md), nvitop-exporter
                             "device-id-strategy", "shared-dev-num", "bind-address", "port",
                             # bench scripts (docs/performance.md)
-                            "costs", "machines"}
+                            "costs", "machines", "duration"}
 
 
 def golden_families() -> set[str]:
