@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
-import os
 import re
 import socket
 import statistics
@@ -38,7 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "bench"))
 from flood import free_port  # noqa: E402
-from scrape_latency import FAKE_ONLY, fake_nvml_file, percentile, stop  # noqa: E402
+from scrape_latency import FAKE_ONLY, fake_env, percentile, stop  # noqa: E402
 
 # The daemon, with the history's ring filled from its first complete snapshot.
 RUNNER = """
@@ -64,10 +63,7 @@ LAST = re.compile(rb"^gpu_exporter_last_collection_timestamp_seconds\{[^}]*\} (\
 def daemon(repo: Path, tmp: Path, gpus: int, history: str
            ) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(repo / "tests" / "fakes" / "pynvml_shim"),
-                                         str(repo)])
-    env["FAKE_NVML_JSON"] = str(fake_nvml_file(gpus, 8, tmp))
+    env = fake_env(repo, gpus, 8, tmp)
     log = tmp / f"daemon-{port}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -95,6 +95,16 @@ def fake_nvml_file(gpus: int, processes: int, tmp: Path) -> Path:
     return path
 
 
+def fake_env(repo: Path, gpus: int, processes: int, tmp: Path) -> dict[str, str]:
+    """The environment of a daemon of ``repo`` on ``gpus`` fake GPUs (the pynvml shim),
+    without the caller's GPU_EXPORTER_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo / "tests" / "fakes" / "pynvml_shim"),
+                                         str(repo)])
+    env["FAKE_NVML_JSON"] = str(fake_nvml_file(gpus, processes, tmp))
+    return env
+
+
 @contextlib.contextmanager
 def start_daemon(real: bool, extra: Sequence[str] = (), gpus: int = 8, processes: int = 64,
                  cmd: str | None = None, port: int | None = None) -> Iterator[Target]:

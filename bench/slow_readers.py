@@ -38,7 +38,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "bench"))
 from flood import basic, free_port, rss_and_fds, self_signed  # noqa: E402
-from scrape_latency import FAKE_ONLY, fake_nvml_file, percentile, stop  # noqa: E402
+from scrape_latency import FAKE_ONLY, fake_env, percentile, stop  # noqa: E402
 
 RCVBUF = 4096
 
@@ -48,10 +48,7 @@ def daemon(repo: Path, tmp: Path, gpus: int, web: Path | None,
            extra: tuple[str, ...] = ()) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
     """The daemon of ``repo`` with ``gpus`` fake GPUs (8 processes each) on a free port."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(repo / "tests" / "fakes" / "pynvml_shim"),
-                                         str(repo)])
-    env["FAKE_NVML_JSON"] = str(fake_nvml_file(gpus, 8, tmp))
+    env = fake_env(repo, gpus, 8, tmp)
     log = tmp / f"daemon-{port}.log"
     args = [sys.executable, "-m", "exporter", "--web.listen-address", f"127.0.0.1:{port}",
             "--log.format", "json", *FAKE_ONLY, *extra]

@@ -41,6 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from scrape_latency import stop  # noqa: E402
+
 FIXTURE = REPO / "tests" / "fixtures" / "mixed"
 SHIM = REPO / "tests" / "fakes" / "pynvml_shim"
 PERF_SHIM = REPO / "tests" / "fakes" / "perf_shim"
@@ -258,12 +261,7 @@ def main() -> int:
             alive = proc.poll() is None
             end = figures(proc.pid) if alive else last
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
         if not alive:
             print(f"daemon exited {proc.returncode} before the end:")
             print(log_path.read_text(errors="replace")[-3000:])
