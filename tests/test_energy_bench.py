@@ -64,6 +64,7 @@ class FakeWorker:
         pass
 
 
+@pytest.mark.slow  # seconds of simulated scenarios
 def test_the_scenarios_pass_on_a_split_that_follows_the_samples() -> None:
     a, b = FakeProcess(4100, 1 << 30), FakeProcess(4200, 1 << 30)
     fake = TimedNVML([FakeGPU(processes=[a, b])])

@@ -137,6 +137,7 @@ def test_an_answer_that_makes_no_progress_is_aborted(monkeypatch: pytest.MonkeyP
     assert freed and closed
 
 
+@pytest.mark.slow  # a real server, seconds of waiting
 def test_a_client_that_pipelines_and_never_reads_is_not_served_on_and_on() -> None:
     """27.1: each pipelined request was answered while the kernel took the answers
     (megabytes of send buffer): a reader that never reads cost the server a request's
@@ -155,6 +156,7 @@ def test_a_client_that_pipelines_and_never_reads_is_not_served_on_and_on() -> No
     assert stalled  # and it is the first to make room
 
 
+@pytest.mark.slow  # a real server, seconds of waiting
 def test_a_pipelined_connection_is_not_idle_while_it_is_served() -> None:
     """27.1: after the first answer a pipelined connection was marked idle (evicted as a
     good client between scrapes would be) while its next request was being served."""
@@ -199,6 +201,7 @@ def _renderer_with_history() -> tuple[Starlette, Renderer]:
     return build_app(Config(), hub, renderer), renderer
 
 
+@pytest.mark.slow  # a real server, seconds of waiting
 def test_a_page_for_a_client_gone_is_never_rendered() -> None:
     """27.2: 600 GET / that reset after 5 ms each queued a render; /metrics waited behind
     them (23.4 s) on the one renderer thread."""
@@ -236,6 +239,7 @@ def test_a_page_for_a_client_gone_is_never_rendered() -> None:
     renderer.stop()
 
 
+@pytest.mark.slow  # a real server, seconds of waiting
 def test_a_full_page_queue_answers_503() -> None:
     app, renderer = _renderer_with_history()
     gate = threading.Event()
