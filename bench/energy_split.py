@@ -314,7 +314,7 @@ def cost(gpus: int = 8, processes: int = 64, rounds: int = 200) -> tuple[float, 
             for i in range(gpus)]
 
     now = [0.0]
-    split = EnergySplit(1.0, 21.0, 1.0, clock=lambda: now[0])
+    split = EnergySplit(21.0, 1.0, clock=lambda: now[0])
     fed, served = [], []
     for step in range(rounds):
         devices = snapshot(step)

@@ -116,7 +116,7 @@ class Hub:
         # Per-process energy: fed each published generation, windows up to a few of the
         # slowest per-process tier (exporter.energy_split).
         self.energy = EnergySplit(
-            config.interval, reading_interval=config.slow_interval,
+            reading_interval=config.slow_interval,
             max_window=2 * max(config.slow_interval, config.processes_interval) + config.interval)
         self._generation = 0
         self._stop = threading.Event()

@@ -25,11 +25,10 @@ to idle. A process keeps its total while the snapshots list it, and for ``max_wi
 after (a missed scan must not restart its counter); then its state is dropped. Its
 series goes with its row. A pid seen under another name is another process.
 
-Fed by the Hub once per interval (``due``) and by whoever merges a snapshot first
-(``exporter.state``): ``attribute`` feeds a snapshot's merged devices only when its
-generation is newer than the last fed one, so a snapshot read twice, or an older one
-read late, counts nothing twice. The state is bounded by the GPUs and the processes the
-merge keeps (``--max-processes-per-gpu``).
+Fed by the Hub as it publishes (``exporter.state.merged_view``, once per snapshot):
+``attribute`` feeds a snapshot's merged devices only when its generation is newer than
+the last fed one, so a generation given twice, or an older one late, counts nothing twice.
+The state is bounded by the GPUs and the processes the merge keeps (``--max-processes-per-gpu``).
 """
 
 from __future__ import annotations
@@ -82,27 +81,16 @@ def _has_data(p: ProcessSample) -> bool:
 class EnergySplit:
     """The split of every GPU's energy counter (module doc), fed merged snapshots."""
 
-    def __init__(self, interval: float, max_window: float, reading_interval: float,
+    def __init__(self, max_window: float, reading_interval: float,
                  clock: Callable[[], float] = time.monotonic,
                  on_window: Callable[[Window], None] | None = None) -> None:
-        self.interval = interval
         self.reading_interval = reading_interval  # how often ratios are read (slow tier)
         self.max_window = max_window
         self.clock = clock
         self.on_window = on_window  # bench/energy_split.py checks every window
         self._gpus: dict[str, _Gpu] = {}
         self._generation = -1
-        self._fed_at = -float("inf")
         self._lock = threading.Lock()
-
-    def due(self) -> bool:
-        """True at most once an interval: the Hub then merges the snapshot it publishes."""
-        now = self.clock()
-        with self._lock:
-            if now - self._fed_at < 0.9 * self.interval:
-                return False
-            self._fed_at = now
-            return True
 
     def attribute(self, generation: int, devices: Sequence[DeviceSample]) -> list[DeviceSample]:
         """``devices`` (one snapshot's merged devices) with the energy totals filled in,

@@ -291,8 +291,8 @@ class History:
         """Hub listener: one sample per GPU per interval from the snapshot's merged devices."""
         now = time.time() if now is None else now
         # Backends publish several times an interval: before anything else, keep the
-        # first of each interval. Reading ``devices`` merges the snapshot (once, cached
-        # for the renderer), so a publish in between costs nothing here.
+        # first of each interval, so a publish in between costs nothing here (the
+        # snapshot arrives merged: exporter.state.merged_view).
         if not snapshot.ready:  # not every backend has had its first cycle: GPUs missing
             return
         with self._lock:

@@ -236,7 +236,7 @@ def proc(pid: int, gfx: float | None = None, name: str = "app",
 
 
 def split(clock: Clock, windows: list[Window]) -> EnergySplit:
-    return EnergySplit(1.0, max_window=21.0, reading_interval=10.0, clock=clock,
+    return EnergySplit(max_window=21.0, reading_interval=10.0, clock=clock,
                        on_window=windows.append)
 
 
@@ -338,7 +338,7 @@ def test_ratio_readings_slower_than_the_energy_counter_close_windows_at_each_rea
     energy counter moves every second: windows close at the readings, each reading
     counting for the time since the one before, so nothing goes to idle that was busy."""
     clock, windows = Clock(), list[Window]()
-    s = EnergySplit(1.0, max_window=21.0, reading_interval=5.0, clock=clock,
+    s = EnergySplit(max_window=21.0, reading_interval=5.0, clock=clock,
                     on_window=windows.append)
     shown = {0: 0.9, 5: 0.5, 10: 0.5, 15: 0.3}  # each reading: the 5 s before it
     ratio = 0.9
