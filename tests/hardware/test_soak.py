@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from tests.hardware.test_nvidia_h100 import REPO, Samples, free_port, scrape, smi
+from tests.hardware.test_nvidia_nvlink_health import per_gpu, smi_text
 
 SOAK_S = float(os.environ.get("SOAK_SECONDS", "0"))
 SKIP_LOAD = {int(i) for i in os.environ.get("SOAK_SKIP_LOAD", "").split(",") if i.strip()}
@@ -98,17 +99,9 @@ def per_uuid(samples: Samples, name: str, **want: str) -> dict[str, float]:
 
 
 def nvlink_active() -> dict[int, set[int]]:
-    out = subprocess.run(["nvidia-smi", "nvlink", "-s"], capture_output=True, text=True,
-                         timeout=60).stdout
-    active: dict[int, set[int]] = {}
-    gpu = -1
-    for line in out.splitlines():
-        if (m := re.match(r"GPU (\d+):", line)):
-            gpu = int(m.group(1))
-            active[gpu] = set()
-        elif (m := re.search(r"Link (\d+): [\d.]+ GB/s", line)) and gpu >= 0:
-            active[gpu].add(int(m.group(1)))
-    return active
+    """GPU index -> the links ``nvidia-smi nvlink -s`` shows active."""
+    found = per_gpu(smi_text("nvlink", "-s"), r"Link (\d+): ([\d.]+) GB/s")
+    return {gpu: {int(m[0]) for m in matches} for gpu, matches in found.items()}
 
 
 @pytest.fixture
