@@ -7,6 +7,7 @@ named by FAKE_NVML_JSON; every other code path is the one a user runs.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -18,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -100,6 +102,21 @@ class Daemon:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def records(self, event: str) -> list[dict[str, Any]]:
+        """The log's JSON records (``--log.format json``) whose event is ``event``; lines
+        that are not JSON objects (a traceback, faulthandler's dump) are passed over."""
+        out = []
+        for line in self.log().splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("event") == event:
+                out.append(record)
+        return out
 
 
 @contextmanager

@@ -17,18 +17,6 @@ pytestmark = pytest.mark.slow
 MACHINE = FIXTURES / "amd-rdna3-rx7800xt"
 
 
-def records(log: str, event: str) -> list[dict[str, object]]:
-    out = []
-    for line in log.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("event") == event:
-            out.append(record)
-    return out
-
-
 def test_a_segfault_is_logged_by_the_next_start_and_a_clean_stop_is_not(tmp_path: Path) -> None:
     state = tmp_path / "state"
     args = [*machine_args(MACHINE), "--path.state", str(state)]
@@ -37,7 +25,7 @@ def test_a_segfault_is_logged_by_the_next_start_and_a_clean_stop_is_not(tmp_path
         assert first.proc.wait(10) == -signal.SIGSEGV
     assert "Segmentation fault" in (state / CRASH_FILE).read_text()
     with running(args, tmp_path) as second:
-        (warning,) = records(second.log(), "previous run ended without a clean stop")
+        (warning,) = second.records("previous run ended without a clean stop")
     assert warning["level"] == "warning" and warning["pid"] == first.proc.pid
     assert str(warning["crash"]).startswith("Fatal Python error: Segmentation fault")
     assert warning["starts_last_hour"] == 2
@@ -45,7 +33,7 @@ def test_a_segfault_is_logged_by_the_next_start_and_a_clean_stop_is_not(tmp_path
     # The second run stopped on SIGTERM: the third start has nothing to say.
     assert json.loads((state / RUN_FILE).read_text())["clean"] is True
     with running(args, tmp_path) as third:
-        assert records(third.log(), "previous run ended without a clean stop") == []
+        assert third.records("previous run ended without a clean stop") == []
     assert len(json.loads((state / RUN_FILE).read_text())["starts"]) == 3
 
 
@@ -55,8 +43,8 @@ def test_an_unusable_state_directory_is_one_warning_and_the_daemon_runs(tmp_path
     args = [*machine_args(MACHINE), "--path.state", str(blocker / "state")]
     with running(args, tmp_path) as daemon:
         assert daemon.get().status_code == 200
-        assert len(records(daemon.log(), "state directory unusable: the next start cannot "
-                                         "say how this run ended")) == 1
+        assert len(daemon.records("state directory unusable: the next start cannot say how "
+                                  "this run ended")) == 1
 
 
 def test_the_summary_of_a_real_crash_inside_a_c_call(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -75,7 +74,7 @@ def test_dcgm_counters_serve_only_the_fields_named(tmp_path: Path) -> None:
                   "gpu_process_memory_used_bytes"], tmp_path,
                  nvml_json=MIXED / "nvml.json", env=env) as d:
         body = d.get().text
-        log = d.log()
+        reports = d.records("dcgm counters: fields not served")
     names = {f.name for f in text_string_to_metric_families(body)}
     assert {"DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP"} <= full
     dcgm = {n for n in names if n.startswith("DCGM_")}
@@ -84,8 +83,6 @@ def test_dcgm_counters_serve_only_the_fields_named(tmp_path: Path) -> None:
     assert "gpu_process_memory_used_bytes" in full and \
         "gpu_process_memory_used_bytes" not in names
     assert any(n.startswith("gpu_process_") for n in names)
-    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    reports = [r for r in lines if r.get("event") == "dcgm counters: fields not served"]
     assert len(reports) == 1
     assert reports[0]["unknown"] == ["DCGM_FI_DEV_VGPU_LICENSE_STATUS",
                                      "DCGM_FI_DEV_PCIE_TX_THROUGHPUT"]
