@@ -182,6 +182,13 @@ def merge_processes(samples: Sequence[tuple[DeviceSample, Sequence[ProcessSample
 
 def merge_device(group: Sequence[tuple[View, DeviceSample]]) -> DeviceSample | None:
     """The merged sample of one device key; None when no primary backend reports it."""
+    if len(group) == 1 and (alone := _alone(*group[0])) is not None:
+        return alone
+    return merge_group(group)
+
+
+def merge_group(group: Sequence[tuple[View, DeviceSample]]) -> DeviceSample | None:
+    """merge_device's general case: identity, values and processes field by field."""
     primaries = [(v, d) for v, d in group if d.primary]
     if not primaries:
         return None
@@ -196,6 +203,49 @@ def merge_device(group: Sequence[tuple[View, DeviceSample]]) -> DeviceSample | N
     processes = merge_processes([(d, d.processes) for d in live if d.processes])
     return DeviceSample(info=info, source=lead.source, up=True, field_sources=sources,
                         processes=processes, **values)
+
+
+def _alone(view: View, d: DeviceSample) -> DeviceSample | None:
+    """The merge of a device that one serving primary backend reports up, and no other:
+    what merge_group would build, without its field-by-field pass (the common case, one
+    backend per GPU, where that pass was most of a publish). None where merge_group must
+    run: allocations, a pid twice, a process with sources of its own."""
+    if not (d.primary and view.serving and d.up) or d.allocations:
+        return None
+    base = d.source_of("processes")
+    if d.processes and (len({p.pid for p in d.processes}) != len(d.processes)
+                        or any(p.field_sources for p in d.processes)):
+        return None
+    # The sources merge_group records: per value present, and per key of a mapping,
+    # where they differ from the sample's own source.
+    values = d.__dict__
+    sources: dict[Any, str] = {}
+    for name in {key[0] if isinstance(key, tuple) else key for key in d.field_sources}:
+        value = values.get(name)
+        if value is None:
+            continue
+        if name in DEVICE_MAPPINGS:
+            for key in value:
+                if (src := d.source_of(name, key)) != d.source:
+                    sources[(name, key)] = src
+        elif (src := d.source_of(name)) != d.source:
+            sources[name] = src
+    processes = tuple(sorted((p if p.source == base else _with(p, source=base)
+                              for p in d.processes),
+                             key=lambda p: (-(p.memory_used_bytes or 0.0), p.pid)))
+    if sources == d.field_sources and processes == d.processes:
+        return d
+    merged: DeviceSample = _with(d, field_sources=sources, processes=processes)
+    return merged
+
+
+def _with(sample: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` without re-running ``__init__`` (these samples keep only
+    their fields in ``__dict__``: tests/test_model_overlay.py)."""
+    new = object.__new__(type(sample))
+    new.__dict__.update(sample.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def merge(views: Sequence[View], seen: Mapping[str, DeviceSample]) -> list[DeviceSample]:

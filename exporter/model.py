@@ -332,6 +332,12 @@ class DeviceValues:
     def present(self) -> dict[str, Any]:
         """The values this fragment has (not None, not empty), by field name."""
         values = self.__dict__  # a frozen dataclass without slots: the fields, by name
+        if type(self) is DeviceValues:  # a reader's fragment: nothing but value fields
+            # Mostly defaults: None, or the one shared empty mapping; a falsy value left
+            # is an empty mapping (dropped) or a scalar such as 0.0 (kept).
+            return {name: value for name, value in values.items()
+                    if value is not None and value is not EMPTY
+                    and (value or name not in _MAPPING_FIELDS)}
         return {name: value for name, is_mapping in _value_fields()
                 if (value := values[name]) is not None and not (is_mapping and not value)}
 
@@ -359,6 +365,9 @@ def _value_fields() -> tuple[tuple[str, bool], ...]:
     (bench/nvml_calls.py --stub --cycle)."""
     factory = {f.name: f.default_factory is not MISSING for f in fields(DeviceValues)}
     return tuple((name, factory[name]) for name, _ in value_specs(DeviceValues))
+
+
+_MAPPING_FIELDS = frozenset(name for name, is_mapping in _value_fields() if is_mapping)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -205,6 +205,30 @@ def test_a_scrape_always_gets_the_newest_snapshot() -> None:
     renderer.body("text")  # a second request: the cadence is known (about 0 s here)
     third = renderer.render_now(hub.collect_once())
     assert "text" in third._bodies  # due now: rendered ahead
+
+
+def test_a_snapshot_not_due_for_a_scrape_is_made_current_without_waking_the_renderer(
+        ) -> None:
+    hub = Hub(Config(), [Scripted("amd", ["0000:03:00.0"])])
+    renderer = Renderer(lead=2.0)
+    woken: list[Callable[[], object]] = []
+    renderer.worker.call = woken.append  # type: ignore[method-assign, assignment]
+    try:
+        first = hub.collect_once()
+        renderer.submit(first)
+        assert not woken  # no scrape expected soon: nothing to render, no thread woken
+        assert renderer.current is not None and renderer.current.snapshot is first
+        assert renderer.current._bodies == {}
+        renderer.body("text")
+        renderer.body("text")  # the cadence is known (about 0 s): a render is due now
+        second = hub.collect_once()
+        renderer.submit(second)
+        renderer.submit(third := hub.collect_once())  # comes while that render waits
+        assert len(woken) == 1  # one render ahead on the renderer's thread, for both
+        woken[0]()
+        assert renderer.current.snapshot is third and "text" in renderer.current._bodies
+    finally:
+        renderer.stop()
 
 
 def test_a_lost_gpu_is_logged_once_when_lost_and_once_when_back() -> None:

@@ -61,6 +61,7 @@ def test_after_stop_every_thread_the_daemon_started_has_ended(receiver: str) -> 
     daemon.start()
     _wait(lambda: daemon.hub.snapshot.ready and daemon.pusher.counts["sent"] >= 1)
     daemon.renderer.body("text")  # the renderer's threads: started on first use
+    daemon.renderer.body("text")  # a scrape cadence: the next snapshot is rendered ahead
     daemon.renderer.submit(daemon.hub.snapshot)
     daemon.renderer.pages.call(lambda: None).result(5)
     _wait(lambda: daemon.renderer.worker.thread is not None)

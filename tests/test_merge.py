@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import pytest
 
 from exporter.backends.base import DERIVED, KERNEL, LIBRARY
 from exporter.labels import Clock, Sensor
-from exporter.merge import View, enrich, merge
+from exporter.merge import PROCESS_VALUE_FIELDS, View, enrich, merge, merge_device, merge_group
 from exporter.model import (
     Allocation,
     DeviceInfo,
@@ -175,3 +177,82 @@ def test_device_values_fragments_overlay_and_wrap_into_a_sample() -> None:
     d = DeviceSample.of(merged, info=info("nvml"), source="nvml")
     assert (d.source, d.power_watts, d.energy_joules) == ("nvml", 120.0, 5.0)
     assert d.clocks_hertz == {} and d.utilization_ratio is None
+
+
+# -- one serving backend per device: merge_device returns the sample as the general merge
+# would rebuild it (exporter.merge._alone), or falls back to that merge.
+
+def _same(a: DeviceSample | None, b: DeviceSample | None) -> None:
+    """Equal as served: identity, every value, and the source of every value and key."""
+    assert a is not None and b is not None
+    assert a == b
+    assert [vars(p) for p in a.processes] == [vars(p) for p in b.processes]
+    assert (a.info, a.source, a.up, a.primary, a.allocations) == \
+        (b.info, b.source, b.up, b.primary, b.allocations)
+    assert a.present() == b.present()
+    for name, value in a.present().items():
+        if isinstance(value, Mapping):
+            for key in value:
+                assert a.source_of(name, key) == b.source_of(name, key), (name, key)
+        else:
+            assert a.source_of(name) == b.source_of(name), name
+    assert [(p.pid, p.process, p.source, p.memory_used_bytes) for p in a.processes] == \
+        [(p.pid, p.process, p.source, p.memory_used_bytes) for p in b.processes]
+    for pa, pb in zip(a.processes, b.processes, strict=True):
+        assert {f: getattr(pa, f) for f in PROCESS_VALUE_FIELDS} == \
+            {f: getattr(pb, f) for f in PROCESS_VALUE_FIELDS}
+
+
+def _procs(*pids_mem: tuple[int, float], source: str = "nvml") -> tuple[ProcessSample, ...]:
+    return tuple(ProcessSample(pid=pid, process=f"p{pid}", memory_used_bytes=mem, source=source)
+                 for pid, mem in pids_mem)
+
+
+ALONE_CASES = {
+    "plain": DeviceSample(info=info("nvml"), source="nvml", utilization_ratio=0.5,
+                          power_watts=0.0, clocks_hertz={Clock.SM: 1.98e9}),
+    "field-level source of a mapping": DeviceSample(
+        info=info("nvml"), source="nvml", profiling_ratio={"sm_active": 0.25},
+        field_sources={"profiling_ratio": "nvml_gpm"}),
+    "per-key source": DeviceSample(
+        info=info("amdsmi"), source="amdsmi", temperatures_celsius={Sensor.EDGE: 40.0},
+        field_sources={("temperatures_celsius", Sensor.EDGE): "sysfs"}),
+    "processes out of order": DeviceSample(
+        info=info("nvml"), source="nvml", processes=_procs((7, 1.0), (3, 5.0), (5, 5.0))),
+    "own source named": DeviceSample(info=info("nvml"), source="nvml", power_watts=3.0,
+                                     field_sources={"power_watts": "nvml"}),
+    "source of an absent value": DeviceSample(info=info("nvml"), source="nvml",
+                                              field_sources={"power_watts": "energy"}),
+    "empty mapping with a source": DeviceSample(
+        info=info("nvml"), source="nvml", clocks_hertz={},
+        field_sources={"clocks_hertz": "other"}),
+    "duplicate pids": DeviceSample(info=info("nvml"), source="nvml",
+                                   processes=_procs((3, 1.0), (3, 2.0))),
+    "process of another source": DeviceSample(
+        info=info("nvml"), source="nvml", processes=_procs((3, 1.0), source="fdinfo")),
+    "processes with no source of their own": DeviceSample(
+        info=info("nvml"), source="nvml", processes=_procs((3, 1.0), (4, 2.0), source="")),
+    "processes with sources of their own": DeviceSample(
+        info=info("nvml"), source="nvml", processes=(ProcessSample(
+            pid=3, process="p3", memory_used_bytes=1.0, source="nvml",
+            utilization_ratio={"sm": 0.5},
+            field_sources={("utilization_ratio", "sm"): "other"}),)),
+    "per-key source over a field's": DeviceSample(
+        info=info("amdsmi"), source="amdsmi",
+        temperatures_celsius={Sensor.EDGE: 40.0, Sensor.JUNCTION: 50.0},
+        field_sources={"temperatures_celsius": "sysfs",
+                       ("temperatures_celsius", Sensor.EDGE): "amdsmi"}),
+    "device down": DeviceSample(info=info("nvml"), source="nvml", up=False, power_watts=1.0),
+}
+
+
+@pytest.mark.parametrize("case", ALONE_CASES)
+@pytest.mark.parametrize("serving", [True, False])
+def test_one_backend_per_device_merges_as_the_general_merge(case: str, serving: bool) -> None:
+    group = [(view(LIBRARY, serving=serving), ALONE_CASES[case])]
+    _same(merge_device(group), merge_group(group))
+
+
+def test_one_backend_per_device_is_served_without_a_copy() -> None:
+    sample = ALONE_CASES["plain"]
+    assert merge_device([(view(LIBRARY), sample)]) is sample

@@ -9,6 +9,7 @@ table say, so a field, a __post_init__ or cached state added later cannot slip b
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from types import MappingProxyType
 
 from exporter.model import DeviceInfo, DeviceSample, DeviceValues
 
@@ -48,3 +49,16 @@ def test_instances_hold_only_their_fields() -> None:
     assert not hasattr(DeviceSample, "__post_init__")
     sample = DeviceSample(info=INFO, source="nvml")
     assert set(vars(sample)) == {f.name for f in fields(DeviceSample)}
+
+
+def test_present_of_a_fragment_and_of_a_sample_agree() -> None:
+    # A fragment takes a shortcut over its __dict__; a sample goes by the field table.
+    # Falsy scalars (0.0, False, "") are values; empty mappings of any type are not.
+    values = {"power_watts": 0.0, "retired_pages_pending": False, "recovery_action": "",
+              "clocks_hertz": {}, "temperatures_celsius": MappingProxyType({}),
+              "engine_utilization_ratio": {"compute": 0.0}, "fan_speed_ratio": None}
+    fragment = DeviceValues(**values)  # type: ignore[arg-type]
+    sample = DeviceSample(info=INFO, source="nvml", **values)  # type: ignore[arg-type]
+    assert fragment.present() == sample.present() == {
+        "power_watts": 0.0, "retired_pages_pending": False, "recovery_action": "",
+        "engine_utilization_ratio": {"compute": 0.0}}
