@@ -26,7 +26,8 @@ class Cadence(str, Enum):
 
     FAST = "fast"  # every collection cycle (--collector.interval)
     SLOW = "slow"  # on the slow tier (--collector.slow-interval) or rarer: costly reads
-    # when the device is opened, or after an event (hotplug, a reset, an XID), never on a timer
+    # when the device is opened or found again after it was lost (hotplug, a reset), never
+    # on a timer
     STATIC = "static"
 
 

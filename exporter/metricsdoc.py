@@ -54,11 +54,11 @@ CADENCE_LEGEND = [
     "The cadence column says how often the value is read from its source: `fast`, every",
     "collection cycle (`--collector.interval`); `slow`, on the slow tier",
     "(`--collector.slow-interval`) or every few slow cycles, for values that change",
-    "rarely or whose read is costly; `static`, when the GPU is opened or after an event",
-    "(hotplug, a reset, an XID error), never on a timer. Between reads the last value is",
+    "rarely or whose read is costly; `static`, when the GPU is opened or found again after",
+    "it was lost (hotplug, a reset), never on a timer. Between reads the last value is",
     "served. Where a backend reads a value at another tier, it is named in brackets.",
-    "The per-process scan of the `fdinfo` backend runs every",
-    "`--collector.processes.interval` instead.",
+    "The `fdinfo` backend (the per-process scan, and the per-GPU engine use it sums) reads",
+    "every `--collector.processes.interval` instead.",
 ]
 
 
