@@ -2,8 +2,9 @@
 ``MetricSpec.cadence_of``) is the one the backends keep, through their real code paths.
 
 For each backend (NVIDIA on FakeNVML, amdgpu and xe on mutable copies of fixture sysfs
-trees) a table says how to move the source of every field the backend produces there:
-a FakeGPU attribute, a fixture file. Every source is moved at once after two slow
+trees, amdsmi on its fake package) a table says how to move the source of every field
+the backend produces there: a FakeGPU attribute, a fixture file, a value of the fake
+amdsmi's GPU. Every source is moved at once after two slow
 cycles, then: one fast cycle must show the new value of exactly the fields declared
 ``fast``; the following slow cycles (as many as the NVIDIA backend's rarest counter
 tier needs) must show the new value of the ``slow`` ones and never that of a
@@ -15,9 +16,12 @@ fails here, and so does a field a backend starts to produce without a row below.
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import shutil
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,12 +307,75 @@ def intel(tmp: Path, moved: dict[str, Move]) -> Seen:
     return observe(backend, dev, moved)
 
 
+# -- amdsmi on its fake package, one unpartitioned MI300X of the amd-mi300x machine ----------
+
+
+def _at(*path: Any, value: Any) -> Move:
+    """Sets one value of the fake amdsmi's GPU (its JSON, as the fake serves it)."""
+    def move(gpu: dict[str, Any]) -> None:
+        for key in path[:-1]:
+            gpu = gpu[key]
+        gpu[path[-1]] = value
+    return move
+
+
+AMDSMI: dict[str, Move] = {
+    "utilization_ratio": _at("activity", "gfx_activity", value=50),
+    "engine_utilization_ratio": _at("activity", "gfx_activity", value=50),
+    "memory_utilization_ratio": _at("activity", "umc_activity", value=20),
+    "memory_total_bytes": _at("vram", "vram_total", value=200000),
+    "memory_used_bytes": _at("vram", "vram_used", value=1000),
+    "memory_free_bytes": _at("vram", "vram_used", value=1000),
+    "power_watts": _at("power", "socket_power", value=300),
+    "power_instant_watts": _at("power", "current_socket_power", value=310),
+    "power_limit_watts": _at("power", "power_limit", value=600),
+    "energy_joules": _at("energy", "energy_accumulator", value=1 << 40),
+    "temperatures_celsius": _at("temps", "HOTSPOT", value=70),
+    "temperature_thresholds_celsius": _at("thresholds", "HOTSPOT", "CRITICAL", value=95),
+    "clocks_hertz": _at("clocks", "GFX", "clk", value=1500),
+    "clocks_max_hertz": _at("clocks", "GFX", "max_clk", value=2000),
+    "pcie_link_generation": _at("pcie", "pcie_metric", "pcie_speed", value=16000),
+    "pcie_link_width": _at("pcie", "pcie_metric", "pcie_width", value=8),
+    "pcie_link_max_generation": _at("pcie", "pcie_static", "max_pcie_speed", value=16000),
+    "pcie_link_max_width": _at("pcie", "pcie_static", "max_pcie_width", value=8),
+    "pcie_replay_errors": _at("pcie", "pcie_metric", "pcie_replay_count", value=4),
+    "ecc_errors": _at("ecc", "UMC", "correctable_count", value=3),
+    "ras_errors": _at("ecc", "UMC", "correctable_count", value=3),
+    "nvlink_up": _at("links", 0, "bit_rate", value=0),
+    "xgmi_throughput_bytes_per_second": _at("links", 1, "read", value=10**9),
+    PROC + "memory_used_bytes": _at("processes", 0, "vram_mem", value=10**9),
+    PROC + "shared_memory_used_bytes": _at("processes", 0, "gtt_mem", value=10**8),
+    PROC + "engine_busy_seconds": _at("processes", 0, "gfx_ns", value=9 * 10**9),
+}
+
+
+def amdsmi(tmp: Path, moved: dict[str, Move]) -> Seen:
+    from exporter.backends.amd.amdsmi import AmdSmiBackend
+
+    config = json.loads((FIXTURES / "amd-mi300x" / "amdsmi.json").read_text())
+    gpu = config["gpus"][0]  # alone: an unpartitioned GPU; counters that move only when moved
+    gpu["energy"]["step"] = gpu["link_step_kb"] = 0
+    path = tmp / "amdsmi.json"
+    path.write_text(json.dumps({"gpus": [gpu]}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FAKE_AMDSMI_JSON", str(path))
+        mp.syspath_prepend(str(Path(__file__).parent / "fakes"))
+        mp.delitem(sys.modules, "amdsmi", raising=False)
+        fake = importlib.import_module("amdsmi")
+        assert getattr(fake, "__fake__", False)
+        try:
+            return observe(AmdSmiBackend(Config()), fake._GPUS[0], moved)
+        finally:
+            sys.modules.pop("amdsmi", None)
+
+
 # -- the checks ------------------------------------------------------------------------------
 
 SCENARIOS: dict[str, Callable[[Path], list[Seen]]] = {
     "nvidia": lambda tmp: [nvidia(NVIDIA), nvidia(NVIDIA_XID)],
     "amd": lambda tmp: [amd(tmp, AMD)],
     "intel": lambda tmp: [intel(tmp, INTEL)],
+    "amdsmi": lambda tmp: [amdsmi(tmp, AMDSMI)],
 }
 
 
@@ -317,8 +384,9 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Seen]]:
     return {name: run(tmp_path_factory.mktemp(name)) for name, run in SCENARIOS.items()}
 
 
-CASES = [(b, key) for b, tables in (("nvidia", (NVIDIA, NVIDIA_XID)), ("amd", (AMD,)),
-                                    ("intel", (INTEL,))) for t in tables for key in t]
+TABLES: dict[str, tuple[dict[str, Move], ...]] = {
+    "nvidia": (NVIDIA, NVIDIA_XID), "amd": (AMD,), "intel": (INTEL,), "amdsmi": (AMDSMI,)}
+CASES = [(b, key) for b, tables in TABLES.items() for t in tables for key in t]
 
 
 @pytest.mark.parametrize(("backend", "key"), CASES, ids=[f"{b}-{k}" for b, k in CASES])
@@ -340,12 +408,12 @@ def test_every_field_a_backend_produces_is_checked(seen: dict[str, list[Seen]],
 
 def test_each_backend_is_checked_at_every_cadence_it_declares() -> None:
     """The tables above hold fields of each tier: fast and slow everywhere, static on NVIDIA
-    (amdgpu and xe re-read their limits on the slow tier: they declare no static field)."""
+    (amdgpu, xe and amdsmi re-read their limits on the slow tier: no static field)."""
     tiers = {b: {spec_of(k).cadence_of(b) for t in tables for k in t}
-             for b, tables in (("nvidia", (NVIDIA, NVIDIA_XID)), ("amd", (AMD,)),
-                               ("intel", (INTEL,)))}
-    assert tiers == {"nvidia": set(Cadence), "amd": {Cadence.FAST, Cadence.SLOW},
-                     "intel": {Cadence.FAST, Cadence.SLOW}}
+             for b, tables in TABLES.items()}
+    fast_slow = {Cadence.FAST, Cadence.SLOW}
+    assert tiers == {"nvidia": set(Cadence), "amd": fast_slow, "intel": fast_slow,
+                     "amdsmi": fast_slow}
     assert {k for k in NVIDIA if spec_of(k).cadence_of("nvidia") is Cadence.STATIC} == {
         "temperature_thresholds_celsius", "clocks_max_hertz", "pcie_link_max_generation",
         "pcie_link_max_width"}
