@@ -56,7 +56,8 @@ CADENCE_LEGEND = [
     "(`--collector.slow-interval`) or every few slow cycles, for values that change",
     "rarely or whose read is costly; `static`, when the GPU is opened or found again after",
     "it was lost (hotplug, a reset), never on a timer. Between reads the last value is",
-    "served. Where a backend reads a value at another tier, it is named in brackets.",
+    "served. A backend that reads a value at another tier is named in brackets, as the",
+    "`backend` label of `gpu_exporter_backend_up` names it.",
     "The `fdinfo` backend (the per-process scan, and the per-GPU engine use it sums) reads",
     "every `--collector.processes.interval` instead.",
 ]
