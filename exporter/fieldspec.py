@@ -20,6 +20,17 @@ EMPTY: Mapping[Any, Any] = MappingProxyType({})
 SPEC = "metric"  # the metadata key of a field's MetricSpec
 
 
+class Cadence(str, Enum):
+    """How often a value is read from its source: the tier of the backend's read that
+    owns it (docs/metrics.md, cadence column)."""
+
+    FAST = "fast"  # every collection cycle (--collector.interval)
+    SLOW = "slow"  # on the slow tier (--collector.slow-interval) or rarer: costly reads
+    # when the device is opened or found again after it was lost (hotplug, a reset), never
+    # on a timer
+    STATIC = "static"
+
+
 class Kind(str, Enum):
     """A family's Prometheus type."""
 
@@ -67,9 +78,23 @@ class MetricSpec:
     # Mapping fields whose keys are owned together in the merge (one engine, one owner).
     group: str = ""
     otlp: Otlp | None = None  # None only for a value served under dcgm names alone
+    cadence: Cadence = Cadence.FAST  # how often the backends read it
+    # Backend name -> its cadence, for a backend that reads the value at another tier.
+    cadence_by: Mapping[str, Cadence] = field(default_factory=lambda: EMPTY)
 
     def family(self, key: str) -> str:
         return self.name.format(key=key)
+
+    def cadence_of(self, backend: str) -> Cadence:
+        """The tier at which ``backend`` reads this value."""
+        return self.cadence_by.get(backend, self.cadence)
+
+    def cadence_text(self) -> str:
+        """The cadence as docs/metrics.md shows it: "slow", "slow (nvidia: static)"."""
+        if not self.cadence_by:
+            return self.cadence.value
+        others = "; ".join(f"{b}: {c.value}" for b, c in sorted(self.cadence_by.items()))
+        return f"{self.cadence.value} ({others})"
 
     def otlp_kind(self) -> str:
         """The OTLP point kind, from the Prometheus type (``Otlp.updown`` for a gauge that
@@ -85,17 +110,21 @@ class MetricSpec:
 
 
 def value(name: str, help: str, kind: Kind = Kind.GAUGE, unit: str = "",
-          note: str = "", otlp: Otlp | None = None) -> Any:
-    """A scalar field: None where the source does not expose it."""
-    return field(default=None,
-                 metadata={SPEC: MetricSpec(name, help, kind, unit, note=note, otlp=otlp)})
+          note: str = "", otlp: Otlp | None = None, cadence: Cadence = Cadence.FAST,
+          cadence_by: Mapping[str, Cadence] = EMPTY) -> Any:
+    """A scalar field: None where the source does not expose it. ``cadence``: how often
+    the backends read it; ``cadence_by``: backend -> cadence where one reads it otherwise."""
+    return field(default=None, metadata={SPEC: MetricSpec(
+        name, help, kind, unit, note=note, otlp=otlp, cadence=cadence, cadence_by=cadence_by)})
 
 
 def mapping(name: str, help: str, *labels: str, kind: Kind = Kind.GAUGE, unit: str = "",
             group: str = "", per_key: Mapping[str, str] = EMPTY, note: str = "",
-            otlp: Otlp | None = None) -> Any:
+            otlp: Otlp | None = None, cadence: Cadence = Cadence.FAST,
+            cadence_by: Mapping[str, Cadence] = EMPTY) -> Any:
     """A mapping field keyed by label value(s): empty where the source exposes none."""
-    spec = MetricSpec(name, help, kind, unit, labels, note, per_key, group, otlp)
+    spec = MetricSpec(name, help, kind, unit, labels, note, per_key, group, otlp, cadence,
+                      cadence_by)
     return field(default_factory=lambda: EMPTY, metadata={SPEC: spec})
 
 

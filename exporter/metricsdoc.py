@@ -38,12 +38,29 @@ def _names(names: tuple[str, ...]) -> str:
     return ", ".join(f"`{n}`" for n in names)
 
 
-def _rows(spec: MetricSpec, labels: str | None = None, note: str | None = None) -> list[str]:
-    """One table row per family the spec serves: help served, then the spec's note."""
+def _rows(spec: MetricSpec, labels: str | None = None, note: str | None = None,
+          cadence: str | None = None) -> list[str]:
+    """One table row per family the spec serves: help served, then the spec's note.
+    ``cadence``: the cadence column's text ("": a table without one; None: the spec's)."""
     extra = _names(spec.labels) if labels is None else labels
     note = spec.note if note is None else note
+    tier = spec.cadence_text() if cadence is None else cadence
     return [f"| `{name}` | {spec.kind.value} |{f' {extra}' if extra else ''} | "
-            f"{doc}{f' {note}' if note else ''} |" for name, doc in families_of(spec)]
+            f"{f'{tier} | ' if tier else ''}{doc}{f' {note}' if note else ''} |"
+            for name, doc in families_of(spec)]
+
+
+CADENCE_LEGEND = [
+    "The cadence column says how often the value is read from its source: `fast`, every",
+    "collection cycle (`--collector.interval`); `slow`, on the slow tier",
+    "(`--collector.slow-interval`) or every few slow cycles, for values that change",
+    "rarely or whose read is costly; `static`, when the GPU is opened or found again after",
+    "it was lost (hotplug, a reset), never on a timer. Between reads the last value is",
+    "served. A backend that reads a value at another tier is named in brackets, as the",
+    "`backend` label of `gpu_exporter_backend_up` names it.",
+    "The `fdinfo` backend (the per-process scan, and the per-GPU engine use it sums) reads",
+    "every `--collector.processes.interval` instead.",
+]
 
 
 def generate() -> str:
@@ -69,11 +86,13 @@ def generate() -> str:
         "",
         "## Per GPU",
         "",
-        "| name | type | extra labels | help |",
-        "|---|---|---|---|",
+        *CADENCE_LEGEND,
+        "",
+        "| name | type | extra labels | cadence | help |",
+        "|---|---|---|---|---|",
         *_rows(INFO, f"{_names(INFO.labels)}; {INFO.note.rstrip('.')}", ""),
         *_rows(UP),
-        *_rows(ALLOCATION),
+        *_rows(ALLOCATION, cadence="`--kubernetes.interval`"),
     ]
     for _, spec in DEVICE_SPECS:
         lines += _rows(spec)
@@ -81,18 +100,19 @@ def generate() -> str:
     lines += ["", "## Per process", "",
               f"Labels: {_names(PROCESS_LABELS)}; with Kubernetes attribution on, also {pods} "
               "(empty for a host process).",
-              "", "| name | type | extra labels | help |", "|---|---|---|---|"]
+              "", "| name | type | extra labels | cadence | help |", "|---|---|---|---|---|"]
     for _, spec in PROCESS_SPECS:
         lines += _rows(spec)
     lines += ["", "## Join series", "",
               "Value 1, one series per fact, to join on (`* on(...) group_left(...)`); never "
               "copied onto the per-GPU series.", "",
               "| name | type | labels | help |", "|---|---|---|---|",
-              *_rows(podlabels.SPEC), *_rows(unallocated.SPEC), *_rows(slurm.SPEC)]
+              *_rows(podlabels.SPEC, cadence=""), *_rows(unallocated.SPEC, cadence=""),
+              *_rows(slurm.SPEC, cadence="")]
     lines += ["", "## The exporter itself", "", "| name | type | labels | help |",
               "|---|---|---|---|"]
     for spec in EXPORTER:
-        lines += _rows(spec)
+        lines += _rows(spec, cadence="")
     lines += ["", "prometheus-client's `process_*` and `python_*` families are also served.", ""]
     return "\n".join(lines)
 

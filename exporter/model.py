@@ -24,8 +24,20 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import cache
 from typing import Any
 
-from exporter.fieldspec import EMPTY, Kind, Otlp, empty, mapping, value, value_specs
+from exporter.fieldspec import (
+    EMPTY,
+    Cadence,
+    Kind,
+    Otlp,
+    empty,
+    mapping,
+    value,
+    value_specs,
+)
 from exporter.labels import Profiling
+
+# The tiers a field declares (Cadence): how often the backends read it.
+FAST, SLOW, STATIC = Cadence.FAST, Cadence.SLOW, Cadence.STATIC
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
@@ -83,14 +95,17 @@ class ProcessSample:
     memory_used_bytes: float | None = value(
         "gpu_process_memory_used_bytes",
         "Device-local memory used by the process on this GPU.", unit="bytes",
+        cadence_by={"level_zero": SLOW},
         otlp=Otlp("gpu.process.memory.usage"))
     shared_memory_used_bytes: float | None = value(  # GTT / system memory charged to it
         "gpu_process_shared_memory_used_bytes",
         "System (GTT) memory charged to the process for this GPU.", unit="bytes",
+        cadence_by={"level_zero": SLOW},
         otlp=Otlp("gpu.process.shared_memory.usage"))
     utilization_ratio: Mapping[str, float] = mapping(  # engine -> 0..1
         "gpu_process_utilization_ratio", "Fraction of time the process kept an engine busy.",
         "engine", unit="ratio",
+        cadence=SLOW,
         otlp=Otlp("gpu.process.utilization"))
     engine_busy_seconds: Mapping[str, float] = mapping(  # engine -> counter
         "gpu_process_engine_busy_seconds_total", "Engine time used by the process.", "engine",
@@ -99,6 +114,7 @@ class ProcessSample:
     host_memory_bytes: float | None = value(  # RSS
         "gpu_process_host_memory_bytes", "Resident host memory (RSS) of the GPU process.",
         unit="bytes",
+        cadence=SLOW,
         otlp=Otlp("gpu.process.host_memory.usage"))
     # Filled after the merge by exporter.energy_split, never by a backend.
     energy_joules: float | None = value(
@@ -152,6 +168,7 @@ class DeviceValues:
         otlp=Otlp("gpu.memory.controller.utilization"))
     memory_total_bytes: float | None = value(
         "gpu_memory_total_bytes", "Device-local memory in total.", unit="bytes",
+        cadence_by={"amd": SLOW, "intel": SLOW},
         otlp=Otlp("hw.gpu.memory.limit", updown=True))
     memory_used_bytes: float | None = value(
         "gpu_memory_used_bytes", "Device-local memory in use.", unit="bytes",
@@ -165,6 +182,7 @@ class DeviceValues:
     shared_memory_total_bytes: float | None = value(
         "gpu_shared_memory_total_bytes", "System memory the GPU can map (GTT, unified memory).",
         unit="bytes",
+        cadence=SLOW, cadence_by={"apple": FAST},
         otlp=Otlp("gpu.shared_memory.limit"))
     shared_memory_used_bytes: float | None = value(
         "gpu_shared_memory_used_bytes", "System memory mapped for the GPU in use.",
@@ -180,10 +198,12 @@ class DeviceValues:
         otlp=Otlp("gpu.power.instant"))
     power_limit_watts: float | None = value(
         "gpu_power_limit_watts", "Enforced power limit.", unit="watts",
+        cadence=SLOW, cadence_by={"amdsmi": FAST},
         otlp=Otlp("gpu.power.limit"))
     energy_joules: float | None = value(  # counter since driver load
         "gpu_energy_joules_total", "Energy consumed since the driver loaded.", Kind.COUNTER,
         unit="joules",
+        cadence_by={"nvidia": SLOW},
         otlp=Otlp("hw.energy"))
     # Filled after the merge by exporter.energy_split, never by a backend.
     idle_energy_joules: float | None = value(
@@ -197,24 +217,31 @@ class DeviceValues:
         otlp=Otlp("gpu.performance_state"))
     pcie_link_generation: int | None = value(
         "gpu_pcie_link_generation", "Current PCIe link generation.",
+        cadence=SLOW,
         otlp=Otlp("gpu.pcie.link.generation"))
     pcie_link_width: int | None = value(
         "gpu_pcie_link_width", "Current PCIe link width (lanes).",
+        cadence=SLOW,
         otlp=Otlp("gpu.pcie.link.width", "{lane}"))
     pcie_link_max_generation: int | None = value(
         "gpu_pcie_link_max_generation", "Maximum PCIe generation.",
+        cadence=SLOW, cadence_by={"nvidia": STATIC},
         otlp=Otlp("gpu.pcie.link.max_generation"))
     pcie_link_max_width: int | None = value(
         "gpu_pcie_link_max_width", "Maximum PCIe link width (lanes).",
+        cadence=SLOW, cadence_by={"nvidia": STATIC},
         otlp=Otlp("gpu.pcie.link.max_width", "{lane}"))
     pcie_replay_errors: int | None = value(
         "gpu_pcie_replay_errors_total", "PCIe replay errors.", Kind.COUNTER, unit="count",
+        cadence=SLOW,
         otlp=Otlp("gpu.pcie.replay_errors", "{error}"))
     remap_failed: bool | None = value(
         "gpu_memory_remap_failed", "1 if a memory row remapping failed.",
+        cadence=SLOW,
         otlp=Otlp("gpu.memory.remap.failed"))
     remap_pending: bool | None = value(  # a row remap waits for the next GPU reset
         "gpu_memory_remap_pending", "1 while a memory row remap waits for the next GPU reset.",
+        cadence=SLOW,
         otlp=Otlp("gpu.memory.remap.pending"))
     xid_last_timestamp_seconds: float | None = value(  # wall clock of the newest XID event
         "gpu_xid_last_timestamp_seconds",
@@ -230,6 +257,7 @@ class DeviceValues:
     temperature_thresholds_celsius: Mapping[str, float] = mapping(
         "gpu_temperature_threshold_celsius", "Temperature thresholds.", "threshold",
         unit="celsius",
+        cadence=SLOW, cadence_by={"nvidia": STATIC},
         otlp=Otlp("gpu.temperature.threshold"))
     fan_speed_ratio: Mapping[str, float] = mapping(
         "gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum.", "fan", unit="ratio",
@@ -242,6 +270,8 @@ class DeviceValues:
         otlp=Otlp("gpu.clock.frequency"))
     clocks_max_hertz: Mapping[str, float] = mapping(
         "gpu_clock_max_hertz", "Maximum clock frequency.", "clock", unit="hertz",
+        cadence=SLOW,
+        cadence_by={"nvidia": STATIC, "level_zero": STATIC, "amdsmi": FAST, "apple": FAST},
         otlp=Otlp("gpu.clock.max_frequency"))
     throttle_reasons: Mapping[str, bool] = mapping(  # reason -> active
         "gpu_clock_throttle_active", "1 while this clock throttle reason is active.", "reason",
@@ -249,10 +279,12 @@ class DeviceValues:
     clock_event_seconds: Mapping[str, float] = mapping(  # throttle reason -> counter
         "gpu_clock_event_seconds_total", "Time the clocks were held back by this reason.",
         "reason", kind=Kind.COUNTER, unit="seconds",
+        cadence=SLOW,
         otlp=Otlp("gpu.clock.event.time"))
     pcie_throughput_bytes_per_second: Mapping[str, float] = mapping(  # tx / rx
         "gpu_pcie_throughput_bytes_per_second", "PCIe throughput.", "direction",
         unit="bytes_per_second",
+        cadence=SLOW,
         otlp=Otlp("gpu.pcie.throughput"))
     engine_utilization_ratio: Mapping[str, float] = mapping(  # engine -> 0..1
         "gpu_engine_utilization_ratio", "Fraction of time an engine was busy.", "engine",
@@ -265,13 +297,16 @@ class DeviceValues:
     ecc_errors: Mapping[str, int] = mapping(  # corrected / uncorrected -> counter
         "gpu_ecc_errors_total", "ECC errors since the driver loaded.", "severity",
         kind=Kind.COUNTER, unit="count",
+        cadence=SLOW,
         otlp=Otlp("gpu.ecc.errors", "{error}"))
     remapped_rows: Mapping[str, int] = mapping(
         "gpu_memory_remapped_rows", "Memory rows remapped.", "severity", unit="count",
+        cadence=SLOW,
         otlp=Otlp("gpu.memory.remapped_rows", "{row}"))
     retired_pages: Mapping[str, int] = mapping(  # single_bit / double_bit -> pages
         "gpu_memory_retired_pages", "Memory pages retired (pre-Ampere page retirement).",
         "cause", unit="count",
+        cadence=SLOW,
         otlp=Otlp("gpu.memory.retired_pages", "{page}"))
     xid_errors: Mapping[int, int] = mapping(  # XID code -> counter
         "gpu_xid_errors_total", "NVIDIA XID error events by code.", "xid", kind=Kind.COUNTER,
@@ -285,14 +320,17 @@ class DeviceValues:
     nvlink_up: Mapping[tuple[str, str], bool] = mapping(
         "gpu_nvlink_up", "1 if this NVLink link is up; remote is what it connects to.",
         "link", "remote",
+        cadence=SLOW, cadence_by={"amd": FAST, "amdsmi": FAST},
         otlp=Otlp("gpu.nvlink.up"))
     nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = mapping(
         "gpu_nvlink_throughput_bytes_per_second", "NVLink throughput.", "link", "direction",
         unit="bytes_per_second",
+        cadence=SLOW,
         otlp=Otlp("gpu.nvlink.throughput"))
     nvlink_errors: Mapping[tuple[str, str], int] = mapping(
         "gpu_nvlink_errors_total", "NVLink errors by type.", "link", "type", kind=Kind.COUNTER,
         unit="count",
+        cadence=SLOW,
         otlp=Otlp("gpu.nvlink.errors", "{error}"))
     xgmi_throughput_bytes_per_second: Mapping[tuple[str, str], float] = mapping(
         "gpu_xgmi_throughput_bytes_per_second", "AMD XGMI link throughput.", "link",
@@ -301,6 +339,7 @@ class DeviceValues:
     ras_errors: Mapping[tuple[str, str], int] = mapping(
         "gpu_ras_errors_total", "RAS / ECC errors by hardware block.", "block", "severity",
         kind=Kind.COUNTER, unit="count",
+        cadence=SLOW,
         otlp=Otlp("gpu.ras.errors", "{error}"))
     profiling_ratio: Mapping[str, float] = mapping(  # Profiling key -> 0..1, one family each
         "gpu_{key}_ratio", "", unit="ratio", note="Source `nvml_gpm`.", per_key={
@@ -315,19 +354,22 @@ class DeviceValues:
             Profiling.FP32_ACTIVE: "Fraction of cycles the FP32 pipes were active" + _GPM,
             Profiling.FP64_ACTIVE: "Fraction of cycles the FP64 pipes were active" + _GPM,
         },
+        cadence=SLOW,
         otlp=Otlp("gpu.{key}"))
 
     # Health inputs (exporter.health), not families of their own.
     recovery_action: str | None = value(  # nvmlDeviceGpuRecoveryAction_t as a word
-        "", "NVML's GPU recovery action: none, gpu_reset, node_reboot, drain_p2p, ...")
+        "", "NVML's GPU recovery action: none, gpu_reset, node_reboot, drain_p2p, ...",
+        cadence=SLOW)
     retired_pages_pending: bool | None = value(
-        "", "A page retirement waits for the next GPU reset (before Ampere).")
+        "", "A page retirement waits for the next GPU reset (before Ampere).",
+        cadence=SLOW)
     xid_seen_seconds: Mapping[int, float] = mapping(  # XID code -> wall clock of its newest
         "", "When each XID code last happened.")
     # (sensor, threshold) -> °C where each sensor has thresholds of its own (amdgpu hwmon
     # tempN_crit / tempN_emergency for edge, junction and memory alike).
     temperature_limits_celsius: Mapping[tuple[str, str], float] = mapping(
-        "", "Each sensor's own temperature thresholds.", unit="celsius")
+        "", "Each sensor's own temperature thresholds.", unit="celsius", cadence=SLOW)
 
     def present(self) -> dict[str, Any]:
         """The values this fragment has (not None, not empty), by field name."""

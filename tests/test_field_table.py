@@ -81,7 +81,9 @@ def test_every_gpu_family_served_has_the_help_and_type_its_spec_declares(served:
 
 
 def test_docs_metrics_md_rows_are_the_declared_help_and_type() -> None:
-    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (\w+) \|[^|]*\| (.*) \|$",
+    # name | type | labels | (cadence, in the tables that have it) | help
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| (\w+) \|[^|]*\|"
+                      r"(?: (?:(?:fast|slow|static)(?: \([^)|]*\))?|`--[a-z.-]+`) \|)? (.*) \|$",
                       (REPO / "docs" / "metrics.md").read_text(), re.M)
     documented = {name: (kind, doc) for name, kind, doc in rows}
     assert set(documented) == set(DECLARED)

@@ -18,7 +18,7 @@ from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
 from exporter import dcgm, health
-from exporter.fieldspec import Kind, MetricSpec, Otlp, value_specs
+from exporter.fieldspec import Cadence, Kind, MetricSpec, Otlp, value_specs
 from exporter.model import DeviceSample, DeviceValues, PodRef, ProcessSample
 from exporter.render.selection import Selection
 from exporter.state import Snapshot
@@ -33,7 +33,8 @@ ALLOCATION_SOURCE = "kubelet"  # the kubelet's pod-resources API
 # The per-GPU families that are not values of a sample.
 INFO = MetricSpec("gpu_info", "GPU identity; value 1.", labels=INFO_LABELS[len(GPU_LABELS):],
                   note="`partition`, `mig_mode` where the source knows them.",
-                  otlp=Otlp("gpu.info"))
+                  otlp=Otlp("gpu.info"),  # NVIDIA's MIG mode is asked on the slow tier
+                  cadence=Cadence.STATIC, cadence_by={"nvidia": Cadence.SLOW})
 UP = MetricSpec("gpu_up", "1 if the GPU was readable at the last sample, 0 if lost or its "
                 "backend stopped answering.",
                 otlp=Otlp("hw.status", updown=True, constant={"hw.state": "ok"}))
