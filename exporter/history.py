@@ -280,10 +280,11 @@ class History:
         # per GPU: its top processes and the count of the others, replaced on each sample
         self._top: dict[str, tuple[tuple[dict[str, Any], ...], int]] = {}
         self._last: dict[str, float] = {}
-        # the tables of the latest recorded snapshot (``current``), replaced on each sample;
-        # None until the first is recorded (the JSON's null: "not known yet", not "none")
-        self._devices: list[dict[str, Any]] | None = None
-        self._backends: list[dict[str, Any]] | None = None
+        # The latest recorded snapshot, whose tables (``current``) are built when a page
+        # asks (once per snapshot), not on every sample; None until the first is
+        # recorded (the JSON's null: "not known yet", not "none").
+        self._recorded: Snapshot | None = None
+        self._tables: tuple[int, list[dict[str, Any]], list[dict[str, Any]]] | None = None
         self._added = -math.inf  # when add() last read a snapshot
         self._lock = threading.Lock()
 
@@ -299,7 +300,7 @@ class History:
             if now - self._added < self.interval * 0.9:
                 return
             self._added = now
-            self._devices, self._backends = current(snapshot)
+            self._recorded = snapshot
             for gpu, d in snapshot.devices:
                 if not d.up or d.info.parent_key:  # charts are per whole GPU
                     continue
@@ -330,7 +331,14 @@ class History:
     def tables(self) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
         """The devices and backends of the latest recorded snapshot (``current``)."""
         with self._lock:
-            return self._devices, self._backends
+            snapshot, tables = self._recorded, self._tables
+        if snapshot is None:
+            return None, None
+        if tables is None or tables[0] != snapshot.generation:
+            tables = (snapshot.generation, *current(snapshot))
+            with self._lock:
+                self._tables = tables
+        return tables[1], tables[2]
 
     def as_json(self, since: float = 0.0, now: float | None = None,
                 otlp: Mapping[str, Any] | None = None) -> dict[str, Any]:

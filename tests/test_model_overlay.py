@@ -2,16 +2,19 @@
 
 Both skip dataclass machinery for speed (bench/nvml_calls.py --stub --cycle): present()
 knows which fields are mappings up front, overlay() copies the instance dict instead of
-calling dataclasses.replace(). These tests hold them to what replace() and the field
+calling dataclasses.replace(), and quick_init fills a new instance's dict at once. These
+tests hold them to what replace(), the generated __init__ and the field
 table say, so a field, a __post_init__ or cached state added later cannot slip by.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from types import MappingProxyType
 
-from exporter.model import DeviceInfo, DeviceSample, DeviceValues
+import pytest
+
+from exporter.model import DeviceInfo, DeviceSample, DeviceValues, ProcessSample, quick_init
 
 INFO = DeviceInfo(vendor="nvidia", pci_bus_id="0000:01:00.0", uuid="GPU-1", name="H100")
 
@@ -62,3 +65,32 @@ def test_present_of_a_fragment_and_of_a_sample_agree() -> None:
     assert fragment.present() == sample.present() == {
         "power_watts": 0.0, "retired_pages_pending": False, "recovery_action": "",
         "engine_utilization_ratio": {"compute": 0.0}}
+
+
+@pytest.mark.parametrize("cls", [DeviceValues, DeviceSample, ProcessSample])
+def test_the_quick_init_builds_what_the_generated_one_does(cls: type) -> None:
+    required = {"info": INFO, "source": "nvml"} if cls is DeviceSample else \
+        {"pid": 7, "process": "python"} if cls is ProcessSample else {}
+    full = {f.name: ({"k": 1.0} if f.default is MISSING and f.default_factory is not MISSING
+                     else 1.0) for f in fields(cls) if f.name not in required}
+    for kwargs in ({**required}, {**required, "power_watts": 0.0} if cls is not ProcessSample
+                   else {**required, "memory_used_bytes": 0.0}, {**required, **full}):
+        quick = cls(**kwargs)
+        generated = object.__new__(cls)
+        cls.__init__.__wrapped__(generated, **kwargs)  # type: ignore[misc]
+        assert quick == generated
+        assert list(vars(quick).items()) == list(vars(generated).items())  # field order too
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        cls(**required, bogus=1)
+    if required:
+        with pytest.raises(TypeError, match="missing"):
+            cls()
+
+
+def test_the_quick_init_refuses_a_default_factory_of_fresh_objects() -> None:
+    @dataclass(frozen=True)
+    class Fresh:
+        values: dict[str, float] = field(default_factory=dict)
+
+    with pytest.raises(TypeError, match="fresh objects"):
+        quick_init(Fresh)
