@@ -119,6 +119,11 @@ class Hub:
             reading_interval=config.slow_interval,
             max_window=2 * max(config.slow_interval, config.processes_interval) + config.interval)
         self._generation = 0
+        # backend -> when its cycle in flight started: a backend that finishes while
+        # another of the same tick is still sampling leaves the publish to that one
+        # (_finish), so backends that tick together merge once, not once each.
+        self._sampling: dict[str, float] = {}
+        self._deferred = False  # a finished cycle left its publish to a later one
         self._stop = threading.Event()
         self._life = threading.Lock()  # start() and stop(): no thread started after a stop
         self._threads: list[threading.Thread] = []
@@ -259,12 +264,15 @@ class Hub:
     def _sample(self, backend: Backend, slow: bool) -> bool | None:
         """One cycle. True: a good cycle; False: it ran but every device is down;
         None: the handle went bad or sample() raised (closed; reopen with back-off)."""
+        with self._lock:
+            self._sampling[backend.name] = self.clock.now()
         t0 = time.perf_counter()
         try:
             cycle = backend.sample(slow)
         except BackendFailed as e:
             _close_quietly(backend)
             self._set_down(backend.name, f"failed: {e}", level="warning", failing=True)
+            self._finish(backend.name, changed=False)
             return None
         except Exception as e:  # noqa: BLE001 - a bug in one backend must not stop the others
             # Its devices stay (gpu_up 0, from its last sample); the traceback is logged
@@ -273,6 +281,7 @@ class Hub:
             self._count(backend.name, {ErrorReason.EXCEPTION: 1})
             self._set_down(backend.name, f"sample raised {e!r}", level="error", exc_info=True,
                            failing=True)
+            self._finish(backend.name, changed=False)
             return None
         duration = time.perf_counter() - t0
         if logs.debug_enabled() and self._timing.allow(backend.name) is not None:
@@ -284,8 +293,26 @@ class Hub:
         enricher = attribution() if attribution else None
         self._accept(backend.name, cycle, duration, enricher, restarts() if restarts else None,
                      joins() if joins else None)
-        self.publish()
+        self._finish(backend.name, changed=True)
         return not cycle.devices or any(d.up for d in cycle.devices)
+
+    def _finish(self, name: str, changed: bool) -> None:
+        """After a backend's cycle: publish, unless a backend that started sampling within
+        the last interval is still at it: that one publishes when it finishes, for both.
+        One that takes longer (a driver call that hangs) is not waited for: the next
+        cycle of any other publishes. So a snapshot lags a cycle by the slowest sample
+        of its tick, at most an interval, and backends that tick together (the shared
+        epoch) merge once per tick instead of once each."""
+        now = self.clock.now()
+        with self._lock:
+            self._sampling.pop(name, None)
+            if any(now - started < self.config.interval for started in self._sampling.values()):
+                self._deferred = self._deferred or changed
+                return
+            publish = changed or self._deferred
+            self._deferred = False
+        if publish:
+            self.publish()
 
     # -- state changes ------------------------------------------------------------------
     def _set_down(self, name: str, reason: str, level: str, exc_info: bool = False,

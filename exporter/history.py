@@ -284,7 +284,7 @@ class History:
         # asks (once per snapshot), not on every sample; None until the first is
         # recorded (the JSON's null: "not known yet", not "none").
         self._recorded: Snapshot | None = None
-        self._tables: tuple[int, list[dict[str, Any]], list[dict[str, Any]]] | None = None
+        self._tables: tuple[Snapshot, list[dict[str, Any]], list[dict[str, Any]]] | None = None
         self._added = -math.inf  # when add() last read a snapshot
         self._lock = threading.Lock()
 
@@ -334,8 +334,8 @@ class History:
             snapshot, tables = self._recorded, self._tables
         if snapshot is None:
             return None, None
-        if tables is None or tables[0] != snapshot.generation:
-            tables = (snapshot.generation, *current(snapshot))
+        if tables is None or tables[0] is not snapshot:
+            tables = (snapshot, *current(snapshot))
             with self._lock:
                 self._tables = tables
         return tables[1], tables[2]

@@ -231,6 +231,42 @@ def test_a_snapshot_not_due_for_a_scrape_is_made_current_without_waking_the_rend
         renderer.stop()
 
 
+def test_backends_sampling_together_publish_once_and_a_hung_one_is_not_waited_for() -> None:
+    from tests.clock import SteppedClock
+
+    clock = SteppedClock()
+    amd, slow = Scripted("amd", ["0000:03:00.0"]), Scripted("intel", ["0000:09:00.0"])
+    hub = Hub(Config(interval=1.0), [amd, slow], clock=clock)
+    first = hub.collect_once().generation
+    slow.block.clear()  # intel's sample is in the driver
+    behind = threading.Thread(target=hub._sample, args=(slow, False))
+    behind.start()
+    _until(lambda: "intel" in hub._sampling)
+    hub._sample(amd, slow=False)
+    assert hub.snapshot.generation == first  # intel, of the same tick, publishes for both
+    slow.block.set()
+    behind.join(5)
+    assert hub.snapshot.generation == first + 1
+    assert {s.name: s.last.timestamp for s in hub.snapshot.backends if s.last} == \
+        {s.name: s.last.timestamp for s in hub._states.values() if s.last}  # both in it
+    slow.block.clear()  # intel hangs in the driver, past an interval
+    behind = threading.Thread(target=hub._sample, args=(slow, False))
+    behind.start()
+    _until(lambda: "intel" in hub._sampling)
+    clock.t += 1.5
+    hub._sample(amd, slow=False)
+    assert hub.snapshot.generation == first + 2  # not waited for
+    slow.block.set()
+    behind.join(5)
+
+
+def _until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
 def test_a_lost_gpu_is_logged_once_when_lost_and_once_when_back() -> None:
     from structlog.testing import capture_logs
 
