@@ -14,7 +14,8 @@
 #                                 # command: the soak runs detached (setsid), matrix-wait
 #                                 # collects it (WAIT_S seconds at most, then exit 3)
 # Needs on PATH: python3 with nvidia-ml-py, prometheus-client, our dependencies, and for
-# "cost" nvitop-exporter (python3 -m nvitop_exporter). With CLEAN=1, "cost" runs both
+# "cost" nvitop-exporter (python3 -m nvitop_exporter) and torch for the load (run by the
+# machine's python3). With CLEAN=1, "cost" runs both
 # exporters (and bench/memory.py) in a virtual environment without the system's
 # site-packages, so neither imports what only the machine's image has (uvloop, rich, ...):
 # what a container with just the exporter holds. PYTHONPATH must then carry every package.
@@ -58,8 +59,10 @@ cost)
   fi
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   [ "${MEMORY:-0}" = 1 ] && $PY bench/memory.py --real 2>&1 | tee "$OUT/memory_clean.log"
-  $PY bench/cost_table.py compare --load --window "${WINDOW:-60}" --repeats "${REPEATS:-3}" \
+  load  # the machine's python3 (torch); a clean environment has none
+  $PY bench/cost_table.py compare --window "${WINDOW:-60}" --repeats "${REPEATS:-3}" \
     2>&1 | tee "$OUT/cost.log"
+  kill "$LOAD"
   ;;
 idle)
   PY=python3
