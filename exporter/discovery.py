@@ -128,25 +128,28 @@ class ListingError(Exception):
     """``class/drm`` exists but cannot be listed now (EMFILE, ENOMEM, EIO, EACCES)."""
 
 
-def _drm_entries(sysfs: SysFS) -> list[str]:
-    """The names in ``class/drm``: none where it does not exist (no DRM at all, a
-    fixture without cards); any other failure raises ListingError, because an empty
-    answer would read as "every card removed"."""
+def _drm_entries(sysfs: SysFS, drm: str | None = None) -> list[str]:
+    """The names in ``class/drm`` (``drm``: its path, where the caller has it): none
+    where it does not exist (no DRM at all, a fixture without cards); any other failure
+    raises ListingError, because an empty answer would read as "every card removed"."""
+    drm = drm or os.fspath(sysfs.path("class", "drm"))
     try:
-        return os.listdir(sysfs.path("class", "drm"))
+        return os.listdir(drm)
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as exc:
-        raise ListingError(f"cannot list {sysfs.path('class', 'drm')}: {exc}") from exc
+        raise ListingError(f"cannot list {drm}: {exc}") from exc
 
 
-def card_fingerprint(sysfs: SysFS) -> Fingerprint:
-    """What identifies the current set of cards, read as cheaply as sysfs allows.
+def card_fingerprint(sysfs: SysFS, drm: str | None = None) -> Fingerprint:
+    """What identifies the current set of cards, read as cheaply as sysfs allows: every
+    backend asks each cycle, so ``drm`` (the path of ``class/drm``) can be given, as
+    DrmDiscovery does, instead of joined again each time.
 
     Raises ListingError where ``class/drm`` cannot be listed now."""
-    drm = os.fspath(sysfs.path("class", "drm"))
+    drm = drm or os.fspath(sysfs.path("class", "drm"))
     out = []
-    for name in _drm_entries(sysfs):
+    for name in _drm_entries(sysfs, drm):
         if _CARD_RE.fullmatch(name):
             try:
                 target = os.readlink(f"{drm}/{name}")
@@ -175,6 +178,7 @@ class DrmDiscovery:
     def __init__(self, sysfs: SysFS, hotplug: bool) -> None:
         self.sysfs = sysfs
         self.hotplug = hotplug
+        self._drm = os.fspath(sysfs.path("class", "drm"))  # listed on every cards() call
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()  # one enumeration at a time (threads, events)
         self._cards: list[DrmCard] | None = None  # None: not enumerated yet
@@ -195,10 +199,10 @@ class DrmDiscovery:
         last known cards stay and ``listing_error`` says why until a listing works again.
         """
         try:
-            if self._cards is None or card_fingerprint(self.sysfs) != self._fingerprint:
+            if self._changed():
                 with self._scan_lock:
                     # Another backend's thread may have just re-enumerated: check again.
-                    if self._cards is None or card_fingerprint(self.sysfs) != self._fingerprint:
+                    if self._changed():
                         self._rescan()
             self._listing_failed(None)
         except ListingError as exc:
@@ -208,6 +212,10 @@ class DrmDiscovery:
         if drivers is None:
             return current
         return [c for c in current if c.driver in drivers]
+
+    def _changed(self) -> bool:
+        return self._cards is None or \
+            card_fingerprint(self.sysfs, self._drm) != self._fingerprint
 
     def rescan(self) -> None:
         """Re-enumerate now: what a udev add/remove event triggers."""
@@ -229,7 +237,7 @@ class DrmDiscovery:
 
     def _rescan(self) -> None:
         # Fingerprint first: a change while enumerating then shows on the next call.
-        fingerprint = card_fingerprint(self.sysfs)
+        fingerprint = card_fingerprint(self.sysfs, self._drm)
         found = enumerate_cards(self.sysfs)
         with self._lock:
             self._fingerprint = fingerprint
