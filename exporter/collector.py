@@ -203,7 +203,8 @@ class Hub:
                 return good  # handle went bad: back to _run, which reopens with back-off
             good = good + 1 if healthy else 0
             if good == GOOD_CYCLES_TO_RESET:
-                self._recovered(backend.name)
+                with self._lock:
+                    self._states[backend.name] = hubstate.recovered(self._states[backend.name])
             # Fixed cadence aligned on a shared epoch, so backends publish together and
             # renders coalesce; a cycle that overran skips the ticks it missed.
             now = self.clock.now()
@@ -244,7 +245,9 @@ class Hub:
             # Its devices stay (gpu_up 0, from its last sample); the traceback is logged
             # once per distinct error, the count goes to errors_total{reason="exception"}.
             _close_quietly(backend)
-            self._count(backend.name, {ErrorReason.EXCEPTION: 1})
+            with self._lock:
+                self._states[backend.name] = hubstate.counted(self._states[backend.name],
+                                                              {ErrorReason.EXCEPTION: 1})
             self._set_down(backend.name, f"sample raised {e!r}", level="error", exc_info=True,
                            failing=True)
             self._finish(backend.name, changed=False)
@@ -288,14 +291,6 @@ class Hub:
         # no new snapshot, so nothing to render.
         if new != state:
             self.publish()
-
-    def _recovered(self, name: str) -> None:
-        with self._lock:
-            self._states[name] = hubstate.recovered(self._states[name])
-
-    def _count(self, name: str, errors: Mapping[str, int]) -> None:
-        with self._lock:
-            self._states[name] = hubstate.counted(self._states[name], errors)
 
     def _accept(self, name: str, cycle: Cycle, duration: float, enricher: Enricher | None,
                 child_restarts: int | None, joins: JoinSource | None = None) -> None:
