@@ -13,7 +13,8 @@ stay with ``gpu_up 0``. A watchdog notices a backend that stopped answering (stu
 inside a driver call, even in its very first sample) and publishes it as stale, so
 its device series are withdrawn (``gpu_up 0`` stays, also for the devices its open()
 returned when no sample ever completed) while everything else keeps being served. Ages
-are measured on the monotonic clock: an NTP step changes nothing.
+are measured on the monotonic clock: an NTP step changes nothing. How a backend's record
+and the GPU numbering change, and their log lines, are exporter.hubstate's.
 """
 
 from __future__ import annotations
@@ -21,34 +22,27 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from types import MappingProxyType
 
-import structlog
-
-from exporter import logs
+from exporter import hubstate, logs
 from exporter.backends.base import (
     REOPEN_BACKOFF,
-    Attributes,
     Backend,
     BackendFailed,
     BackendUnavailable,
     Cycle,
     Enricher,
-    Joins,
     RetriesOpen,
-    SupervisesChild,
 )
 from exporter.config import Config
 from exporter.energy_split import EnergySplit
 from exporter.joins import JoinSource
 from exporter.labels import ErrorReason
 from exporter.merge import cap_processes as cap_processes  # the rule, for tests and bench
-from exporter.model import BackendSample, DeviceInfo, DeviceSample
-from exporter.state import DURATION_BUCKETS, BackendState, CutCounter, Snapshot, merged_view
+from exporter.model import BackendSample
+from exporter.state import BackendState, CutCounter, Snapshot, merged_view
 
 TIMING_INTERVAL = 60.0  # seconds between two debug lines of one backend's cycle time
-log = structlog.get_logger(__name__)
 
 GOOD_CYCLES_TO_RESET = 3  # good cycles in a row before the back-off starts from the bottom
 OPEN_WAIT = 5.0  # how long start() waits for every backend's first open before numbering GPUs
@@ -64,10 +58,6 @@ class Clock:
     def wait(self, stop: threading.Event, seconds: float) -> bool:
         """Wait ``seconds`` or until ``stop`` is set; True when it is set."""
         return stop.wait(seconds)
-
-
-def _restarts_of(backend: SupervisesChild) -> Callable[[], int]:
-    return lambda: backend.child_restarts
 
 
 def _close_quietly(backend: Backend) -> None:
@@ -92,24 +82,10 @@ class Hub:
         self.listener = listener
         self._lock = threading.Lock()
         self._states = {b.name: BackendState(b.name, priority=b.priority) for b in self.backends}
-        # A backend on a slower tier of its own (the /proc scan) is stale only after
-        # three of its own intervals, whatever --stale-after says for the fast tier.
-        self._stale_after = {b.name: max(config.stale_after_seconds, 3 * (b.interval or 0))
-                             for b in self.backends}
-        # The optional hooks each backend declares (backends.base), looked up once.
-        self._attribution = {b.name: b.attribution for b in self.backends
-                             if isinstance(b, Attributes)}
-        self._joins = {b.name: b.joins for b in self.backends if isinstance(b, Joins)}
-        self._child_restarts = {b.name: _restarts_of(b) for b in self.backends
-                                if isinstance(b, SupervisesChild)}
-        self._gpu_index: dict[str, int] = {}
-        self._seen: dict[str, DeviceSample] = {}
-        self._seen_view: Mapping[str, DeviceSample] = MappingProxyType({})
-        # backend -> the devices its last open() returned, as they are reported (gpu_up 0)
-        # should it go stale before its first sample: an alert on gpu_up == 0 still fires.
-        self._opened: dict[str, tuple[DeviceSample, ...]] = {}
+        self._watch = hubstate.Watchdog(config, self.backends)
+        self._hooks = hubstate.Hooks(self.backends)
+        self._gpus = hubstate.KnownGpus()  # numbering and gone devices, under _lock
         self._threads_by_backend: Mapping[str, threading.Thread] = {}
-        self._numbered = False
         self._timing = logs.Every(TIMING_INTERVAL)  # --log.level debug: cycle times
         self._cuts = CutCounter()  # fed by _build only, under _publish_lock
         self._publish_lock = threading.Lock()
@@ -154,7 +130,7 @@ class Hub:
             return
         with self._lock:
             self._threads_by_backend = MappingProxyType(threads)
-            self._number_gpus()
+            self._gpus.number()
         self.publish()
         with self._life:
             if self._stop.is_set():
@@ -184,7 +160,7 @@ class Hub:
             if self._open(backend):
                 self._sample(backend, slow=True)
         with self._lock:
-            self._number_gpus()
+            self._gpus.number()
         return self.publish()
 
     # -- backend threads ----------------------------------------------------------------
@@ -227,7 +203,8 @@ class Hub:
                 return good  # handle went bad: back to _run, which reopens with back-off
             good = good + 1 if healthy else 0
             if good == GOOD_CYCLES_TO_RESET:
-                self._recovered(backend.name)
+                with self._lock:
+                    self._states[backend.name] = hubstate.recovered(self._states[backend.name])
             # Fixed cadence aligned on a shared epoch, so backends publish together and
             # renders coalesce; a cycle that overran skips the ticks it missed.
             now = self.clock.now()
@@ -245,19 +222,9 @@ class Hub:
             self._set_down(backend.name, f"open failed: {e!r}", level="error")
             return False
         with self._lock:
-            state = self._states[backend.name]
-            if not state.up and not state.failing:
-                log.info("backend up", backend=backend.name, gpus=len(infos))
-            self._states[backend.name] = replace(
-                state, up=True, reason="", attempted=True, stale=False,
-                alive_at=self.clock.now(), logged="" if not state.failing else state.logged)
-            for info in infos:
-                self._register(info)
-            # The source label its samples will carry (the contract's Backend.source), so
-            # the gpu_up 0 series is the one its first sample continues.
-            self._opened[backend.name] = tuple(
-                DeviceSample(info=i, source=backend.source, up=False)
-                for i in infos if not i.parent_key)
+            self._states[backend.name] = hubstate.opened(self._states[backend.name],
+                                                         len(infos), self.clock.now())
+            self._gpus.opened(backend.name, backend.source, infos)
             self._check_attempted()
         return True
 
@@ -278,21 +245,20 @@ class Hub:
             # Its devices stay (gpu_up 0, from its last sample); the traceback is logged
             # once per distinct error, the count goes to errors_total{reason="exception"}.
             _close_quietly(backend)
-            self._count(backend.name, {ErrorReason.EXCEPTION: 1})
+            with self._lock:
+                self._states[backend.name] = hubstate.counted(self._states[backend.name],
+                                                              {ErrorReason.EXCEPTION: 1})
             self._set_down(backend.name, f"sample raised {e!r}", level="error", exc_info=True,
                            failing=True)
             self._finish(backend.name, changed=False)
             return None
         duration = time.perf_counter() - t0
         if logs.debug_enabled() and self._timing.allow(backend.name) is not None:
-            self._log_timing(backend.name, cycle, duration)
+            with self._lock:
+                gpus = self._gpus.numbers_of(cycle.devices)
+            hubstate.log_cycle(backend.name, cycle, duration, gpus)
         # The hooks are read here, on the backend's own thread, like sample() itself.
-        attribution = self._attribution.get(backend.name)
-        restarts = self._child_restarts.get(backend.name)
-        joins = self._joins.get(backend.name)
-        enricher = attribution() if attribution else None
-        self._accept(backend.name, cycle, duration, enricher, restarts() if restarts else None,
-                     joins() if joins else None)
+        self._accept(backend.name, cycle, duration, *self._hooks.after_cycle(backend.name))
         self._finish(backend.name, changed=True)
         return not cycle.devices or any(d.up for d in cycle.devices)
 
@@ -314,163 +280,43 @@ class Hub:
         if publish:
             self.publish()
 
-    # -- state changes ------------------------------------------------------------------
+    # -- state changes (exporter.hubstate says how, and logs) ---------------------------
     def _set_down(self, name: str, reason: str, level: str, exc_info: bool = False,
                   failing: bool = False) -> None:
         with self._lock:
             state = self._states[name]
-            if state.logged != reason:
-                getattr(log, level)("backend down", backend=name, reason=reason,
-                                    exc_info=exc_info)
-            new = replace(state, up=False, stale=False, reason=reason, attempted=True,
-                          logged=reason, failing=failing or state.failing)
-            self._states[name] = new
+            new = self._states[name] = hubstate.down(state, reason, level, exc_info, failing)
             self._check_attempted()
         # A backend that retries its open() every cycle (no card yet) changes nothing:
         # no new snapshot, so nothing to render.
         if new != state:
             self.publish()
 
-    def _recovered(self, name: str) -> None:
-        with self._lock:
-            state = self._states[name]
-            if state.failing:
-                log.info("backend recovered", backend=name, after=state.logged)
-                self._states[name] = replace(state, failing=False, logged="")
-
-    def _count(self, name: str, errors: Mapping[str, int]) -> None:
-        with self._lock:
-            state = self._states[name]
-            total = dict(state.errors_total)
-            for reason, n in errors.items():
-                total[reason] = total.get(reason, 0) + n
-            self._states[name] = replace(state, errors_total=total)
-
     def _accept(self, name: str, cycle: Cycle, duration: float, enricher: Enricher | None,
                 child_restarts: int | None, joins: JoinSource | None = None) -> None:
-        devices = cycle.devices
         sample = BackendSample(backend=name, timestamp=self.wall_clock(), duration_seconds=duration,
-                               devices=tuple(devices), errors=dict(cycle.errors))
+                               devices=tuple(cycle.devices), errors=dict(cycle.errors))
         with self._lock:
             state = self._states[name]
-            errors = dict(state.errors_total)
-            for reason, n in cycle.errors.items():
-                errors[reason] = errors.get(reason, 0) + n
-            buckets = tuple(c + (duration <= b)
-                            for c, b in zip(state.duration_buckets, DURATION_BUCKETS, strict=True))
-            if state.stale:
-                log.info("backend answering again", backend=name)
-            self._states[name] = replace(
-                state, last=sample, last_success=sample.timestamp, alive_at=self.clock.now(),
-                stale=False, errors_total=errors, duration_buckets=buckets,
-                duration_sum=state.duration_sum + duration, duration_count=state.duration_count + 1,
-                enricher=enricher, joins=joins, child_restarts=child_restarts,
-                reason=state.reason if not state.up else "")
-            for device in devices:
-                if not device.primary:
-                    continue  # an augmenting backend never makes a device of its own
-                self._register(device.info)
-                if not device.info.parent_key:
-                    self._remember(DeviceSample(info=device.info, source=device.source, up=False))
-            self._log_device_changes(state.last, sample)  # after _register: the gpu index
-
-    def _remember(self, gone: DeviceSample, replace_known: bool = True) -> None:
-        """What to report (up=False) for this device once no backend reports it."""
-        known = self._seen.get(gone.info.key)
-        if known is None or (replace_known and known.info != gone.info):
-            self._seen[gone.info.key] = gone
-            self._seen_view = MappingProxyType(dict(self._seen))
-
-    def _log_timing(self, name: str, cycle: Cycle, duration: float) -> None:
-        """``--log.level debug``: how long one cycle of a backend took, and per device
-        (the cycle divided by the devices it read), at most once a TIMING_INTERVAL."""
-        with self._lock:
-            gpus = sorted({str(self._gpu_index.get(d.info.parent_key or d.info.key, -1))
-                           for d in cycle.devices} - {"-1"}, key=int)
-        log.debug("backend cycle", backend=name, seconds=round(duration, 6), gpus=gpus,
-                  devices=len(cycle.devices),
-                  seconds_per_device=round(duration / max(len(cycle.devices), 1), 6))
-
-    def _log_device_changes(self, old: BackendSample | None, new: BackendSample) -> None:
-        """One line per device that appeared, was lost, came back or is gone, with the
-        ``gpu`` index its series carry (where numbered yet) beside its key."""
-        # Primary devices only, on both sides: an augmenting backend's (fdinfo) devices
-        # are not "gone" in every cycle.
-        def where(key: str) -> dict[str, object]:
-            index = self._gpu_index.get(key, -1)
-            return {"device": key, **({"gpu": str(index)} if index >= 0 else {})}
-
-        before = {d.info.key: d.up for d in old.devices if d.primary} if old else {}
-        after = set()
-        for d in new.devices:
-            if not d.primary:
-                continue
-            key = d.info.key
-            after.add(key)
-            was = before.get(key)
-            if was is None and old is not None:
-                log.info("gpu appeared", backend=new.backend, **where(key))
-            elif was is True and not d.up:
-                log.warning("gpu lost", backend=new.backend, **where(key))
-            elif was is False and d.up:
-                log.info("gpu back", backend=new.backend, **where(key))
-        for key in before.keys() - after:
-            log.warning("gpu gone", backend=new.backend, **where(key))
+            self._states[name] = hubstate.accepted(state, sample, self.clock.now(), enricher,
+                                                   joins, child_restarts)
+            self._gpus.accepted(cycle.devices)
+            self._gpus.log_changes(state.last, sample)  # after accepted: the gpu index
 
     def _check_attempted(self) -> None:
         if all(s.attempted for s in self._states.values()):
             self._all_attempted.set()
 
-    def _register(self, info: DeviceInfo) -> None:
-        """Give a device (not a slice: it carries its parent's index) its ``gpu`` index.
-
-        Before the first numbering, keys are only collected (-1); after it, a new key
-        gets the next index.
-        """
-        key = info.parent_key or info.key
-        if key in self._gpu_index:
-            return
-        self._gpu_index[key] = len(self._gpu_index) if self._numbered else -1
-
-    def _number_gpus(self) -> None:
-        """First numbering: every device known so far, ordered by key (PCI bus ids, then
-        synthetic keys such as ``soc0``). Later: append."""
-        if self._numbered:
-            return
-        self._gpu_index = {key: i for i, key in enumerate(sorted(self._gpu_index))}
-        self._numbered = True
-
-    # -- snapshots ----------------------------------------------------------------------
+    # -- watchdog and snapshots ---------------------------------------------------------
     def _watchdog(self) -> None:
         """Mark backends stale: wakes only when the next backend could go stale."""
         while True:
             now = self.clock.now()
-            changed = False
-            wake = float("inf")
             with self._lock:
-                for name, state in self._states.items():
-                    if not state.up or state.alive_at is None:
-                        continue
-                    limit = self._stale_after[name]
-                    age = now - state.alive_at
-                    stale = age > limit
-                    if not stale:
-                        wake = min(wake, state.alive_at + limit - now)
-                    if stale != state.stale:
-                        changed = True
-                        self._states[name] = replace(state, stale=stale)
-                        if stale:
-                            log.warning("backend stale: no completed collection",
-                                        backend=name, seconds=round(age, 1))
-                            for device in self._opened.get(name, ()):
-                                self._remember(device, replace_known=False)
+                changed, timeout = self._watch.look(self._states, self._gpus, now)
             if changed:
                 self.publish()
-            # Nothing to watch (every backend down or stale): look again after a stale
-            # period; a backend that comes up is watched from its next deadline on.
-            timeout = wake if wake != float("inf") else min(self._stale_after.values(),
-                                                            default=60.0)
-            if self.clock.wait(self._stop, max(timeout, 0.0) + 0.01):
+            if self.clock.wait(self._stop, timeout + 0.01):
                 return
 
     def _build(self) -> Snapshot:
@@ -479,12 +325,12 @@ class Hub:
         ``_lock``; the merge runs outside it (backend threads keep accepting samples)."""
         with self._lock:
             ready = all(s.attempted and (not s.up or s.last is not None or s.stale)
-                        for s in self._states.values()) and self._numbered
+                        for s in self._states.values()) and self._gpus.numbered
             self._generation += 1
             generation, created = self._generation, self.wall_clock()
             backends = tuple(self._states.values())
-            gpu_index = {k: v for k, v in self._gpu_index.items() if v >= 0}
-            seen, threads = self._seen_view, self._threads_by_backend
+            gpu_index = self._gpus.index()
+            seen, threads = self._gpus.seen, self._threads_by_backend
         view = merged_view(backends, seen, gpu_index, self.config.max_processes_per_gpu,
                            created, self.config.health_xid_window, self.energy, generation)
         return Snapshot(generation=generation, created=created, ready=ready,

@@ -20,8 +20,8 @@ import ssl
 import sys
 from collections.abc import Mapping, Sequence
 
-from exporter.cli import load_config
 from exporter.config import ConfigError, split_listen_address
+from exporter.flags import load_config
 
 PROBE_PATH = "/-/healthy"
 TIMEOUT_SECONDS = 4.0

@@ -217,7 +217,7 @@ class Reloader:
 
     def _config_changes(self, config: Config, changed: list[str], restart: list[str]) -> None:
         """Named as the user writes them: ``log.level``, ``collector.interval``."""
-        from exporter.cli import KEYS
+        from exporter.flags import KEYS
 
         key_of = {o.field: o.key for o in KEYS.values()}
         for f in dataclasses.fields(Config):

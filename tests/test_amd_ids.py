@@ -22,9 +22,9 @@ from exporter.backends.amd.ids import (
     parse_amdgpu_ids,
     parse_pci_ids,
 )
-from exporter.cli import load_config
 from exporter.config import Config
 from exporter.discovery import DrmDiscovery
+from exporter.flags import load_config
 from exporter.fs import SysFS
 
 FIXTURES = Path(__file__).parent / "fixtures"

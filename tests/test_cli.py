@@ -202,7 +202,7 @@ def test_nested_config_where_a_key_is_a_switch_and_a_prefix(tmp_path: Path) -> N
                       "  interval: 2s\n")
     result = run_cli("snapshot", "--config.file", str(config), *no_gpu_args(tmp_path))
     assert result.returncode == 0, result.stderr
-    from exporter.cli import load_config
+    from exporter.flags import load_config
 
     cfg = load_config(["--config.file", str(config)], {})
     assert (cfg.processes_interval, cfg.processes_budget, cfg.interval) == (3.0, 0.1, 2.0)
@@ -343,8 +343,8 @@ def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
 def test_the_daemon_stops_everything_it_started_discovery_included(tmp_path: Path) -> None:
     """17: nothing stopped DrmDiscovery's udev listener. The Daemon builds the backends,
     the Hub and the shared discovery, and stops them all."""
-    from exporter.cli import load_config
     from exporter.daemon import Daemon
+    from exporter.flags import load_config
 
     config = load_config(["--no-collector.nvidia", "--path.procfs", str(tmp_path)], {})
     daemon = Daemon(config)  # the real /sys: the discovery listens for udev events
@@ -385,7 +385,8 @@ def test_a_misspelt_flag_is_named_with_the_flag_meant(capsys: pytest.CaptureFixt
 def test_an_abbreviated_flag_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]
                                         ) -> None:
     """`--web.l :9500` listened on :9500: abbreviations change meaning as flags are added."""
-    from exporter.cli import build_parser, main
+    from exporter.cli import main
+    from exporter.flags import build_parser
 
     assert main(argv, {}) == 2
     assert f"unrecognized argument {next(a for a in argv if a.startswith('--'))}" \
@@ -395,7 +396,7 @@ def test_an_abbreviated_flag_is_refused(argv: list[str], capsys: pytest.CaptureF
 
 
 def test_a_value_that_starts_with_a_dash_after_a_flag_is_still_parsed() -> None:
-    from exporter.cli import load_config
+    from exporter.flags import load_config
 
     config = load_config(["--collector.interval=2s", "--web.listen-address", ":9500"], {})
     assert (config.interval, config.listen_addresses) == (2.0, (":9500",))
@@ -405,7 +406,8 @@ def test_a_value_that_starts_with_a_dash_after_a_flag_is_still_parsed() -> None:
 def test_a_path_that_does_not_exist_is_refused_at_start(
         key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A forgotten container mount started silently and looked like a machine without GPUs."""
-    from exporter.cli import env_name, main
+    from exporter.cli import main
+    from exporter.flags import env_name
 
     missing = tmp_path / "host" / key.split(".")[1]
     assert main([f"--{key}", str(missing)], {}) == 2

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import env_name, load_config
 from exporter.config import ConfigError, parse_duration, parse_listen_address
+from exporter.flags import env_name, load_config
 
 
 def test_defaults() -> None:

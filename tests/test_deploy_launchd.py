@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import load_config
 from exporter.config import ConfigError
+from exporter.flags import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PLIST = ROOT / "deploy" / "launchd" / "gpu-exporter.plist"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from exporter.backends.nvidia.backend import NvidiaBackend
-from exporter.cli import load_config
 from exporter.config import Config, ConfigError
+from exporter.flags import load_config
 from exporter.fs import ProcFS, SysFS
 from exporter.kubernetes.attribution import Attribution, index_grants
 from exporter.kubernetes.cdi import CdiRegistry, parse_spec

@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from exporter.backends.base import KERNEL, Cycle
-from exporter.cli import load_config
 from exporter.collector import Hub
 from exporter.config import Config
 from exporter.daemon import Daemon
+from exporter.flags import load_config
 from exporter.model import DeviceInfo
 from exporter.render import Renderer
 from exporter.server import build_app

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from exporter.cli import load_config
 from exporter.collector import Hub
 from exporter.config import Config
 from exporter.daemon import Daemon
 from exporter.fieldspec import Kind
+from exporter.flags import load_config
 from exporter.model import DeviceInfo, DeviceSample
 from exporter.render import RenderOptions, device_families
 from exporter.render.selection import Selection

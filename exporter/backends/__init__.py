@@ -4,7 +4,7 @@ Each row names a collector (``--collector.<key>`` / ``--no-collector.<key>``), i
 default (on, off, or auto), its help, the platforms it runs on, and either the
 factory of its backend or, for a sub-feature such as ``gpm``, the backend it belongs
 to (which says whether it can serve it: the ServesFeatures hook, backends.base).
-From this table come the switches and their help (exporter.cli), ``build_backends``
+From this table come the switches and their help (exporter.flags), ``build_backends``
 and the forced-on check (``forced_but_unavailable``); a new backend is one row here.
 
 ``build_backends`` returns every backend the Config does not switch off. A backend
