@@ -37,9 +37,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
-from exporter.model import DeviceSample, ProcessSample
+from exporter.model import DeviceSample, ProcessSample, copy_with
 
 SOURCE = "estimate"
 
@@ -203,8 +202,8 @@ class EnergySplit:
         if g is None or not d.up:
             return d
         processes = tuple(_with_energy(p, g.processes.get(p.pid)) for p in d.processes)
-        return _copy(d, idle_energy_joules=g.idle, processes=processes,
-                     field_sources={**d.field_sources, "idle_energy_joules": SOURCE})
+        return copy_with(d, idle_energy_joules=g.idle, processes=processes,
+                         field_sources={**d.field_sources, "idle_energy_joules": SOURCE})
 
 
 def _busy(state: _Process, p: ProcessSample, seconds: float) -> dict[str, float]:
@@ -224,18 +223,6 @@ def _busy(state: _Process, p: ProcessSample, seconds: float) -> dict[str, float]
 def _with_energy(p: ProcessSample, state: _Process | None) -> ProcessSample:
     if state is None or state.name != p.process:
         return p
-    return _copy(p, energy_joules=state.joules,
-                 field_sources={**p.field_sources, "energy_joules": SOURCE})
+    return copy_with(p, energy_joules=state.joules,
+                     field_sources={**p.field_sources, "energy_joules": SOURCE})
 
-
-T = TypeVar("T")
-
-
-def _copy(sample: T, **changes: Any) -> T:
-    """``dataclasses.replace`` without re-running ``__init__`` over every field (as
-    ``DeviceValues.overlay`` does): the samples keep nothing but their fields in
-    ``__dict__``. A third of the cost of a snapshot's split at 64 processes a GPU."""
-    new = object.__new__(type(sample))
-    new.__dict__.update(sample.__dict__)
-    new.__dict__.update(changes)
-    return new

@@ -39,7 +39,7 @@ import structlog
 
 from exporter.backends.base import Enricher
 from exporter.fieldspec import value_specs
-from exporter.model import DeviceInfo, DeviceSample, DeviceValues, ProcessSample
+from exporter.model import DeviceInfo, DeviceSample, DeviceValues, ProcessSample, copy_with
 
 log = structlog.get_logger(__name__)
 
@@ -169,13 +169,8 @@ def merge_processes(samples: Sequence[tuple[DeviceSample, Sequence[ProcessSample
         values, sources = _merge_values(views, PROCESS_VALUE_FIELDS, PROCESS_MAPPINGS,
                                          source_of, base)
         name = next((v.process for v in views if v.process), first.process)
-        # dataclasses.replace() without re-running __init__ (a third of a merge of 512
-        # processes): ProcessSample has no __post_init__ and keeps only its fields in
-        # __dict__, as DeviceValues.overlay relies on too (tests/test_model_overlay.py).
-        merged = object.__new__(ProcessSample)
-        merged.__dict__.update(first.__dict__)
-        merged.__dict__.update(values, process=name, source=base, field_sources=sources)
-        out.append(merged)
+        out.append(copy_with(first, **values, process=name, source=base,
+                             field_sources=sources))
     out.sort(key=lambda p: (-(p.memory_used_bytes or 0.0), p.pid))
     return tuple(out)
 
@@ -230,22 +225,12 @@ def _alone(view: View, d: DeviceSample) -> DeviceSample | None:
                     sources[(name, key)] = src
         elif (src := d.source_of(name)) != d.source:
             sources[name] = src
-    processes = tuple(sorted((p if p.source == base else _with(p, source=base)
+    processes = tuple(sorted((p if p.source == base else copy_with(p, source=base)
                               for p in d.processes),
                              key=lambda p: (-(p.memory_used_bytes or 0.0), p.pid)))
     if sources == d.field_sources and processes == d.processes:
         return d
-    merged: DeviceSample = _with(d, field_sources=sources, processes=processes)
-    return merged
-
-
-def _with(sample: Any, **changes: Any) -> Any:
-    """``dataclasses.replace`` without re-running ``__init__`` (these samples keep only
-    their fields in ``__dict__``: tests/test_model_overlay.py)."""
-    new = object.__new__(type(sample))
-    new.__dict__.update(sample.__dict__)
-    new.__dict__.update(changes)
-    return new
+    return copy_with(d, field_sources=sources, processes=processes)
 
 
 def merge(views: Sequence[View], seen: Mapping[str, DeviceSample]) -> list[DeviceSample]:

@@ -14,7 +14,14 @@ from types import MappingProxyType
 
 import pytest
 
-from exporter.model import DeviceInfo, DeviceSample, DeviceValues, ProcessSample, quick_init
+from exporter.model import (
+    DeviceInfo,
+    DeviceSample,
+    DeviceValues,
+    ProcessSample,
+    copy_with,
+    quick_init,
+)
 
 INFO = DeviceInfo(vendor="nvidia", pci_bus_id="0000:01:00.0", uuid="GPU-1", name="H100")
 
@@ -94,3 +101,16 @@ def test_the_quick_init_refuses_a_default_factory_of_fresh_objects() -> None:
 
     with pytest.raises(TypeError, match="fresh objects"):
         quick_init(Fresh)
+
+
+def test_copy_with_is_replace_without_init() -> None:
+    sample = DeviceSample(info=INFO, source="nvml", power_watts=1.0,
+                          clocks_hertz={"sm": 1.5e9},
+                          processes=(ProcessSample(pid=7, process="python"),))
+    process = sample.processes[0]
+    for original, changes in ((sample, {"power_watts": 2.0, "field_sources": {"x": "y"}}),
+                              (process, {"source": "nvml", "memory_used_bytes": 5.0})):
+        copied = copy_with(original, **changes)
+        assert copied == replace(original, **changes)  # type: ignore[arg-type]
+        assert list(vars(copied)) == list(vars(original))  # field order kept
+        assert copied is not original and vars(original) != vars(copied)

@@ -42,7 +42,7 @@ from exporter.kernel.amdgpu_gpu_metrics import (
     parse_gpu_metrics,
 )
 from exporter.merge import KEY_GROUPS
-from exporter.model import DeviceInfo, DeviceSample, pci_uuid
+from exporter.model import DeviceInfo, DeviceSample, copy_with, pci_uuid
 
 _HWMON_SENSORS = {"edge": "edge", "junction": "junction", "mem": "memory"}
 
@@ -226,11 +226,7 @@ def fill(files: DeviceSample, table: DeviceSample) -> DeviceSample:
             changes[name] = value
     for name in ("clocks_hertz", "engine_utilization_ratio"):
         changes[name] = dict(sorted(changes.get(name, getattr(files, name)).items()))
-    # dataclasses.replace() without re-running __init__ (as DeviceValues.overlay does).
-    out: DeviceSample = object.__new__(DeviceSample)
-    out.__dict__.update(files.__dict__)
-    out.__dict__.update(changes)
-    return out
+    return copy_with(files, **changes)
 
 
 def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
