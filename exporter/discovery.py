@@ -128,11 +128,14 @@ class ListingError(Exception):
     """``class/drm`` exists but cannot be listed now (EMFILE, ENOMEM, EIO, EACCES)."""
 
 
-def _drm_entries(sysfs: SysFS, drm: str | None = None) -> list[str]:
-    """The names in ``class/drm`` (``drm``: its path, where the caller has it): none
-    where it does not exist (no DRM at all, a fixture without cards); any other failure
-    raises ListingError, because an empty answer would read as "every card removed"."""
-    drm = drm or os.fspath(sysfs.path("class", "drm"))
+def _drm_dir(sysfs: SysFS) -> str:
+    return os.fspath(sysfs.path("class", "drm"))
+
+
+def _drm_entries(drm: str) -> list[str]:
+    """The names in ``drm`` (``class/drm``): none where it does not exist (no DRM at
+    all, a fixture without cards); any other failure raises ListingError, because an
+    empty answer would read as "every card removed"."""
     try:
         return os.listdir(drm)
     except (FileNotFoundError, NotADirectoryError):
@@ -141,15 +144,13 @@ def _drm_entries(sysfs: SysFS, drm: str | None = None) -> list[str]:
         raise ListingError(f"cannot list {drm}: {exc}") from exc
 
 
-def card_fingerprint(sysfs: SysFS, drm: str | None = None) -> Fingerprint:
-    """What identifies the current set of cards, read as cheaply as sysfs allows: every
-    backend asks each cycle, so ``drm`` (the path of ``class/drm``) can be given, as
-    DrmDiscovery does, instead of joined again each time.
+def card_fingerprint(drm: str) -> Fingerprint:
+    """What identifies the current set of cards under ``drm`` (the path of
+    ``class/drm``), read as cheaply as sysfs allows: every backend asks each cycle.
 
     Raises ListingError where ``class/drm`` cannot be listed now."""
-    drm = drm or os.fspath(sysfs.path("class", "drm"))
     out = []
-    for name in _drm_entries(sysfs, drm):
+    for name in _drm_entries(drm):
         if _CARD_RE.fullmatch(name):
             try:
                 target = os.readlink(f"{drm}/{name}")
@@ -163,7 +164,7 @@ def enumerate_cards(sysfs: SysFS) -> list[DrmCard]:
     """Every PCI DRM card under ``<root>/class/drm``, sorted by PCI bus id.
 
     Raises ListingError where ``class/drm`` cannot be listed now."""
-    entries = _drm_entries(sysfs)
+    entries = _drm_entries(_drm_dir(sysfs))
     cards = [c for e in entries if _CARD_RE.fullmatch(e) and (c := read_card(sysfs, e))]
     return sorted(cards, key=lambda c: (c.pci_bus_id, c.card))
 
@@ -178,7 +179,7 @@ class DrmDiscovery:
     def __init__(self, sysfs: SysFS, hotplug: bool) -> None:
         self.sysfs = sysfs
         self.hotplug = hotplug
-        self._drm = os.fspath(sysfs.path("class", "drm"))  # listed on every cards() call
+        self._drm = _drm_dir(sysfs)  # listed on every cards() call: joined once
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()  # one enumeration at a time (threads, events)
         self._cards: list[DrmCard] | None = None  # None: not enumerated yet
@@ -215,7 +216,7 @@ class DrmDiscovery:
 
     def _changed(self) -> bool:
         return self._cards is None or \
-            card_fingerprint(self.sysfs, self._drm) != self._fingerprint
+            card_fingerprint(self._drm) != self._fingerprint
 
     def rescan(self) -> None:
         """Re-enumerate now: what a udev add/remove event triggers."""
@@ -237,7 +238,7 @@ class DrmDiscovery:
 
     def _rescan(self) -> None:
         # Fingerprint first: a change while enumerating then shows on the next call.
-        fingerprint = card_fingerprint(self.sysfs, self._drm)
+        fingerprint = card_fingerprint(self._drm)
         found = enumerate_cards(self.sysfs)
         with self._lock:
             self._fingerprint = fingerprint
