@@ -241,7 +241,8 @@ def test_backends_sampling_together_publish_once_and_a_hung_one_is_not_waited_fo
     slow.block.clear()  # intel's sample is in the driver
     behind = threading.Thread(target=hub._sample, args=(slow, False))
     behind.start()
-    _until(lambda: "intel" in hub._sampling)
+    wait_for(lambda: "intel" in hub._sampling)
+    assert "intel" in hub._sampling  # intel is in its sample
     hub._sample(amd, slow=False)
     assert hub.snapshot.generation == first  # intel, of the same tick, publishes for both
     slow.block.set()
@@ -252,19 +253,13 @@ def test_backends_sampling_together_publish_once_and_a_hung_one_is_not_waited_fo
     slow.block.clear()  # intel hangs in the driver, past an interval
     behind = threading.Thread(target=hub._sample, args=(slow, False))
     behind.start()
-    _until(lambda: "intel" in hub._sampling)
+    wait_for(lambda: "intel" in hub._sampling)
+    assert "intel" in hub._sampling
     clock.t += 1.5
     hub._sample(amd, slow=False)
     assert hub.snapshot.generation == first + 2  # not waited for
     slow.block.set()
     behind.join(5)
-
-
-def _until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def test_a_lost_gpu_is_logged_once_when_lost_and_once_when_back() -> None:
