@@ -25,7 +25,6 @@ window, read once a second. Both processes start from the same Python.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from daemon_cost import TICK, cpu_ticks, rss_mib, scrape  # noqa: E402
+from daemon_cost import TICK, cpu_ticks, rss_mib, schedstat, scrape  # noqa: E402
 from scrape_latency import start_daemon  # noqa: E402
 
 NVITOP = "{py} -m nvitop_exporter --bind-address 127.0.0.1 --port {{port}} --interval 1.0"
@@ -70,14 +69,7 @@ class Window:
 
 
 def schedstat_ns(pid: int) -> int:
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass  # the thread exited between listdir and open
-    return total
+    return sum(ns for _, ns, _ in schedstat(pid).values())
 
 
 def window(pid: int, port: int, seconds: float, scrape_every: float) -> Window:

@@ -49,6 +49,22 @@ def status_mib(pid: int, keys: tuple[str, ...] = ("VmRSS",)) -> dict[str, float]
     return out
 
 
+def schedstat(pid: int) -> dict[str, tuple[str, int, int]]:
+    """Per live thread (tid): its name, its time on CPU in nanoseconds and how many times
+    it was switched in (/proc/<pid>/task/*/schedstat: finer than utime+stime's ticks)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+            out[tid] = (name, int(fields[0]), int(fields[2]))
+        except (OSError, ValueError, IndexError):
+            pass  # the thread exited between listdir and open
+    return out
+
+
 def rss_mib(pid: int) -> float:
     return status_mib(pid).get("VmRSS", 0.0)
 

@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 import scrape_latency  # noqa: E402
+from daemon_cost import schedstat  # noqa: E402
 from scrape_latency import SHIM, fake_nvml_file, start_daemon  # noqa: E402
 
 
@@ -48,7 +49,7 @@ def in_process(args: argparse.Namespace) -> None:
     if not args.real:
         sys.path.insert(0, str(SHIM))
         os.environ["FAKE_NVML_JSON"] = str(fake_nvml_file(args.gpus, 2, Path(tempfile.mkdtemp())))
-    from exporter.cli import load_config
+    from exporter.flags import load_config
     from exporter.daemon import Daemon
     from exporter.history import fan_out
     from exporter.render import Renderer
@@ -60,12 +61,7 @@ def in_process(args: argparse.Namespace) -> None:
     daemon.renderer = Renderer(lead=config.interval, options=daemon.render_options())
     hub.listener = fan_out(daemon.renderer.submit, daemon.history.add)
     nvidia = next(b for b in daemon.backends if b.name == "nvidia")
-    for backend in daemon.backends:
-        hub._open(backend)
-    with hub._lock:
-        hub._number_gpus()
-    for backend in daemon.backends:
-        hub._sample(backend, True)
+    hub.collect_once()  # every backend opened and sampled, the GPUs numbered
     try:
         for label, gap, n in (("back to back", 0.0, args.cycles), ("100 ms apart", 0.1, 100)):
             sample = median_us(lambda: nvidia.sample(False), n, gap)
@@ -76,20 +72,6 @@ def in_process(args: argparse.Namespace) -> None:
                   f"alone {publish:.0f} us", flush=True)
     finally:
         daemon.stop(timeout=0)
-
-
-def schedstat(pid: int) -> dict[str, tuple[str, int, int]]:
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                fields = f.read().split()
-            out[tid] = (name, int(fields[0]), int(fields[2]))
-        except (OSError, ValueError, IndexError):
-            pass  # the thread exited meanwhile
-    return out
 
 
 def per_thread(args: argparse.Namespace) -> None:
