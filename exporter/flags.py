@@ -265,11 +265,47 @@ def read_config_file(path: str, origin: str) -> dict[str, Any]:
 ENV_PREFIX = "GPU_EXPORTER_"
 
 
+# The variables a kubelet gives every container for every Service of its namespace
+# (kubernetes pkg/kubelet/envvars/envvars.go, FromServices: the Service name upper-cased
+# with "-" as "_", then SERVICE_HOST, SERVICE_PORT, SERVICE_PORT_<port name>, and the
+# Docker-link set PORT, PORT_<port>_<PROTO>, ..._PROTO, ..._PORT, ..._ADDR), and the
+# legacy Docker links (<ALIAS>_NAME, <ALIAS>_ENV_<VAR>). A Service named like ours (the
+# chart's and the manifests' own) gives GPU_EXPORTER_SERVICE_HOST, GPU_EXPORTER_PORT, ...
+# These name no flag: they are told apart by their shape, name and value together.
+_IP = r"(?:[0-9.]+|\[?[0-9A-Fa-f:.]+\]?)"
+_PROTOCOL = r"(?:tcp|udp|sctp)"
+_LINK_SHAPES = (
+    (re.compile(r"_SERVICE_HOST"), re.compile(_IP)),
+    (re.compile(r"_SERVICE_PORT(?:_[A-Z0-9_]+)?"), re.compile(r"[0-9]{1,5}")),
+    (re.compile(r"_PORT"), re.compile(rf"{_PROTOCOL}://{_IP}:[0-9]{{1,5}}")),
+    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)"),
+     re.compile(rf"{_PROTOCOL}://{_IP}:[0-9]{{1,5}}")),
+    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_PROTO"), re.compile(_PROTOCOL)),
+    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_PORT"), re.compile(r"[0-9]{1,5}")),
+    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_ADDR"), re.compile(_IP)),
+    (re.compile(r"_NAME"), re.compile(r"/.*")),
+    (re.compile(r"_ENV_[A-Za-z0-9_]+"), re.compile(r".*", re.DOTALL)),
+)
+
+
+def is_service_link(name: str, value: str) -> bool:
+    """Whether ``name=value`` is a variable the kubelet or Docker sets for a Service or a
+    linked container (never a flag: no flag's variable has these shapes)."""
+    for suffix, shape in _LINK_SHAPES:
+        match = re.fullmatch(rf"[A-Z0-9_]*?({suffix.pattern})", name)
+        if match and match.start(1) > 0 and shape.fullmatch(value):
+            return True
+    return False
+
+
 def _check_environment(environ: Mapping[str, str]) -> None:
-    """A ``GPU_EXPORTER_*`` variable that names no key is a typo: an error, as in the file."""
+    """A ``GPU_EXPORTER_*`` variable that names no key is a typo: an error, as in the file.
+    The kubelet's Service-link variables (``is_service_link``) are not typos: skipped."""
     known = {env_name(key) for key in (*KEYS, *COLLECTOR_KEYS, "config.file")}
     for name in sorted(environ):
         if name.startswith(ENV_PREFIX) and name not in known:
+            if is_service_link(name, environ[name]):
+                continue
             switch = ENV_PREFIX + name.removeprefix(ENV_PREFIX + "NO_")
             if name.startswith(ENV_PREFIX + "NO_") and switch in known:
                 # --no-collector.x is a command-line form only: a variable holds a value.

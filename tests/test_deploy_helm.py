@@ -354,6 +354,15 @@ def test_node_name_comes_from_the_downward_api(toggle: str) -> None:
         "fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
+@pytest.mark.parametrize("toggle", sorted(TOGGLES))
+def test_service_links_are_off(toggle: str) -> None:
+    """The kubelet would put *_SERVICE_HOST/*_PORT variables of every Service of the
+    namespace into the pod (tests/test_service_links.py); the exporter needs none."""
+    pods = [doc["spec"]["template"]["spec"] for doc in render(TOGGLES[toggle])
+            if doc["kind"] == "DaemonSet"]
+    assert pods and all(pod["enableServiceLinks"] is False for pod in pods)
+
+
 def test_image_is_one_the_user_builds() -> None:
     # No public registry: a local tag loaded into the nodes, or the user's registry.
     with Chart.load(CHART) as chart:

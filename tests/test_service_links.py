@@ -1,0 +1,135 @@
+"""The environment a kubelet gives the pod: Service-link variables are not flags.
+
+``kubelet_service_env`` models the kubelet's ``FromServices`` (kubernetes
+``pkg/kubelet/envvars/envvars.go``): for every Service of the pod's namespace with a
+cluster IP, ``<NAME>_SERVICE_HOST``, ``<NAME>_SERVICE_PORT`` (the first port),
+``<NAME>_SERVICE_PORT_<PORT NAME>`` for every named port, and the Docker-link set
+(``makeLinkVariables``): ``<NAME>_PORT`` for the first port, then per port
+``<NAME>_PORT_<port>_<PROTO>`` and its ``_PROTO``, ``_PORT``, ``_ADDR``; the name is the
+Service's upper-cased with ``-`` as ``_``, the protocol defaults to TCP, host and port are
+joined as Go's ``net.JoinHostPort`` does (IPv6 in brackets). The shipped chart and
+manifests create a Service named ``gpu-exporter`` beside the pod, so every pod of theirs
+gets ``GPU_EXPORTER_PORT=tcp://...``: before this, every such pod exited with status 2.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from exporter.flags import COLLECTOR_KEYS, KEYS, env_name, is_service_link, load_config
+from tests.daemon import running, values_of
+from tests.test_cli import cli, one_line_error
+
+Port = tuple[int, str, str]  # (port, name, protocol); name "" only for a lone first port
+
+
+def _var(name: str) -> str:
+    return name.upper().replace("-", "_")
+
+
+def _join_host_port(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def kubelet_service_env(service: str, cluster_ip: str, ports: Sequence[Port]) -> dict[str, str]:
+    """The variables the kubelet writes for one Service (envvars.go, FromServices)."""
+    env: dict[str, str] = {}
+    prefix = _var(service)
+    env[prefix + "_SERVICE_HOST"] = cluster_ip
+    env[prefix + "_SERVICE_PORT"] = str(ports[0][0])
+    for port, name, _ in ports:
+        if name:
+            env[f"{prefix}_SERVICE_PORT_{_var(name)}"] = str(port)
+    for i, (port, _, protocol) in enumerate(ports):
+        proto = (protocol or "TCP").lower()
+        url = f"{proto}://{_join_host_port(cluster_ip, port)}"
+        if i == 0:
+            env[prefix + "_PORT"] = url
+        port_prefix = f"{prefix}_PORT_{port}_{proto.upper()}"
+        env[port_prefix] = url
+        env[port_prefix + "_PROTO"] = proto
+        env[port_prefix + "_PORT"] = str(port)
+        env[port_prefix + "_ADDR"] = cluster_ip
+    return env
+
+
+SERVICES = [
+    ("gpu-exporter", "10.96.0.10", [(9445, "metrics", "TCP")]),  # the chart's and manifests'
+    ("gpu-exporter", "fd00:10:96::a", [(9445, "metrics", "TCP")]),  # an IPv6 cluster
+    ("gpu-exporter", "10.96.0.11", [(9445, "", "TCP")]),  # one unnamed port
+    ("gpu-exporter-metrics", "10.96.0.12", [(80, "http-metrics", "TCP"), (53, "dns", "UDP"),
+                                            (9, "sctp-x", "SCTP")]),
+    ("gpu-exporter-port", "10.96.0.13", [(9445, "port", "TCP")]),
+    ("gpu-exporter-service", "10.96.0.14", [(443, "https", "TCP")]),
+    ("gpu-exporter-collector-interval", "10.96.0.15", [(1, "interval", "TCP")]),
+]
+
+
+def test_the_model_gives_what_the_kubelet_documents_for_redis_master() -> None:
+    """The example of the Kubernetes docs ("Discovering services"), to the variable."""
+    assert kubelet_service_env("redis-master", "10.0.0.11", [(6379, "", "TCP")]) == {
+        "REDIS_MASTER_SERVICE_HOST": "10.0.0.11",
+        "REDIS_MASTER_SERVICE_PORT": "6379",
+        "REDIS_MASTER_PORT": "tcp://10.0.0.11:6379",
+        "REDIS_MASTER_PORT_6379_TCP": "tcp://10.0.0.11:6379",
+        "REDIS_MASTER_PORT_6379_TCP_PROTO": "tcp",
+        "REDIS_MASTER_PORT_6379_TCP_PORT": "6379",
+        "REDIS_MASTER_PORT_6379_TCP_ADDR": "10.0.0.11",
+    }
+
+
+@pytest.mark.parametrize(("service", "ip", "ports"), SERVICES)
+def test_service_link_variables_of_any_service_are_not_flags(
+        service: str, ip: str, ports: list[Port]) -> None:
+    env = kubelet_service_env(service, ip, ports)
+    assert any(name.startswith("GPU_EXPORTER_") for name in env)
+    config = load_config([], {**env, "GPU_EXPORTER_COLLECTOR_INTERVAL": "2s"})
+    assert config.interval == 2.0  # a real variable beside them still counts
+    assert config.listen_addresses == (":9445",)  # and theirs set nothing
+
+
+@pytest.mark.parametrize(("service", "ip", "ports"), SERVICES[:1])
+def test_a_typo_beside_the_service_links_still_exits_2_with_one_line(
+        service: str, ip: str, ports: list[Port]) -> None:
+    env = kubelet_service_env(service, ip, ports)
+    one_line_error(cli(env={**env, "GPU_EXPORTER_COLECTOR_INTERVAL": "2s"}),
+                   "GPU_EXPORTER_COLECTOR_INTERVAL: unknown variable")
+    assert cli("--version", env=env).returncode == 0
+
+
+def test_no_flag_variable_has_a_service_link_shape() -> None:
+    """The rule cannot swallow a flag: no flag's variable looks like a link variable, for
+    any value (the shapes are tried with a value of every kind a link variable has)."""
+    values = ["10.0.0.1", "9445", "tcp://10.0.0.1:9445", "tcp", "/a/b", "x"]
+    for key in (*KEYS, *COLLECTOR_KEYS, "config.file"):
+        name = env_name(key)
+        assert not any(is_service_link(name, v) for v in values[:5]), name
+        assert not re.search(r"_(SERVICE_HOST|SERVICE_PORT|PORT|NAME|ENV)(_|$)", name), name
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("GPU_EXPORTER_PORT", "9445"),  # a port variable holds a URL, never a bare number
+    ("GPU_EXPORTER_SERVICE_HOST", "my host"),
+    ("GPU_EXPORTER_PORT_9445_TCP_PROTO", "http"),
+    ("GPU_EXPORTER_SERVICE_PORT_METRICS", "tcp://10.0.0.1:1"),
+    ("GPU_EXPORTER_PORT_9445_TCP_ADDR", "localhost"),
+])
+def test_a_variable_with_a_link_name_but_another_value_is_still_an_error(
+        name: str, value: str) -> None:
+    one_line_error(cli(env={name: value}), f"{name}: unknown variable")
+
+
+@pytest.mark.slow
+def test_the_daemon_starts_and_serves_under_the_kubelets_variables(tmp_path: Path) -> None:
+    """The whole environment of the chart's pod (every Service above at once): it serves."""
+    env: dict[str, str] = {}
+    for service, ip, ports in SERVICES[:1] + SERVICES[3:]:
+        env.update(kubelet_service_env(service, ip, ports))
+    env.update(kubelet_service_env("kubernetes", "10.96.0.1", [(443, "https", "TCP")]))
+    no_gpu = ["--path.sysfs", str(tmp_path), "--path.procfs", str(tmp_path)]
+    with running(no_gpu, tmp_path, env=env) as daemon:
+        assert values_of(daemon.get().text, "gpu_exporter_up") == [1.0]
