@@ -68,6 +68,6 @@ EXPOSE 9445
 # (command line read from /proc/1/cmdline, GPU_EXPORTER_* environment, --config.file);
 # HTTPS when its web config has TLS. The probe paths are exempt from basic auth.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15s --retries=3 \
-  CMD ["python", "-m", "exporter.healthcheck"]
+  CMD ["python", "-m", "exporter.app.healthcheck"]
 
 ENTRYPOINT ["gpu-exporter"]

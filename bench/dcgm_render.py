@@ -20,8 +20,8 @@ from prometheus_client.registry import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.dcgm import dcgm_families  # noqa: E402
-from exporter.model import Allocation, DeviceInfo, DeviceSample, PodRef  # noqa: E402
+from exporter.core.model import Allocation, DeviceInfo, DeviceSample, PodRef  # noqa: E402
+from exporter.output.dcgm import dcgm_families  # noqa: E402
 
 MIB = 1 << 20
 

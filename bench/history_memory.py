@@ -1,4 +1,4 @@
-"""Memory of the landing page's ring buffer (exporter.history), full, per GPU and sample.
+"""Memory of the landing page's ring buffer (exporter.serve.history), full, per GPU and sample.
 
     python bench/history_memory.py [--gpus 8] [--processes 8] [--window 900] [--interval 1]
                                    [--n 5]
@@ -26,8 +26,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from exporter.history import History  # noqa: E402
-from exporter.model import ProcessSample  # noqa: E402
+from exporter.core.model import ProcessSample  # noqa: E402
+from exporter.serve.history import History  # noqa: E402
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
 
     class Snap:
         ready = True
-        backends = health = ()  # the page's tables (exporter.history.current): none here
+        backends = health = ()  # the page's tables (exporter.serve.history.current): none here
         devices = tuple((str(i), dataclasses.replace(sample(i, 0), processes=processes))
                         for i in range(args.gpus))
 

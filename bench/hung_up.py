@@ -6,7 +6,7 @@
     ``--gpus`` GPUs (8 processes each) and its landing-page history already holding
     900 samples per GPU (``--web.history 15m`` at 1 s: the bench's runner fills the
     ring from the first snapshot, otherwise the daemon is run as ``python -m
-    exporter.cli``). ``--requests`` connections each send ``GET /`` and reset after
+    exporter.app.cli``). ``--requests`` connections each send ``GET /`` and reset after
     5 ms (8 at a time), while a scraper asks for ``/metrics`` every 0.25 s on a new
     connection for ``--watch`` seconds: its latency p50/p99/max and the age of the data
     it gets (now minus ``gpu_exporter_last_collection_timestamp_seconds``), median and
@@ -42,7 +42,7 @@ from scrape_latency import FAKE_ONLY, fake_env, percentile, stop  # noqa: E402
 # The daemon, with the history's ring filled from its first complete snapshot.
 RUNNER = """
 import os, runpy, sys, time
-from exporter import history
+from exporter.serve import history
 _add = history.History.add
 def add(self, snapshot, now=None):
     if not getattr(self, "_bench_filled", False) and snapshot.ready:
@@ -53,8 +53,8 @@ def add(self, snapshot, now=None):
         print("history filled", self.capacity, time.time() - t, flush=True)
     return _add(self, snapshot, now)
 history.History.add = add
-sys.argv = ["exporter.cli", *sys.argv[1:]]
-runpy.run_module("exporter.cli", run_name="__main__", alter_sys=True)
+sys.argv = ["exporter.app.cli", *sys.argv[1:]]
+runpy.run_module("exporter.app.cli", run_name="__main__", alter_sys=True)
 """
 LAST = re.compile(rb"^gpu_exporter_last_collection_timestamp_seconds\{[^}]*\} (\S+)$", re.M)
 

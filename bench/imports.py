@@ -4,7 +4,7 @@
     python bench/imports.py --costs      # what each optional feature's imports cost
     python bench/imports.py --machines   # the daemon's RSS on no-GPU and fixture machines
 
-Runs ``exporter.cli.main`` exactly as ``python -m exporter.cli`` does (main thread,
+Runs ``exporter.app.cli.main`` exactly as ``python -m exporter.app.cli`` does (main thread,
 uvicorn serving, every collector at its default: amd, intel, fdinfo and pmu find no
 card and retry), with the fake NVML on the nvidia-h100x2 fixture machine (``--real``:
 the machine's NVML and /sys). A watcher thread in the same process waits for
@@ -72,23 +72,24 @@ def watch():
     finally:  # no file written: probe() shows the daemon's log
         os.kill(os.getpid(), signal.SIGTERM)
 threading.Thread(target=watch, name="probe", daemon=True).start()
-from exporter.cli import main
+from exporter.app.cli import main
 sys.argv = ["gpu-exporter", *sys.argv[3:]]
 sys.exit(main())
 """
 
 
 # What every running daemon imports before any optional feature.
-DAEMON_BASE = ("exporter.cli", "exporter.daemon", "exporter.server", "exporter.collector",
-               "exporter.render.exposition", "uvicorn.server", "starlette.applications",
+DAEMON_BASE = ("exporter.app.cli", "exporter.app.daemon", "exporter.serve.server",
+               "exporter.collect.hub",
+               "exporter.output.render.exposition", "uvicorn.server", "starlette.applications",
                "prometheus_client", "structlog", "pynvml")
 # feature -> the modules the exporter imports when it is configured.
 FEATURES = {
-    "Kubernetes (gRPC, protobuf)": ("exporter.kubernetes.backend", "grpc",
-                                    "exporter.kubernetes.proto.podresources_pb2_grpc"),
+    "Kubernetes (gRPC, protobuf)": ("exporter.collect.kubernetes.backend", "grpc",
+                                    "exporter.collect.kubernetes.proto.podresources_pb2_grpc"),
     "config file / web config (PyYAML)": ("yaml",),
     "basic auth (bcrypt)": ("bcrypt",),
-    "OTLP push (OpenTelemetry SDK, HTTP exporter)": ("exporter.otlp",),
+    "OTLP push (OpenTelemetry SDK, HTTP exporter)": ("exporter.output.otlp",),
     "rich (the top command only)": ("rich.console", "rich.live", "rich.table"),
 }
 COST_PROBE = """
@@ -96,7 +97,7 @@ import importlib, json, sys
 def rss():
     return [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS:")][0]
 base, feature = sys.argv[1].split(","), sys.argv[2].split(",")
-sys.modules["rich"] = None  # as exporter.cli.main does: structlog would import it
+sys.modules["rich"] = None  # as exporter.app.cli.main does: structlog would import it
 for m in base:
     importlib.import_module(m)
 del sys.modules["rich"]

@@ -38,13 +38,15 @@ STAGES = (
     ("+ structlog", "import structlog"),
     ("+ pynvml", "import pynvml"),
     ("+ the exporter (cli, daemon, collector, render, server)",
-     "import exporter.cli, exporter.daemon, exporter.collector, exporter.render, exporter.server"),
+     "import exporter.app.cli, exporter.app.daemon, exporter.collect.hub, "
+     "exporter.output.render, exporter.serve.server"),
     ("+ backends (nvidia, amd, intel, fdinfo)",
-     "import exporter.backends.nvidia.backend, exporter.backends.amd.backend, "
-     "exporter.backends.intel.backend, exporter.backends.fdinfo.backend"),
+     "import exporter.collect.backends.nvidia.backend, exporter.collect.backends.amd.backend, "
+     "exporter.collect.backends.intel.backend, exporter.collect.backends.fdinfo.backend"),
     ("+ pyudev", "import pyudev; pyudev.Context()"),
     ("+ yaml, bcrypt (only with --config.file / basic auth)", "import yaml, bcrypt"),
-    ("+ grpc and the kubernetes stubs (only in a cluster)", "import exporter.kubernetes.rpc"),
+    ("+ grpc and the kubernetes stubs (only in a cluster)",
+     "import exporter.collect.kubernetes.rpc"),
 )
 
 

@@ -6,7 +6,7 @@
 Prints one row per call: median and p90 wall time and median thread CPU time in
 microseconds over N calls (calls that take over a millisecond are repeated fewer
 times), and whether the call answered or raised (e.g. NotSupported). The fast/slow
-tier split in exporter/backends/nvidia/backend.py is decided from this table.
+tier split in exporter/collect/backends/nvidia/backend.py is decided from this table.
 
 ``--batch`` compares field values asked one call per field with the same fields in
 one ``nvmlDeviceGetFieldValues`` call (the fast-tier set, MEASURED.md's three-field
@@ -154,8 +154,8 @@ def batch_rows(n: Any, h: Any, runs: int) -> list[tuple[str, float, float, float
 
 def cycle_rows(runs: int) -> list[tuple[str, float, float, float, str]]:
     """Whole backend cycles through the exporter's code (all GPUs, per cycle)."""
-    from exporter.backends.nvidia.backend import NvidiaBackend
-    from exporter.config import Config
+    from exporter.collect.backends.nvidia.backend import NvidiaBackend
+    from exporter.core.config import Config
 
     backend = NvidiaBackend(Config())
     gpus = len(backend.open())
@@ -169,7 +169,7 @@ def cycle_rows(runs: int) -> list[tuple[str, float, float, float, str]]:
 
 
 def gpm_rows(nvml: Any, h: Any, n: int) -> list[tuple[str, float, float, str]]:
-    from exporter.backends.nvidia.gpm import GpmSampler
+    from exporter.collect.backends.nvidia.gpm import GpmSampler
 
     try:
         sampler = GpmSampler(nvml, h)
@@ -245,8 +245,8 @@ def main() -> None:
 
 
 def probe() -> None:
-    from exporter.backends.nvidia.backend import NvidiaBackend
-    from exporter.config import Config
+    from exporter.collect.backends.nvidia.backend import NvidiaBackend
+    from exporter.core.config import Config
 
     backend = NvidiaBackend(Config())
     infos = backend.open()

@@ -3,8 +3,8 @@ per push next to one /metrics render of the same snapshot.
 
     python bench/otlp_cost.py [--machine nvidia-h100x2] [--n 200] [--rounds 3]
 
-RSS: fresh interpreters import what the daemon imports (exporter.cli, .collector,
-.render, .server), without and then with exporter.otlp (the OpenTelemetry SDK and the
+RSS: fresh interpreters import what the daemon imports (exporter.app.cli, .collector,
+.render, .server), without and then with exporter.output.otlp (the OpenTelemetry SDK and the
 OTLP/HTTP exporter); VmRSS is read from /proc/self/status, median of ``--rounds``.
 CPU: one fixture machine (the fake NVML of tests/fakes reads its nvml.json) is collected
 once; then, ``--n`` times, the push thread's work on that snapshot is timed with
@@ -30,8 +30,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 SHIM = REPO / "tests" / "fakes" / "pynvml_shim"
-DAEMON_IMPORTS = ("import exporter.cli, exporter.daemon, exporter.collector, exporter.render, "
-                  "exporter.server")
+DAEMON_IMPORTS = ("import exporter.app.cli, exporter.app.daemon, exporter.collect.hub, "
+                  "exporter.output.render, "
+                  "exporter.serve.server")
 READ_RSS = ("print(next(int(l.split()[1]) for l in open('/proc/self/status') "
             "if l.startswith('VmRSS')) / 1024)")
 
@@ -59,9 +60,9 @@ class _Ok(BaseHTTPRequestHandler):
 def snapshot_of(machine: str) -> Any:
     sys.path[:0] = [str(SHIM), str(REPO)]
     os.environ["FAKE_NVML_JSON"] = str(FIXTURES / machine / "nvml.json")
-    from exporter.backends import build_backends
-    from exporter.collector import Hub
-    from exporter.config import Config
+    from exporter.collect.hub import Hub
+    from exporter.collect.registry import build_backends
+    from exporter.core.config import Config
 
     proc = FIXTURES / machine / "proc"
     config = Config(sysfs=str(FIXTURES / machine / "sys"),
@@ -89,16 +90,16 @@ def main() -> None:
     args = ap.parse_args()
 
     without = rss_mib("", args.rounds)
-    with_sdk = rss_mib("\nimport exporter.otlp", args.rounds)
+    with_sdk = rss_mib("\nimport exporter.output.otlp", args.rounds)
     print(f"RSS after the daemon's imports: {without:.1f} MiB without the SDK, "
-          f"{with_sdk:.1f} MiB with exporter.otlp: +{with_sdk - without:.1f} MiB "
+          f"{with_sdk:.1f} MiB with exporter.output.otlp: +{with_sdk - without:.1f} MiB "
           f"(x{with_sdk / without:.2f})")
 
     config, hub, snapshot = snapshot_of(args.machine)
     from dataclasses import replace
 
-    from exporter.otlp import Pusher
-    from exporter.render import Renderer, RenderOptions
+    from exporter.output.otlp import Pusher
+    from exporter.output.render import Renderer, RenderOptions
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -49,10 +49,10 @@ def in_process(args: argparse.Namespace) -> None:
     if not args.real:
         sys.path.insert(0, str(SHIM))
         os.environ["FAKE_NVML_JSON"] = str(fake_nvml_file(args.gpus, 2, Path(tempfile.mkdtemp())))
-    from exporter.flags import load_config
-    from exporter.daemon import Daemon
-    from exporter.history import fan_out
-    from exporter.render import Renderer
+    from exporter.app.daemon import Daemon
+    from exporter.app.flags import load_config
+    from exporter.output.render import Renderer
+    from exporter.serve.history import fan_out
 
     config = load_config(["--no-collector.amd", "--no-collector.intel",
                           "--collector.interval", args.interval], {})

@@ -26,8 +26,8 @@ HERE = Path(__file__).resolve().parent
 def medians(repo: Path, gpus: int, processes: int, n: int) -> dict[str, float]:
     sys.path.insert(0, str(repo))
     sys.path.insert(0, str(HERE))
-    render: Any = importlib.import_module("exporter.render")
-    model: Any = importlib.import_module("exporter.model")
+    render: Any = importlib.import_module("exporter.output.render")
+    model: Any = importlib.import_module("exporter.core.model")
     from dcgm_render import sample  # type: ignore[import-not-found]
 
     devices = []
@@ -45,7 +45,7 @@ def medians(repo: Path, gpus: int, processes: int, n: int) -> dict[str, float]:
 
     snap = Snap()
     snap.devices = tuple(devices)  # type: ignore[attr-defined]
-    health = importlib.import_module("exporter.health")
+    health = importlib.import_module("exporter.collect.health")
     if hasattr(health, "verdicts"):  # per-GPU health families, where the checkout has them
         snap.health = health.verdicts(snap.devices, time.time())  # type: ignore[attr-defined]
     out = {}

@@ -8,7 +8,7 @@ A snapshot of ``--gpus`` H100 samples (bench/dcgm_render.py's, with a power limi
 PCIe link and thresholds added) with ``--processes`` processes each in pods, and a
 History full to its capacity (``--window`` / ``--interval`` samples per GPU, values that
 change from sample to sample). CPU times of this thread, as medians of ``--n`` runs:
-- the page: ``exporter.landing.page`` (what ``/`` renders on the renderer's thread);
+- the page: ``exporter.serve.landing.page`` (what ``/`` renders on the renderer's thread);
 - the history JSON, full (a page's first poll) and incremental (``?since=``, every poll
   after), ``History.as_json`` plus ``json.dumps`` as ``/api/v1/history`` does;
 - one top frame: merging a history reply and drawing the screen with rich into a
@@ -34,10 +34,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from exporter import health, landing  # noqa: E402
-from exporter.history import History  # noqa: E402
-from exporter.model import ProcessSample  # noqa: E402
-from exporter.state import BackendState  # noqa: E402
+from exporter.collect import health  # noqa: E402
+from exporter.collect.state import BackendState  # noqa: E402
+from exporter.core.model import ProcessSample  # noqa: E402
+from exporter.serve import landing  # noqa: E402
+from exporter.serve.history import History  # noqa: E402
 
 MINIMA: dict[str, float] = {}
 
@@ -124,7 +125,7 @@ def main() -> None:
     try:
         from rich.console import Console
 
-        from exporter import top
+        from exporter.client import top
     except ImportError:
         print("top frame                 (skipped: pip install 'gpu-exporter[top]')")
         return

@@ -2,7 +2,7 @@
 
     python bench/scrape_latency.py [--n 1000] [--real] [--interval 1s]
 
-Starts ``python -m exporter.cli`` on a free 127.0.0.1 port, with the fake NVML
+Starts ``python -m exporter.app.cli`` on a free 127.0.0.1 port, with the fake NVML
 generating 8 GPUs x 64 processes (``--real``: the machine's NVML), waits for
 ``/-/ready``, then scrapes ``/metrics`` N times per format over ONE keep-alive
 connection (http.client) and times each request from send to the last body byte.
@@ -43,7 +43,7 @@ FORMATS: dict[str, dict[str, str]] = {
 }
 # Python < 3.14 does not give threads an OS name; name them (prctl PR_SET_NAME) so
 # /proc/<pid>/task/<tid>/comm says collector-nvidi, renderer, ... The daemon is
-# otherwise run exactly as ``python -m exporter.cli``.
+# otherwise run exactly as ``python -m exporter.app.cli``.
 NAMED_THREADS_MAIN = """
 import ctypes, runpy, sys, threading
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -52,8 +52,8 @@ def _named(self):
     _libc.prctl(15, self.name.encode()[:15], 0, 0, 0)
     _inner(self)
 threading.Thread._bootstrap_inner = _named
-sys.argv = ["exporter.cli", *sys.argv[1:]]
-runpy.run_module("exporter.cli", run_name="__main__", alter_sys=True)
+sys.argv = ["exporter.app.cli", *sys.argv[1:]]
+runpy.run_module("exporter.app.cli", run_name="__main__", alter_sys=True)
 """
 
 

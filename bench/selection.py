@@ -26,10 +26,10 @@ sys.path.insert(0, str(HERE))
 from prometheus_client import exposition  # noqa: E402
 from prometheus_client.registry import CollectorRegistry  # noqa: E402
 
-from exporter.dcgm import FIELDS  # noqa: E402
-from exporter.model import ProcessSample  # noqa: E402
-from exporter.render import RenderOptions, device_families  # noqa: E402
-from exporter.render.selection import Selection  # noqa: E402
+from exporter.core.model import ProcessSample  # noqa: E402
+from exporter.output.dcgm import FIELDS  # noqa: E402
+from exporter.output.render import RenderOptions, device_families  # noqa: E402
+from exporter.output.render.selection import Selection  # noqa: E402
 
 # The fields dcgm-exporter's etc/default-counters.csv enables that we fill.
 DEFAULT_COUNTERS = frozenset({

@@ -2,7 +2,7 @@
 
     python bench/soak.py [--duration 3600] [--warmup 60] [--report 60]
 
-Runs ``python -m exporter.cli`` on a copy of the ``mixed`` fixture machine (NVIDIA through
+Runs ``python -m exporter.app.cli`` on a copy of the ``mixed`` fixture machine (NVIDIA through
 the fake NVML, an AMD and an Intel card through their sysfs trees, fdinfo clients in a
 procfs tree) with, for ``--duration`` seconds:
 
@@ -190,7 +190,7 @@ def main() -> int:
         env.update(PYTHONPATH=os.pathsep.join([str(SHIM), str(PERF_SHIM), str(REPO)]),
                    PYTHONUNBUFFERED="1", FAKE_NVML_JSON=str(machine.root / "nvml.json"),
                    FAKE_PERF_JSON=str(machine.root / "perf.json"))
-        argv = [sys.executable, "-m", "exporter.cli",
+        argv = [sys.executable, "-m", "exporter.app.cli",
                 "--web.listen-address", f"127.0.0.1:{port}", "--log.format", "json",
                 "--path.sysfs", str(machine.root / "sys"),
                 "--path.procfs", str(machine.proc),

@@ -2,13 +2,13 @@
 
 import sys
 
-from exporter.early import hold_sighup
+from exporter.app.early import hold_sighup
 
 
 def run() -> int:
     """The ``gpu-exporter`` command: SIGHUP is held before the heavy imports."""
     hold_sighup()
-    from exporter.cli import main
+    from exporter.app.cli import main
 
     return main()
 

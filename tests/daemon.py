@@ -122,7 +122,7 @@ class Daemon:
 @contextmanager
 def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
             env: Mapping[str, str] | None = None, ready: bool = True,
-            open_files: int | None = None, module: str = "exporter.cli") -> Iterator[Daemon]:
+            open_files: int | None = None, module: str = "exporter.app.cli") -> Iterator[Daemon]:
     """The daemon on a free port; ``open_files`` caps its RLIMIT_NOFILE (soft and hard).
 
     It runs as ``python -m <module>``: ``tests.fakes.as_macos`` runs it as on a Mac.

@@ -100,7 +100,7 @@ def scraped(tmp: Path, exporters: Sequence[Exporter], rule_files: Sequence[Path]
             log = (tmp / f"{e.name}.log").open("wb")
             logs.append(log)
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "exporter.cli", "--web.listen-address",
+                [sys.executable, "-m", "exporter.app.cli", "--web.listen-address",
                  f"127.0.0.1:{port}", *e.args],
                 cwd=ROOT, env=dict(e.env), stdout=log, stderr=subprocess.STDOUT))
             wait_for(f"http://127.0.0.1:{port}/-/ready", 30, procs[-1], tmp / f"{e.name}.log")

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.amd.backend import AmdBackend
-from exporter.backends.base import BackendUnavailable
-from exporter.config import Config
-from exporter.discovery import DrmDiscovery
-from exporter.fs import SysFS
-from exporter.kernel.amdgpu import dpm_current_hz, dpm_max_hz, parse_pp_dpm, parse_ras_count
-from exporter.model import DeviceSample
+from exporter.collect.backends.amd.backend import AmdBackend
+from exporter.collect.backends.base import BackendUnavailable
+from exporter.collect.discovery import DrmDiscovery
+from exporter.collect.kernel.amdgpu import dpm_current_hz, dpm_max_hz, parse_pp_dpm, parse_ras_count
+from exporter.core.config import Config
+from exporter.core.fs import SysFS
+from exporter.core.model import DeviceSample
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -288,11 +288,11 @@ def test_parse_ras_count() -> None:
                                      "amd-apu-phoenix", "amd-mi300x", "amd-mi300x-faulty"])
 def test_table_fill_gives_what_the_backend_merge_gives(machine: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """card.fill joins the files' sample with the gpu_metrics table's by exporter.merge's
+    """card.fill joins the files' sample with the gpu_metrics table's by exporter.collect.merge's
     rule without walking every field: the same sample as merge_device on every fixture."""
-    from exporter.backends.amd import card
-    from exporter.backends.base import KERNEL
-    from exporter.merge import View, merge_device
+    from exporter.collect.backends.amd import card
+    from exporter.collect.backends.base import KERNEL
+    from exporter.collect.merge import View, merge_device
 
     pairs: list[tuple[DeviceSample, DeviceSample]] = []
     real = card.fill

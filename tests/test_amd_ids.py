@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.backends.amd.backend import AmdBackend
-from exporter.backends.amd.ids import (
+from exporter.app.flags import load_config
+from exporter.collect.backends.amd.backend import AmdBackend
+from exporter.collect.backends.amd.ids import (
     AmdgpuIds,
     default_path,
     lookup_paths,
     parse_amdgpu_ids,
     parse_pci_ids,
 )
-from exporter.config import Config
-from exporter.discovery import DrmDiscovery
-from exporter.flags import load_config
-from exporter.fs import SysFS
+from exporter.collect.discovery import DrmDiscovery
+from exporter.core.config import Config
+from exporter.core.fs import SysFS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = Path(__file__).parent / "golden"

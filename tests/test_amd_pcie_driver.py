@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.amd.backend import AmdBackend
-from exporter.config import Config
-from exporter.discovery import DrmDiscovery
-from exporter.fs import SysFS
-from exporter.kernel.amdgpu import parse_pcie_bw
-from exporter.model import DeviceSample
+from exporter.collect.backends.amd.backend import AmdBackend
+from exporter.collect.discovery import DrmDiscovery
+from exporter.collect.kernel.amdgpu import parse_pcie_bw
+from exporter.core.config import Config
+from exporter.core.fs import SysFS
+from exporter.core.model import DeviceSample
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RX580 = FIXTURES / "amd-polaris-rx580" / "sys"

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from exporter.backends import build_backends
-from exporter.backends.amd.amdsmi import AmdSmiBackend
-from exporter.backends.base import BackendFailed, BackendUnavailable
-from exporter.config import COLLECTORS, Config
-from exporter.model import DeviceSample
+from exporter.collect.backends.amd.amdsmi import AmdSmiBackend
+from exporter.collect.backends.base import BackendFailed, BackendUnavailable
+from exporter.collect.registry import COLLECTORS, build_backends
+from exporter.core.config import Config
+from exporter.core.model import DeviceSample
 from tests.daemon import REPO, machine_args, running, values_of
 
 FAKES = REPO / "tests" / "fakes"

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.backends.apple.backend import AppleBackend
-from exporter.backends.base import BackendUnavailable, Cycle
-from exporter.config import Config
-from exporter.model import DeviceSample
+from exporter.collect.backends.apple.backend import AppleBackend
+from exporter.collect.backends.base import BackendUnavailable, Cycle
+from exporter.core.config import Config
+from exporter.core.model import DeviceSample
 
 pytestmark = pytest.mark.slow  # a real macmon child process per test
 

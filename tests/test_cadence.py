@@ -1,4 +1,4 @@
-"""The cadence each field declares (exporter.fieldspec.Cadence, per backend through
+"""The cadence each field declares (exporter.core.fieldspec.Cadence, per backend through
 ``MetricSpec.cadence_of``) is the one the backends keep, through their real code paths.
 
 For each backend (NVIDIA on FakeNVML, amdgpu and xe on mutable copies of fixture sysfs
@@ -29,17 +29,17 @@ from typing import Any
 
 import pytest
 
-from exporter.backends.amd.backend import AmdBackend
-from exporter.backends.intel.backend import IntelBackend, _link_dir
-from exporter.backends.nvidia.device import COUNTERS_EVERY, RARE_EVERY
-from exporter.backends.nvidia.nvlink import ERRORS_EVERY, THROUGHPUT_EVERY
-from exporter.config import Config
-from exporter.discovery import DrmDiscovery
-from exporter.fieldspec import Cadence, MetricSpec, value_specs
-from exporter.fs import SysFS
-from exporter.kernel.amdgpu_gpu_metrics import layout_for, layout_offsets
-from exporter.metricsdoc import generate
-from exporter.model import DeviceSample, ProcessSample
+from exporter.collect.backends.amd.backend import AmdBackend
+from exporter.collect.backends.intel.backend import IntelBackend, _link_dir
+from exporter.collect.backends.nvidia.device import COUNTERS_EVERY, RARE_EVERY
+from exporter.collect.backends.nvidia.nvlink import ERRORS_EVERY, THROUGHPUT_EVERY
+from exporter.collect.discovery import DrmDiscovery
+from exporter.collect.kernel.amdgpu_gpu_metrics import layout_for, layout_offsets
+from exporter.core.config import Config
+from exporter.core.fieldspec import Cadence, MetricSpec, value_specs
+from exporter.core.fs import SysFS
+from exporter.core.model import DeviceSample, ProcessSample
+from exporter.output.metricsdoc import generate
 from tests.fakes.fake_nvml import MIB, FakeGPU, FakeNVML, FakeProcess
 from tests.fakes.fake_nvml_links import FakeNvLink
 
@@ -190,7 +190,7 @@ NVIDIA_XID: dict[str, Move] = {
 
 
 def nvidia(moved: dict[str, Move]) -> Seen:
-    from exporter.backends.nvidia.backend import NvidiaBackend
+    from exporter.collect.backends.nvidia.backend import NvidiaBackend
 
     gpu = nvidia_gpu()
     return observe(NvidiaBackend(Config(procfs="/nonexistent"), nvml=FakeNVML([gpu])), gpu,
@@ -350,7 +350,7 @@ AMDSMI: dict[str, Move] = {
 
 
 def amdsmi(tmp: Path, moved: dict[str, Move]) -> Seen:
-    from exporter.backends.amd.amdsmi import AmdSmiBackend
+    from exporter.collect.backends.amd.amdsmi import AmdSmiBackend
 
     config = json.loads((FIXTURES / "amd-mi300x" / "amdsmi.json").read_text())
     gpu = config["gpus"][0]  # alone: an unpartitioned GPU; counters that move only when moved

@@ -3,7 +3,7 @@ the configuration file's nested form, the environment, the web config (issues 8 
 
 What exits before the daemon starts (bad flags, variables, files; ``--help``) runs
 ``main(argv, environ)`` in this process (``cli``); what needs a daemon, a fake NVML or a
-fresh process runs ``python -m exporter.cli`` (``run_cli``) and is marked slow."""
+fresh process runs ``python -m exporter.app.cli`` (``run_cli``) and is marked slow."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import bcrypt
 import httpx
 import pytest
 
-from exporter.backends import TABLE
-from exporter.cli import main
+from exporter.app.cli import main
+from exporter.collect.registry import TABLE
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 from tests.daemon import values_of as get
 from tests.test_server import _self_signed, no_gpu_args, run_cli
@@ -41,7 +41,7 @@ def cli(*args: str, env: Mapping[str, str] | None = None) -> Result:
     """``main(argv, environ)`` in this process, for what exits before any daemon starts:
     one that would start (a case that belongs to ``run_cli``) fails the test."""
     out, err = io.StringIO(), io.StringIO()
-    never = mock.patch("exporter.daemon.Daemon",
+    never = mock.patch("exporter.app.daemon.Daemon",
                        side_effect=AssertionError("started a daemon: use run_cli"))
     with redirect_stdout(out), redirect_stderr(err), never:
         try:
@@ -202,7 +202,7 @@ def test_nested_config_where_a_key_is_a_switch_and_a_prefix(tmp_path: Path) -> N
                       "  interval: 2s\n")
     result = run_cli("snapshot", "--config.file", str(config), *no_gpu_args(tmp_path))
     assert result.returncode == 0, result.stderr
-    from exporter.flags import load_config
+    from exporter.app.flags import load_config
 
     cfg = load_config(["--config.file", str(config)], {})
     assert (cfg.processes_interval, cfg.processes_budget, cfg.interval) == (3.0, 0.1, 2.0)
@@ -343,8 +343,8 @@ def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
 def test_the_daemon_stops_everything_it_started_discovery_included(tmp_path: Path) -> None:
     """17: nothing stopped DrmDiscovery's udev listener. The Daemon builds the backends,
     the Hub and the shared discovery, and stops them all."""
-    from exporter.daemon import Daemon
-    from exporter.flags import load_config
+    from exporter.app.daemon import Daemon
+    from exporter.app.flags import load_config
 
     config = load_config(["--no-collector.nvidia", "--path.procfs", str(tmp_path)], {})
     daemon = Daemon(config)  # the real /sys: the discovery listens for udev events
@@ -364,7 +364,7 @@ def test_a_misspelt_flag_is_named_with_the_flag_meant(capsys: pytest.CaptureFixt
                                                       ) -> None:
     """A misspelt flag said `argument snapshot: invalid choice: ':9500'`: its value had
     been taken for the command."""
-    from exporter.cli import main
+    from exporter.app.cli import main
 
     assert main(["--web.listen-adress", ":9500"], {}) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -385,8 +385,8 @@ def test_a_misspelt_flag_is_named_with_the_flag_meant(capsys: pytest.CaptureFixt
 def test_an_abbreviated_flag_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]
                                         ) -> None:
     """`--web.l :9500` listened on :9500: abbreviations change meaning as flags are added."""
-    from exporter.cli import main
-    from exporter.flags import build_parser
+    from exporter.app.cli import main
+    from exporter.app.flags import build_parser
 
     assert main(argv, {}) == 2
     assert f"unrecognized argument {next(a for a in argv if a.startswith('--'))}" \
@@ -396,7 +396,7 @@ def test_an_abbreviated_flag_is_refused(argv: list[str], capsys: pytest.CaptureF
 
 
 def test_a_value_that_starts_with_a_dash_after_a_flag_is_still_parsed() -> None:
-    from exporter.flags import load_config
+    from exporter.app.flags import load_config
 
     config = load_config(["--collector.interval=2s", "--web.listen-address", ":9500"], {})
     assert (config.interval, config.listen_addresses) == (2.0, (":9500",))
@@ -406,8 +406,8 @@ def test_a_value_that_starts_with_a_dash_after_a_flag_is_still_parsed() -> None:
 def test_a_path_that_does_not_exist_is_refused_at_start(
         key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A forgotten container mount started silently and looked like a machine without GPUs."""
-    from exporter.cli import main
-    from exporter.flags import env_name
+    from exporter.app.cli import main
+    from exporter.app.flags import env_name
 
     missing = tmp_path / "host" / key.split(".")[1]
     assert main([f"--{key}", str(missing)], {}) == 2
@@ -480,7 +480,7 @@ def _caught(pid: int) -> int:
                     if line.startswith("SigCgt:")), 16)
 
 
-@pytest.mark.parametrize("module", ["exporter.cli", "exporter"])
+@pytest.mark.parametrize("module", ["exporter.app.cli", "exporter"])
 def test_a_sighup_right_after_start_is_held_then_reloads(module: str, tmp_path: Path) -> None:
     """A SIGHUP in the first ~0.3 s killed the daemon (exit 129): systemd's ExecReload
     right after a restart left it stopped. The handler must be in place long before the

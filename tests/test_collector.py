@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.backends.base import KERNEL, BackendFailed, BackendUnavailable, Cycle
-from exporter.collector import Hub, cap_processes
-from exporter.config import Config
-from exporter.model import DeviceInfo, DeviceSample, ProcessSample
-from exporter.render import Renderer
+from exporter.collect.backends.base import KERNEL, BackendFailed, BackendUnavailable, Cycle
+from exporter.collect.hub import Hub, cap_processes
+from exporter.core.config import Config
+from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample
+from exporter.output.render import Renderer
 from tests.clock import SteppedClock
 
 
@@ -176,7 +176,7 @@ def test_fdinfo_engine_sums_yield_to_the_driver_s_own_engines() -> None:
 
 
 def test_render_ahead_only_for_formats_asked_for_and_only_near_the_next_scrape() -> None:
-    from exporter.render.exposition import _Demand
+    from exporter.output.render.exposition import _Demand
 
     d = _Demand()
     assert not d.due(0.0, lead=2.0)  # never asked for: rendered on the first request only
@@ -297,7 +297,7 @@ def test_device_log_lines_carry_the_gpu_index_of_the_series() -> None:
 def test_debug_logs_each_backends_cycle_time_at_most_once_a_minute() -> None:
     from structlog.testing import capture_logs
 
-    from exporter import logs as exporter_logs
+    from exporter.core import logs as exporter_logs
 
     backend = Scripted("amd", ["0000:03:00.0", "0000:04:00.0"])
     hub = Hub(Config(), [backend])

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.backends import build_backends
-from exporter.backends.base import Cycle
-from exporter.backends.nvidia.backend import NvidiaBackend
-from exporter.collector import Hub
-from exporter.config import COLLECTORS, Config
-from exporter.kubernetes.backend import KubernetesBackend
+from exporter.collect.backends.base import Cycle
+from exporter.collect.backends.nvidia.backend import NvidiaBackend
+from exporter.collect.hub import Hub
+from exporter.collect.kubernetes.backend import KubernetesBackend
+from exporter.collect.registry import COLLECTORS, build_backends
+from exporter.core.config import Config
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.test_collector import scrape, wait_for
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError, parse_duration, parse_listen_address
-from exporter.flags import env_name, load_config
+from exporter.app.flags import env_name, load_config
+from exporter.core.config import ConfigError, parse_duration, parse_listen_address
 
 
 def test_defaults() -> None:

@@ -1,4 +1,4 @@
-"""exporter/dcgm.py: dcgm-exporter names, units and labels from DeviceSamples.
+"""exporter/output/dcgm.py: dcgm-exporter names, units and labels from DeviceSamples.
 
 Expected values are written out from the sample's own numbers and dcgm-exporter's units
 (MiB, MHz, %, mJ, ns); the sources of those units are in tests/dcgm/references.yml.
@@ -19,16 +19,24 @@ from prometheus_client.openmetrics.exposition import generate_latest as om_gener
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.backends.nvidia.backend import NvidiaBackend
-from exporter.config import Config
-from exporter.dcgm import FIELDS, HEALTH_FAMILY, Field, Read, dcgm_bus_id, dcgm_families, hostname
-from exporter.fieldspec import value_specs
-from exporter.model import (
+from exporter.collect.backends.nvidia.backend import NvidiaBackend
+from exporter.core.config import Config
+from exporter.core.fieldspec import value_specs
+from exporter.core.model import (
     Allocation,
     DeviceInfo,
     DeviceSample,
     DeviceValues,
     PodRef,
+)
+from exporter.output.dcgm import (
+    FIELDS,
+    HEALTH_FAMILY,
+    Field,
+    Read,
+    dcgm_bus_id,
+    dcgm_families,
+    hostname,
 )
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML
 

@@ -61,7 +61,7 @@ def test_the_snapshot_command_the_docs_give_asks_the_running_daemon(tmp_path: Pa
     empty = tmp_path / "sys"
     empty.mkdir()
     with running(["--path.sysfs", str(empty), "--path.procfs", str(EMPTY_PROC)], tmp_path) as d:
-        out = subprocess.run([sys.executable, "-m", "exporter.cli", "snapshot", "--from",
+        out = subprocess.run([sys.executable, "-m", "exporter.app.cli", "snapshot", "--from",
                               d.base_url], cwd=ROOT, env=daemon_env(None),
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr

@@ -31,7 +31,7 @@ from test_deploy_kubernetes import (
 from test_deploy_rules import PROMTOOL, RULES
 from test_deploy_systemd import cli_flags
 
-from exporter.webconfig import OPEN_PATHS
+from exporter.serve.webconfig import OPEN_PATHS
 
 pytestmark = pytest.mark.slow  # Helm's engine renders the chart: seconds a test
 
@@ -649,7 +649,7 @@ def test_kustomize_objects_equal_the_rendered_chart(tmp_path: Path) -> None:
 
 
 def test_host_libdrm_is_mounted_beside_the_host_sysfs_only_when_set() -> None:
-    from exporter.backends.amd.ids import lookup_paths
+    from exporter.collect.backends.amd.ids import lookup_paths
 
     assert not [m for m in pod_spec(render({}))["containers"][0]["volumeMounts"]
                 if m["name"] == "libdrm"]

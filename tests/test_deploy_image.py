@@ -1,5 +1,5 @@
 """The container image: the Dockerfile's structure (read as the builder reads it), and its
-HEALTHCHECK (exporter/healthcheck.py) run against the real daemon the way the image runs
+HEALTHCHECK (exporter/app/healthcheck.py) run against the real daemon the way the image runs
 it, with the listen address set on the command line, in the environment or in a file.
 
 The last test builds the image with podman (tests/image/build-image.sh, as root) and runs
@@ -21,7 +21,7 @@ import tomllib
 import yaml
 from test_server import _self_signed
 
-from exporter.healthcheck import exporter_args
+from exporter.app.healthcheck import exporter_args
 from tests.daemon import EMPTY_PROC, REPO, daemon_env, free_port, running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +86,7 @@ def test_dockerfile_is_multistage_non_root_with_entrypoint_and_healthcheck() -> 
     assert entry == ["gpu-exporter"] and "gpu-exporter" in scripts
     assert [rest for ins, rest in final if ins == "EXPOSE"] == [str(values["containerPort"])]
     health = next(rest for ins, rest in final if ins == "HEALTHCHECK")
-    assert json.loads(health.split(" CMD ", 1)[1]) == ["python", "-m", "exporter.healthcheck"]
+    assert json.loads(health.split(" CMD ", 1)[1]) == ["python", "-m", "exporter.app.healthcheck"]
     env = " ".join(rest for ins, rest in final if ins == "ENV")
     for setting in ("NVIDIA_DRIVER_CAPABILITIES=utility", "NVIDIA_VISIBLE_DEVICES=all",
                     "MALLOC_ARENA_MAX=2"):
@@ -133,12 +133,12 @@ def test_exporter_args_are_found_in_every_way_the_image_starts() -> None:
 
 def healthcheck(tmp_path: Path, words: list[str], env: dict[str, str] | None = None
                 ) -> subprocess.CompletedProcess[str]:
-    """python -m exporter.healthcheck as the image runs it, with pid 1's cmdline faked."""
+    """python -m exporter.app.healthcheck as the image runs it, with pid 1's cmdline faked."""
     path = tmp_path / "cmdline"
     path.write_bytes(cmdline("/opt/gpu-exporter/bin/python", "/opt/gpu-exporter/bin/gpu-exporter",
                              *words))
     clean = {k: v for k, v in daemon_env(None).items() if not k.startswith("GPU_EXPORTER_")}
-    return subprocess.run([sys.executable, "-m", "exporter.healthcheck", str(path)],
+    return subprocess.run([sys.executable, "-m", "exporter.app.healthcheck", str(path)],
                           env={**clean, **(env or {})}, cwd=REPO, capture_output=True,
                           text=True, timeout=30)
 
@@ -179,7 +179,7 @@ def test_healthcheck_passes_behind_basic_auth_and_speaks_https_with_tls(tmp_path
                    f"basic_auth_users:\n  prometheus: '{hashed}'\n")
     port = free_port()
     args = [*no_gpu(tmp_path), "--web.config.file", str(web)]
-    proc = subprocess.Popen([sys.executable, "-m", "exporter.cli", "--web.listen-address",
+    proc = subprocess.Popen([sys.executable, "-m", "exporter.app.cli", "--web.listen-address",
                              f"127.0.0.1:{port}", *args], cwd=REPO, env=daemon_env(None),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -207,7 +207,7 @@ def test_healthcheck_without_a_readable_cmdline_uses_the_environment(tmp_path: P
         address = d.base_url.removeprefix("http://")
         clean = {k: v for k, v in daemon_env(None).items() if not k.startswith("GPU_EXPORTER_")}
         result = subprocess.run(
-            [sys.executable, "-m", "exporter.healthcheck", str(tmp_path / "no-such-cmdline")],
+            [sys.executable, "-m", "exporter.app.healthcheck", str(tmp_path / "no-such-cmdline")],
             env={**clean, "GPU_EXPORTER_WEB_LISTEN_ADDRESS": address}, cwd=REPO,
             capture_output=True, text=True, timeout=30)
         assert result.returncode == 0, result.stderr
@@ -252,7 +252,7 @@ def test_image_builds_runs_as_its_user_and_reads_a_fixture(tmp_path: Path) -> No
     lines = out.stdout.splitlines()
     lines = lines[next(i for i, line in enumerate(lines) if line.startswith("image ")):]
     assert lines[0].startswith("image gpu-exporter:test: user 10001:10001, entrypoint gpu-exporter")
-    assert 'healthcheck: ["CMD","python","-m","exporter.healthcheck"]' in lines
+    assert 'healthcheck: ["CMD","python","-m","exporter.app.healthcheck"]' in lines
     assert "base: docker.io/library/python:3.11-slim-bookworm" in lines
     assert "gpu-exporter 0.1.0 (python 3.11.2)" in lines
     assert lines[-1] == "healthcheck passed"
@@ -262,7 +262,7 @@ def test_image_builds_runs_as_its_user_and_reads_a_fixture(tmp_path: Path) -> No
     # The same fixture read by this checkout on the host: the image runs the same code. Both
     # read this machine's /proc (the image's --path.procfs): the AMD driver version of a card
     # without a module version is the kernel release read there.
-    host = subprocess.run([sys.executable, "-m", "exporter.cli", "snapshot", "--path.sysfs",
+    host = subprocess.run([sys.executable, "-m", "exporter.app.cli", "snapshot", "--path.sysfs",
                            str(machine / "sys"), "--path.procfs", "/proc",
                            "--log.level", "warning"],
                           cwd=REPO, env=daemon_env(None), capture_output=True, text=True,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import ConfigError
-from exporter.flags import load_config
+from exporter.app.flags import load_config
+from exporter.core.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 PLIST = ROOT / "deploy" / "launchd" / "gpu-exporter.plist"

@@ -146,7 +146,7 @@ def test_env_file_is_plain_assignments() -> None:
 
 def cli_flags() -> set[str]:
     out = subprocess.run(
-        [sys.executable, "-m", "exporter.cli", "--help"],
+        [sys.executable, "-m", "exporter.app.cli", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

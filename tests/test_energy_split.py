@@ -1,4 +1,4 @@
-"""Per-process GPU energy (exporter.energy_split) on fixture machines and on synthetic runs.
+"""Per-process GPU energy (exporter.collect.energy_split) on fixture machines and on synthetic runs.
 
 The fixture checks run the real backends (amdgpu or i915 sysfs + the fdinfo scan) in a
 Hub over two moments of ``tests/fixtures/energy-split`` (tests/fixtures/build_energy.py),
@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from exporter.backends.fdinfo.backend import FdinfoBackend
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.discovery import DrmDiscovery
-from exporter.energy_split import SOURCE, EnergySplit, Window
-from exporter.fs import SysFS
-from exporter.model import DeviceInfo, DeviceSample, ProcessSample
-from exporter.render.exposition import snapshot_families
-from exporter.render.families import RenderOptions
-from exporter.state import Snapshot
+from exporter.collect.backends.fdinfo.backend import FdinfoBackend
+from exporter.collect.discovery import DrmDiscovery
+from exporter.collect.energy_split import SOURCE, EnergySplit, Window
+from exporter.collect.hub import Hub
+from exporter.collect.state import Snapshot
+from exporter.core.config import Config
+from exporter.core.fs import SysFS
+from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample
+from exporter.output.render.exposition import snapshot_families
+from exporter.output.render.families import RenderOptions
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,12 +126,12 @@ def _device(s: Snapshot, vendor: str) -> DeviceSample:
 
 
 def _amd(config: Config, discovery: DrmDiscovery) -> Any:
-    from exporter.backends.amd.backend import AmdBackend
+    from exporter.collect.backends.amd.backend import AmdBackend
     return AmdBackend(config, discovery)
 
 
 def _intel(config: Config, discovery: DrmDiscovery) -> Any:
-    from exporter.backends.intel.backend import IntelBackend
+    from exporter.collect.backends.intel.backend import IntelBackend
     return IntelBackend(config, discovery)
 
 
@@ -193,7 +193,7 @@ def test_served_energy_series_are_estimates_with_the_process_labels(tmp_path: Pa
 # -- NVIDIA: per-process SM samples through the fake NVML ------------------------------------
 
 def test_nvidia_split_follows_the_sm_samples_and_their_sum_is_the_busy_share() -> None:
-    from exporter.backends.nvidia.backend import NvidiaBackend
+    from exporter.collect.backends.nvidia.backend import NvidiaBackend
 
     fake = FakeNVML([FakeGPU(processes=[FakeProcess(100, 1 << 30, sm_util=60),
                                         FakeProcess(200, 1 << 30, sm_util=20),
@@ -322,7 +322,7 @@ def test_pod_labels_on_process_energy_series() -> None:
     s.attribute(1, [device(10.0, pod)])
     clock.now += 10
     (d,) = s.attribute(2, [device(20.0, replace(pod, engine_busy_seconds={"gfx": 6.0}))])
-    from exporter.render import families as render
+    from exporter.output.render import families as render
 
     f = render._Families(RenderOptions().selection)
     render._device_families(f, "0", d, RenderOptions(pod_labels=True))

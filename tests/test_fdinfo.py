@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.base import BackendFailed, BackendUnavailable
-from exporter.backends.fdinfo.backend import FdinfoBackend
-from exporter.backends.fdinfo.scan import error_reason
-from exporter.config import Config
-from exporter.model import DeviceSample, ProcessSample
-from exporter.units import parse_rss, process_name
+from exporter.collect.backends.base import BackendFailed, BackendUnavailable
+from exporter.collect.backends.fdinfo.backend import FdinfoBackend
+from exporter.collect.backends.fdinfo.scan import error_reason
+from exporter.core.config import Config
+from exporter.core.model import DeviceSample, ProcessSample
+from exporter.core.units import parse_rss, process_name
 from tests.drm_tree import add_pci_card, remove_card
 
 FIXTURES = Path(__file__).parent / "fixtures"

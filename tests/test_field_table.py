@@ -1,6 +1,6 @@
 """One field table: the HELP and TYPE served, docs/metrics.md and the declarations agree.
 
-The specs (exporter.model's value fields, render's gpu_info/gpu_up/allocation specs,
+The specs (exporter.core.model's value fields, render's gpu_info/gpu_up/allocation specs,
 render.selfmetrics' gpu_exporter_* specs) are the one declaration. A real daemon's
 /metrics (fake NVML on the H100 fixture: NVLink, GPM, processes, XID) and every golden
 (byte-identical to what the daemon serves, test_golden.py) are parsed with
@@ -17,12 +17,12 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter import health, slurm
-from exporter.fieldspec import Kind, MetricSpec, value_specs
-from exporter.kubernetes import podlabels, unallocated
-from exporter.labels import VOCABULARIES, Engine
-from exporter.model import DeviceSample, DeviceValues
-from exporter.render.families import (
+from exporter.collect import health, slurm
+from exporter.collect.kubernetes import podlabels, unallocated
+from exporter.core.fieldspec import Kind, MetricSpec, value_specs
+from exporter.core.labels import VOCABULARIES, Engine
+from exporter.core.model import DeviceSample, DeviceValues
+from exporter.output.render.families import (
     ALLOCATION,
     DEVICE_SPECS,
     INFO,
@@ -30,7 +30,7 @@ from exporter.render.families import (
     UP,
     families_of,
 )
-from exporter.render.selfmetrics import EXPORTER
+from exporter.output.render.selfmetrics import EXPORTER
 from tests.daemon import FIXTURES, REPO, machine_args, running
 from tests.test_golden import ONE_CYCLE
 
@@ -99,14 +99,14 @@ def test_counters_and_only_counters_end_in_total() -> None:
 
 
 def test_every_value_field_declares_a_metric_and_units_gate_knows_its_unit() -> None:
-    from exporter.units import RANGES
+    from exporter.core.units import RANGES
 
     values = {f for f in DeviceValues.__dataclass_fields__}
     assert values == {name for name, _ in value_specs(DeviceSample)}
     for _, spec in (*DEVICE_SPECS, *PROCESS_SPECS):
         assert not spec.unit or spec.unit in RANGES, spec.name
     # xid_last is the one value served only under dcgm-exporter's name; the others without
-    # a family of their own are what the health verdict reads (exporter.health)
+    # a family of their own are what the health verdict reads (exporter.collect.health)
     assert [n for n, s in DEVICE_SPECS if not s.name] == [
         "xid_last", "recovery_action", "retired_pages_pending", "xid_seen_seconds",
         "temperature_limits_celsius"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from exporter.render.selfmetrics import OTLP, RELOAD_OK, RELOAD_TIME
+from exporter.output.render.selfmetrics import OTLP, RELOAD_OK, RELOAD_TIME
 from tests.daemon import FIXTURES, machine_args, promtool_check, running, values_of
 from tests.test_golden import GOLDEN, ONE_CYCLE, normalize
 from tests.test_otlp import exports_in, otlp_exports, receiving, wait_for

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.amd.backend import AmdBackend
-from exporter.backends.fdinfo.backend import FdinfoBackend
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.discovery import DrmDiscovery
-from exporter.fs import SysFS
+from exporter.collect.backends.amd.backend import AmdBackend
+from exporter.collect.backends.fdinfo.backend import FdinfoBackend
+from exporter.collect.discovery import DrmDiscovery
+from exporter.collect.hub import Hub
+from exporter.core.config import Config
+from exporter.core.fs import SysFS
 from tests.daemon import FIXTURES
 from tests.drm_tree import add_pci_card
 

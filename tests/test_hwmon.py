@@ -1,4 +1,4 @@
-"""exporter.kernel.hwmon against the real-layout fixture trees and small tmp_path chips."""
+"""exporter.collect.kernel.hwmon against the real-layout fixture trees and small tmp_path chips."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fs import (
+from exporter.collect.kernel import hwmon
+from exporter.core.fs import (
     FD_BUDGET,
     FDS_PER_READER,
     MAX_KEPT_FDS,
@@ -16,7 +17,6 @@ from exporter.fs import (
     kept_fd_limit,
     raise_open_files_limit,
 )
-from exporter.kernel import hwmon
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RX7800XT = FIXTURES / "amd-rdna3-rx7800xt/sys/class/drm/card1/device"
@@ -160,7 +160,7 @@ def test_kept_descriptors_are_at_most_a_quarter_of_the_open_file_limit() -> None
 
 def test_the_budget_is_sized_after_the_open_file_limit_is_raised() -> None:
     """The daemon raises the soft limit before any backend opens a file; the budget, made
-    when exporter.fs was imported (under the old limit), follows the new one."""
+    when exporter.core.fs was imported (under the old limit), follows the new one."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     before = FD_BUDGET.limit
     try:

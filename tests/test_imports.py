@@ -2,7 +2,7 @@
 
 Every module costs resident memory for the daemon's whole life, and the H100 target is
 RSS at most nvitop-exporter's: nothing may be imported that the running configuration
-does not use. bench/imports.py runs the daemon as a user runs it (``exporter.cli.main``
+does not use. bench/imports.py runs the daemon as a user runs it (``exporter.app.cli.main``
 on the main thread, uvicorn serving, every collector at its default), on the
 nvidia-h100x2 fixture with the fake NVML; a watcher thread in the daemon waits for
 ``/-/ready``, scrapes ``/metrics``, lets a few cycles run, records ``sorted(sys.modules)``
@@ -22,18 +22,20 @@ from bench.imports import nvidia_only_args, nvidia_only_env, probe
 HEAVY = (
     "yaml",  # --config.file / --web.config.file
     "bcrypt",  # basic auth in the web config
-    "grpc", "google.protobuf", "exporter.kubernetes",  # the kubelet socket
-    "opentelemetry", "exporter.otlp",  # --otlp.endpoint
+    "grpc", "google.protobuf", "exporter.collect.kubernetes",  # the kubelet socket
+    "opentelemetry", "exporter.output.otlp",  # --otlp.endpoint
     "pyudev",  # udev hotplug, on a real /sys only
     "cryptography",
-    "amdsmi", "exporter.backends.amd.amdsmi",  # the amdsmi package
-    "exporter.backends.intel.level_zero", "exporter.backends.apple",
-    "exporter.slurm",
+    "amdsmi", "exporter.collect.backends.amd.amdsmi",  # the amdsmi package
+    "exporter.collect.backends.intel.level_zero", "exporter.collect.backends.apple",
+    "exporter.collect.slurm",
     # the amdgpu sysfs reader and parsers: imported with the first amdgpu card
-    "exporter.backends.amd.card", "exporter.backends.amd.ids", "exporter.backends.amd.rates",
-    "exporter.kernel.amdgpu", "exporter.kernel.amdgpu_gpu_metrics",
-    "exporter.kernel.amdgpu_gpu_metrics_layouts",
-    "exporter.kernel.perf", "exporter.kernel.i915_xe_pmu",  # with the first i915/xe card
+    "exporter.collect.backends.amd.card", "exporter.collect.backends.amd.ids",
+    "exporter.collect.backends.amd.rates",
+    "exporter.collect.kernel.amdgpu", "exporter.collect.kernel.amdgpu_gpu_metrics",
+    "exporter.collect.kernel.amdgpu_gpu_metrics_layouts",
+    # with the first i915/xe card
+    "exporter.collect.kernel.perf", "exporter.collect.kernel.i915_xe_pmu",
     "starlette.middleware.cors", "starlette.middleware.gzip", "starlette.staticfiles",
     "starlette.templating", "jinja2",
     "uvloop", "httptools", "websockets", "wsproto", "watchfiles",
@@ -54,7 +56,8 @@ def daemon_modules() -> list[str]:
 
 def test_the_probe_sees_a_daemon_that_collected(daemon_modules: list[str]) -> None:
     # The list is the one of a daemon that served: the NVIDIA backend, render, uvicorn.
-    for m in ("exporter.backends.nvidia.backend", "exporter.render", "uvicorn", "pynvml"):
+    for m in ("exporter.collect.backends.nvidia.backend", "exporter.output.render", "uvicorn",
+              "pynvml"):
         assert m in daemon_modules
 
 
@@ -65,7 +68,7 @@ def test_nvidia_only_daemon_imports_nothing_heavy(daemon_modules: list[str]) -> 
 def test_heavy_list_catches_an_eager_import() -> None:
     # The check itself: an eager import of any of these would be reported.
     for m in ("grpc._channel", "yaml", "bcrypt", "pyudev.core", "opentelemetry.sdk"):
-        assert heavy_in(["exporter.cli", m]) == [m]
+        assert heavy_in(["exporter.app.cli", m]) == [m]
 
 
 

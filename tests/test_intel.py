@@ -14,14 +14,14 @@ from types import ModuleType
 
 import pytest
 
-from exporter.backends.base import BackendUnavailable
-from exporter.backends.energy import power_from_energy
-from exporter.backends.intel.backend import IntelBackend
-from exporter.config import Config
-from exporter.discovery import DrmDiscovery
-from exporter.fs import SysFS
-from exporter.kernel.i915_xe import gt_clock_label, map_throttle_reasons
-from exporter.model import DeviceSample
+from exporter.collect.backends.base import BackendUnavailable
+from exporter.collect.backends.energy import power_from_energy
+from exporter.collect.backends.intel.backend import IntelBackend
+from exporter.collect.discovery import DrmDiscovery
+from exporter.collect.kernel.i915_xe import gt_clock_label, map_throttle_reasons
+from exporter.core.config import Config
+from exporter.core.fs import SysFS
+from exporter.core.model import DeviceSample
 
 FIXTURES = Path(__file__).parent / "fixtures"
 B580_DEV = "devices/pci0000:00/0000:00:01.1/0000:07:00.0/0000:08:01.0/0000:09:00.0"

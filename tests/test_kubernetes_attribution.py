@@ -1,11 +1,10 @@
-"""Device-plugin id formats -> our devices (exporter.kubernetes.attribution)."""
+"""Device-plugin id formats -> our devices (exporter.collect.kubernetes.attribution)."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.fs import ProcFS
-from exporter.kubernetes.attribution import (
+from exporter.collect.kubernetes.attribution import (
     CARD,
     NODE,
     PCI,
@@ -15,9 +14,10 @@ from exporter.kubernetes.attribution import (
     device_key,
     index_grants,
 )
-from exporter.kubernetes.cgroup import ContainerCache
-from exporter.kubernetes.podresources import Grant
-from exporter.model import Allocation, DeviceInfo, PodRef
+from exporter.collect.kubernetes.cgroup import ContainerCache
+from exporter.collect.kubernetes.podresources import Grant
+from exporter.core.fs import ProcFS
+from exporter.core.model import Allocation, DeviceInfo, PodRef
 
 GPU = "GPU-6a1f8f0e-2b4c-4d7e-9a3b-5c2d1e0f4a87"
 MIG = "MIG-1c9ae8f2-6a4b-5e0d-9f3a-7b2c4d6e8f01"

@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends import build_backends
-from exporter.backends.amd.backend import AmdBackend
-from exporter.backends.base import BackendFailed, BackendUnavailable
-from exporter.backends.fdinfo.backend import FdinfoBackend
-from exporter.backends.intel.backend import IntelBackend
-from exporter.backends.nvidia.backend import NvidiaBackend
-from exporter.collector import Hub
-from exporter.config import COLLECTORS, Config
-from exporter.discovery import DrmDiscovery
-from exporter.fs import SysFS
-from exporter.kubernetes.attribution import Attribution
-from exporter.kubernetes.backend import KubernetesBackend
-from exporter.model import DeviceSample, PodRef
+from exporter.collect.backends.amd.backend import AmdBackend
+from exporter.collect.backends.base import BackendFailed, BackendUnavailable
+from exporter.collect.backends.fdinfo.backend import FdinfoBackend
+from exporter.collect.backends.intel.backend import IntelBackend
+from exporter.collect.backends.nvidia.backend import NvidiaBackend
+from exporter.collect.discovery import DrmDiscovery
+from exporter.collect.hub import Hub
+from exporter.collect.kubernetes.attribution import Attribution
+from exporter.collect.kubernetes.backend import KubernetesBackend
+from exporter.collect.registry import COLLECTORS, build_backends
+from exporter.core.config import Config
+from exporter.core.fs import SysFS
+from exporter.core.model import DeviceSample, PodRef
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.fakes.kubelet import FakeKubelet, FakeRuntime, Node
 

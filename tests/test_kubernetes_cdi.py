@@ -1,4 +1,4 @@
-"""CDI spec files and device nodes -> GPU keys (exporter.kubernetes.cdi, .dra), on real
+"""CDI spec files and device nodes -> GPU keys (exporter.collect.kubernetes.cdi, .dra), on real
 directory trees: the k8s-dra fixture's specs, the mixed machine's sysfs, a procfs with
 the NVIDIA driver's mig-minors table, and MIG devices as the NVIDIA backend makes them."""
 
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.nvidia.backend import NvidiaBackend
-from exporter.config import Config, ConfigError
-from exporter.flags import load_config
-from exporter.fs import ProcFS, SysFS
-from exporter.kubernetes.attribution import Attribution, index_grants
-from exporter.kubernetes.cdi import CdiRegistry, parse_spec
-from exporter.kubernetes.cgroup import ContainerCache
-from exporter.kubernetes.dra import NODE, PCI, Claim, NodeResolver, claim_keys, index_claims
-from exporter.model import PodRef
-from exporter.slurm import parse_jobs
+from exporter.app.flags import load_config
+from exporter.collect.backends.nvidia.backend import NvidiaBackend
+from exporter.collect.kubernetes.attribution import Attribution, index_grants
+from exporter.collect.kubernetes.cdi import CdiRegistry, parse_spec
+from exporter.collect.kubernetes.cgroup import ContainerCache
+from exporter.collect.kubernetes.dra import NODE, PCI, Claim, NodeResolver, claim_keys, index_claims
+from exporter.collect.slurm import parse_jobs
+from exporter.core.config import Config, ConfigError
+from exporter.core.fs import ProcFS, SysFS
+from exporter.core.model import PodRef
 from tests.daemon import FIXTURES
 from tests.test_nvidia import _load_shim
 
@@ -170,7 +170,7 @@ def big_json_spec(devices: int, pad: int = 0) -> str:
 
 
 def test_a_spec_over_the_bound_is_refused_and_counted_once(tmp_path: Path) -> None:
-    from exporter.kubernetes import cdi
+    from exporter.collect.kubernetes import cdi
 
     run = tmp_path / "run"
     run.mkdir()
@@ -214,7 +214,7 @@ def test_a_spec_over_the_bound_is_refused_and_counted_once(tmp_path: Path) -> No
 
 
 def test_json_is_parsed_as_json_and_yaml_as_yaml() -> None:
-    from exporter.kubernetes import cdi
+    from exporter.collect.kubernetes import cdi
 
     # YAML-only syntax in a .json file is malformed JSON: no YAML fallback.
     yaml_text = "kind: v.com/c\ndevices:\n- name: a\n"
@@ -227,7 +227,7 @@ def test_json_is_parsed_as_json_and_yaml_as_yaml() -> None:
 
 
 def test_the_registry_keeps_at_most_its_total_of_devices(tmp_path: Path) -> None:
-    from exporter.kubernetes import cdi
+    from exporter.collect.kubernetes import cdi
 
     run = tmp_path / "run"
     run.mkdir()

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fs import ProcFS
-from exporter.kubernetes.cgroup import (
+from exporter.collect.kubernetes.cgroup import (
     HOST,
     CgroupRef,
     ContainerCache,
     parse_cgroup,
     parse_start_time,
 )
+from exporter.core.fs import ProcFS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NODE_PROC = FIXTURES / "k8s-node" / "proc"

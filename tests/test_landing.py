@@ -1,4 +1,4 @@
-"""The landing page ``/``, its ring buffer (exporter.history) and ``/api/v1/history``:
+"""The landing page ``/``, its ring buffer (exporter.serve.history) and ``/api/v1/history``:
 in-process with a scripted backend, against the fixture daemon, and in headless Chromium."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.history import History
-from exporter.landing import chart_path
-from exporter.model import ProcessSample
+from exporter.collect.hub import Hub
+from exporter.core.config import Config
+from exporter.core.model import ProcessSample
+from exporter.serve.history import History
+from exporter.serve.landing import chart_path
 from tests.cdp import Browser
 from tests.daemon import FIXTURES, machine_args, running
 from tests.fakes.fake_nvml import FakeGPU
@@ -226,7 +226,7 @@ def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> 
 
 
 def test_landing_page_shows_top_processes_with_pods() -> None:
-    from exporter import landing
+    from exporter.serve import landing
 
     backend = Scripted("amd", ["0000:03:00.0"])
     backend.processes = tuple(
@@ -248,7 +248,7 @@ def test_landing_page_shows_top_processes_with_pods() -> None:
 
 
 def test_pod_columns_only_when_a_process_has_a_pod() -> None:
-    from exporter import landing
+    from exporter.serve import landing
 
     backend = Scripted("amd", ["0000:03:00.0"])
     backend.processes = (ProcessSample(pid=7, process="train", memory_used_bytes=1e9),)
@@ -261,7 +261,7 @@ def test_pod_columns_only_when_a_process_has_a_pod() -> None:
 def test_page_says_no_gpu_found_and_names_its_links() -> None:
     """No GPU: an explicit empty state pointing at the backends (down, with the reason),
     and the GPUs table hidden; the liveness link cannot be taken for GPU health."""
-    from exporter import landing
+    from exporter.serve import landing
 
     backend = Scripted("amd", [])
     backend.unavailable = "no amdgpu device"
@@ -278,8 +278,8 @@ def test_page_says_no_gpu_found_and_names_its_links() -> None:
 def test_a_down_gpu_reads_down_as_a_word_and_a_class() -> None:
     """State and verdict as words with a symbol (readable without colour) and a class
     (the colour); the reasons listed once, under "Health problems"."""
-    from exporter import landing
-    from exporter.history import current
+    from exporter.serve import landing
+    from exporter.serve.history import current
 
     backend = Scripted("amd", ["0000:03:00.0"])
     hub = Hub(Config(), [backend])
@@ -340,7 +340,7 @@ def test_history_processes_follow_the_latest_recorded_snapshot() -> None:
 def test_app_js_puts_process_names_in_as_text() -> None:
     """Process names are user-controlled: app.js builds the tables with DOM methods and
     textContent, never by parsing markup (the browser test shows the result)."""
-    from exporter.landing_static import APP_JS
+    from exporter.serve.landing_static import APP_JS
 
     assert "textContent" in APP_JS and "replaceChildren" in APP_JS
     for parser in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write",

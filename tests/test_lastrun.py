@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.lastrun import CRASH_FILE, RUN_FILE, RunRecord, crash_summary, state_dir
+from exporter.app.lastrun import CRASH_FILE, RUN_FILE, RunRecord, crash_summary, state_dir
 from tests.daemon import FIXTURES, machine_args, running
 
 pytestmark = pytest.mark.slow

@@ -17,14 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from exporter.backends.base import KERNEL, Cycle
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.daemon import Daemon
-from exporter.flags import load_config
-from exporter.model import DeviceInfo
-from exporter.render import Renderer
-from exporter.server import build_app
+from exporter.app.daemon import Daemon
+from exporter.app.flags import load_config
+from exporter.collect.backends.base import KERNEL, Cycle
+from exporter.collect.hub import Hub
+from exporter.core.config import Config
+from exporter.core.model import DeviceInfo
+from exporter.output.render import Renderer
+from exporter.serve.server import build_app
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 
 MACHINE = FIXTURES / "amd-rdna3-rx7800xt"  # sysfs and fdinfo

@@ -6,10 +6,17 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from exporter.backends.base import DERIVED, KERNEL, LIBRARY
-from exporter.labels import Clock, Sensor
-from exporter.merge import PROCESS_VALUE_FIELDS, View, enrich, merge, merge_device, merge_group
-from exporter.model import (
+from exporter.collect.backends.base import DERIVED, KERNEL, LIBRARY
+from exporter.collect.merge import (
+    PROCESS_VALUE_FIELDS,
+    View,
+    enrich,
+    merge,
+    merge_device,
+    merge_group,
+)
+from exporter.core.labels import Clock, Sensor
+from exporter.core.model import (
     Allocation,
     DeviceInfo,
     DeviceSample,
@@ -148,7 +155,7 @@ def test_enrich_labels_devices_and_processes_and_survives_a_failing_enricher() -
 
 
 def test_a_vocabulary_member_and_its_string_are_one_key_in_the_merge_and_the_output() -> None:
-    """Library readers key mappings with exporter.labels members, kernel-file readers with
+    """Library readers key mappings with exporter.core.labels members, kernel-file readers with
     plain strings: one label value either way, so one series, owned by the priority winner."""
     library = DeviceSample(info=info("amdsmi"), source="amdsmi",
                            temperatures_celsius={Sensor.EDGE: 50.0},
@@ -180,7 +187,7 @@ def test_device_values_fragments_overlay_and_wrap_into_a_sample() -> None:
 
 
 # -- one serving backend per device: merge_device returns the sample as the general merge
-# would rebuild it (exporter.merge._alone), or falls back to that merge.
+# would rebuild it (exporter.collect.merge._alone), or falls back to that merge.
 
 def _same(a: DeviceSample | None, b: DeviceSample | None) -> None:
     """Equal as served: identity, every value, and the source of every value and key."""

@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 import pytest
 
-from exporter.model import (
+from exporter.core.model import (
     DeviceInfo,
     DeviceSample,
     DeviceValues,

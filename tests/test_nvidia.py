@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from exporter.backends.base import BackendFailed, BackendUnavailable
-from exporter.backends.nvidia.backend import ALL_LOST_REINIT, NvidiaBackend
-from exporter.config import Config
-from exporter.model import DeviceSample
+from exporter.collect.backends.base import BackendFailed, BackendUnavailable
+from exporter.collect.backends.nvidia.backend import ALL_LOST_REINIT, NvidiaBackend
+from exporter.core.config import Config
+from exporter.core.model import DeviceSample
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -447,8 +447,8 @@ def test_fixture_machine_lost() -> None:
 def test_shim_is_pynvml_for_a_subprocess(tmp_path: Path) -> None:
     config = tmp_path / "nvml.json"
     config.write_text(json.dumps({"gpus": [{"name": "NVIDIA H200", "power_mw": 250000}, {}]}))
-    code = ("from exporter.backends.nvidia.backend import NvidiaBackend\n"
-            "from exporter.config import Config\n"
+    code = ("from exporter.collect.backends.nvidia.backend import NvidiaBackend\n"
+            "from exporter.core.config import Config\n"
             "import pynvml\n"
             "b = NvidiaBackend(Config())\n"
             "print([i.name for i in b.open()], b.sample(slow=True).devices[0].power_watts,"
@@ -464,7 +464,7 @@ def test_shim_is_pynvml_for_a_subprocess(tmp_path: Path) -> None:
 def test_spinning_counters_are_read_every_third_slow_cycle_and_kept_between() -> None:
     """Total energy and the violation times cost milliseconds of driver CPU each: read on
     the first slow cycle, then every COUNTERS_EVERY-th, the last value served between."""
-    from exporter.backends.nvidia.device import COUNTERS_EVERY
+    from exporter.collect.backends.nvidia.device import COUNTERS_EVERY
 
     fake = FakeNVML([FakeGPU(violation_ns={"power": 10**9, "thermal": 0, "sync_boost": 0})])
     b = backend(fake)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.backends.base import BackendFailed
-from exporter.backends.nvidia.backend import NvidiaBackend
-from exporter.backends.nvidia.device import COUNTERS_EVERY
-from exporter.config import Config
+from exporter.collect.backends.base import BackendFailed
+from exporter.collect.backends.nvidia.backend import NvidiaBackend
+from exporter.collect.backends.nvidia.device import COUNTERS_EVERY
+from exporter.core.config import Config
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.fakes.nvml_real import N
 

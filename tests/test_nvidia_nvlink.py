@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from exporter.backends.nvidia.backend import NvidiaBackend
-from exporter.backends.nvidia.nvlink import ERRORS_EVERY, THROUGHPUT_EVERY
-from exporter.config import Config
-from exporter.model import DeviceSample
+from exporter.collect.backends.nvidia.backend import NvidiaBackend
+from exporter.collect.backends.nvidia.nvlink import ERRORS_EVERY, THROUGHPUT_EVERY
+from exporter.core.config import Config
+from exporter.core.model import DeviceSample
 from tests.fakes.fake_nvml import FakeGPU, FakeNvLink, FakeNVML
 from tests.fakes.nvml_real import N
 

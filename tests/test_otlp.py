@@ -167,7 +167,7 @@ def assert_same_series(found: dict[str, Any], scrape: dict[Any, float]) -> int:
     """Every series of the scrape is one point of the push, with the same value and the
     table's name and attributes (the exporter's own timings and the Python process's
     metrics aside); and the push has no other per-GPU point."""
-    from exporter.catalogue import FAMILIES, attribute_name
+    from exporter.output.catalogue import FAMILIES, attribute_name
 
     checked = 0
     for (name, labels), value in scrape.items():

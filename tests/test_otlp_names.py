@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-from exporter.catalogue import FAMILIES, LABELS, attribute_name
-from exporter.metricsdoc import generate as metrics_doc
+from exporter.output.catalogue import FAMILIES, LABELS, attribute_name
+from exporter.output.metricsdoc import generate as metrics_doc
 
 
 def need(module: str) -> Any:
@@ -48,7 +48,7 @@ def test_labels_map_to_the_semantic_conventions_attributes() -> None:
 
 def test_process_series_with_pod_labels_carry_the_k8s_attributes() -> None:
     need("opentelemetry.sdk")
-    from exporter.otlp import to_otlp
+    from exporter.output.otlp import to_otlp
 
     family = Metric("gpu_process_engine_busy_seconds", "Engine time.", "counter")
     labels = {"gpu": "0", "uuid": "GPU-1", "vendor": "nvidia", "source": "nvml",
@@ -75,7 +75,7 @@ def test_histogram_buckets_become_per_bucket_counts() -> None:
     need("opentelemetry.sdk")
     from prometheus_client.core import HistogramMetricFamily
 
-    from exporter.otlp import to_otlp
+    from exporter.output.otlp import to_otlp
 
     family = HistogramMetricFamily("gpu_exporter_collection_duration_seconds", "Time.",
                                    labels=["backend"])
@@ -92,7 +92,7 @@ def test_histogram_buckets_become_per_bucket_counts() -> None:
 def test_resource_attributes_and_the_standard_variables_over_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
     need("opentelemetry.sdk")
-    from exporter.otlp import metrics_endpoint, resource
+    from exporter.output.otlp import metrics_endpoint, resource
 
     plain = resource({"NODE_NAME": "node-3"}).attributes
     assert plain["service.name"] == "gpu-exporter" and plain["k8s.node.name"] == "node-3"

@@ -1,5 +1,5 @@
 """OTLP as a projection of the typed snapshot: the merged view's series go through the
-catalogue's specs into OTLP points directly (exporter.otlp.project), and say what the
+catalogue's specs into OTLP points directly (exporter.output.otlp.project), and say what the
 Prometheus families of the same snapshot say, point for point."""
 
 from __future__ import annotations
@@ -8,19 +8,19 @@ from typing import Any
 
 import pytest
 
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.daemon import Daemon
-from exporter.fieldspec import Kind
-from exporter.flags import load_config
-from exporter.model import DeviceInfo, DeviceSample
-from exporter.render import RenderOptions, device_families
-from exporter.render.selection import Selection
+from exporter.app.daemon import Daemon
+from exporter.app.flags import load_config
+from exporter.collect.hub import Hub
+from exporter.core.config import Config
+from exporter.core.fieldspec import Kind
+from exporter.core.model import DeviceInfo, DeviceSample
+from exporter.output.render import RenderOptions, device_families
+from exporter.output.render.selection import Selection
 from tests.daemon import FIXTURES, machine_args
 from tests.test_otlp_names import need
 
 need("opentelemetry.sdk")
-from exporter.otlp import project, to_otlp  # noqa: E402
+from exporter.output.otlp import project, to_otlp  # noqa: E402
 
 
 def _flat(metrics: list[Any]) -> list[tuple[Any, ...]]:
@@ -58,7 +58,7 @@ def test_the_projection_says_what_the_families_say(machine: str, selection: Sele
 
 def test_counters_are_monotonic_sums_of_their_spec_and_health_is_projected() -> None:
     """No _total stripped and added back: the spec's type gives the point kind."""
-    from exporter.render.families import DEVICE_SPECS
+    from exporter.output.render.families import DEVICE_SPECS
 
     snapshot = _snapshot("amd-rdna3-rx7800xt")
     by_name = {m.name: m for m in project(snapshot, RenderOptions(), 1, 2)}
@@ -82,7 +82,7 @@ def test_a_gpu_down_projects_its_info_and_status_only() -> None:
             return []
 
         def sample(self, slow: bool) -> Any:
-            from exporter.backends.base import Cycle
+            from exporter.collect.backends.base import Cycle
 
             return Cycle([DeviceSample(info=DeviceInfo(vendor="amd", pci_bus_id="0000:03:00.0",
                                                        uuid="pci-0000:03:00.0"),

@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
 
-from exporter.collector import Hub  # noqa: E402
-from exporter.config import Config  # noqa: E402
-from exporter.otlp import Pusher  # noqa: E402
-from exporter.render import RenderOptions  # noqa: E402
+from exporter.collect.hub import Hub  # noqa: E402
+from exporter.core.config import Config  # noqa: E402
+from exporter.output.otlp import Pusher  # noqa: E402
+from exporter.output.render import RenderOptions  # noqa: E402
 
 MIB = 1024 * 1024
 CLAIM = 400 * MIB

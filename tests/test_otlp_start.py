@@ -70,8 +70,8 @@ def test_without_the_flag_nothing_of_opentelemetry_is_imported(tmp_path: Path) -
         assert daemon.get().status_code == 200
         assert daemon.get("/snapshot").status_code == 200
     modules = out.read_text().split("\n")
-    assert "exporter.render" in modules  # the dump is of the daemon that served
-    assert [m for m in modules if m.startswith(("opentelemetry", "exporter.otlp"))] == []
+    assert "exporter.output.render" in modules  # the dump is of the daemon that served
+    assert [m for m in modules if m.startswith(("opentelemetry", "exporter.output.otlp"))] == []
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -19,7 +19,7 @@ import bcrypt
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.render.selfmetrics import RELOAD_OK, RELOAD_TIME
+from exporter.output.render.selfmetrics import RELOAD_OK, RELOAD_TIME
 from tests.daemon import FIXTURES, Daemon, machine_args, parse_samples, running, values_of
 from tests.test_server import _self_signed, no_gpu_args
 
@@ -254,10 +254,10 @@ def test_sighup_reads_the_dcgm_counters_file_again(tmp_path: Path) -> None:
 def test_a_new_selection_drops_the_rendered_bodies() -> None:
     """Renderer.select: bodies already rendered for the current snapshot (every format)
     are not served again; the same snapshot is rendered anew under the new selection."""
-    from exporter.collector import Hub
-    from exporter.config import Config
-    from exporter.render import Renderer
-    from exporter.render.selection import Selection
+    from exporter.collect.hub import Hub
+    from exporter.core.config import Config
+    from exporter.output.render import Renderer
+    from exporter.output.render.selection import Selection
     from tests.test_collector import Scripted
 
     snapshot = Hub(Config(), [Scripted("amd", ["0000:03:00.0"])]).collect_once()
@@ -352,7 +352,7 @@ def test_a_fifo_given_at_start_is_one_line(tmp_path: Path) -> None:
             (["--web.config.file", str(fifo)], f"web.config.file: cannot read {fifo}: a FIFO"),
             (["--metric-names", "dcgm", "--dcgm.counters", str(fifo), "snapshot"],
              "--dcgm.counters: [Errno 22] a FIFO; a regular file is needed")):
-        result = subprocess.run([sys.executable, "-m", "exporter.cli", *argv, *empty],
+        result = subprocess.run([sys.executable, "-m", "exporter.app.cli", *argv, *empty],
                                 cwd=REPO, env=daemon_env(None), capture_output=True, text=True,
                                 timeout=20)
         err = result.stderr.strip().splitlines()

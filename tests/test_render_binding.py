@@ -7,11 +7,11 @@ import threading
 
 from prometheus_client import exposition as text_format
 
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.render import Renderer, RenderOptions
-from exporter.render.selection import Selection
-from exporter.state import Snapshot
+from exporter.collect.hub import Hub
+from exporter.collect.state import Snapshot
+from exporter.core.config import Config
+from exporter.output.render import Renderer, RenderOptions
+from exporter.output.render.selection import Selection
 from tests.daemon import parse_samples
 from tests.test_collector import Scripted
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.dcgm import FIELDS, HEALTH_FAMILY, parse_counters
-from exporter.render import Renderer, RenderOptions
-from exporter.render.selection import Selection
+from exporter.collect.hub import Hub
+from exporter.core.config import Config
+from exporter.output.dcgm import FIELDS, HEALTH_FAMILY, parse_counters
+from exporter.output.render import Renderer, RenderOptions
+from exporter.output.render.selection import Selection
 from tests.daemon import FIXTURES, REPO, machine_args, running
 from tests.test_collector import Scripted
 from tests.test_server import run_cli

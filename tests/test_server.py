@@ -140,7 +140,7 @@ def test_tls(tmp_path: Path) -> None:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "exporter.app.cli", *args], cwd=REPO,
                           env=env or daemon_env(None), capture_output=True, text=True,
                           timeout=60)
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from bench.flood import wrong_password_flood
-from exporter.middleware import LIMITED, OK, PasswordChecker
+from exporter.serve.middleware import LIMITED, OK, PasswordChecker
 from tests.daemon import running
 from tests.test_server import no_gpu_args
 

@@ -21,7 +21,7 @@ import structlog
 from starlette.types import Receive, Scope, Send
 
 from bench.flood import rss_and_fds, silent_connections, wrong_password_flood
-from exporter.server import negotiate
+from exporter.serve.server import negotiate
 from tests.daemon import running
 from tests.test_server import _self_signed, no_gpu_args, run_cli
 from tests.test_server_hardening import basic, in_process_server
@@ -246,7 +246,8 @@ def test_slots_burst_and_kept_files_fit_the_open_files_limit(soft: int) -> None:
     descriptors: with a 256-fd limit, 128 slots + 128 accepted + 64 kept was past it."""
     import resource
 
-    from exporter import fs, server
+    from exporter.core import fs
+    from exporter.serve import server
 
     old = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, old[1]))

@@ -22,14 +22,14 @@ import httpx
 import pytest
 import uvicorn
 
-from exporter.backends.base import KERNEL, Cycle
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.connections import Slots, protocol_factory
-from exporter.model import DeviceInfo, DeviceSample, ProcessSample
-from exporter.render import Renderer
-from exporter.server import Server, build_app, negotiate
-from exporter.snapshot import snapshot_json
+from exporter.collect.backends.base import KERNEL, Cycle
+from exporter.collect.hub import Hub
+from exporter.core.config import Config
+from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample
+from exporter.output.render import Renderer
+from exporter.serve.connections import Slots, protocol_factory
+from exporter.serve.server import Server, build_app, negotiate
+from exporter.serve.snapshot import snapshot_json
 from tests.daemon import REPO, running
 from tests.test_server import no_gpu_args, run_cli
 
@@ -268,7 +268,7 @@ def test_sigint_sighup_and_the_unix_socket(tmp_path: Path) -> None:
     sock = tmp_path / "gpu.sock"
     args = [*no_gpu_args(tmp_path), "--web.listen-address", f"unix:{sock}"]
     with running(args, tmp_path) as d:
-        d.proc.send_signal(signal.SIGHUP)  # a reload (exporter.reload), never an exit
+        d.proc.send_signal(signal.SIGHUP)  # a reload (exporter.app.reload), never an exit
         time.sleep(0.3)
         assert d.proc.poll() is None and d.get("/-/healthy").status_code == 200
         assert d.log().count('"configuration reloaded"') == 1

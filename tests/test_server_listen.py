@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporter.server import bind_sockets
+from exporter.serve.server import bind_sockets
 from tests.daemon import free_port, running
 from tests.test_server import no_gpu_args
 

@@ -21,14 +21,14 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from exporter import connections
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.connections import CHUNK, IDLE, Slots, protocol_factory
-from exporter.middleware import ChunkedBodyMiddleware
-from exporter.render import Renderer
-from exporter.render.exposition import PAGE_QUEUE, Busy, Worker
-from exporter.server import Server, build_app
+from exporter.collect.hub import Hub
+from exporter.core.config import Config
+from exporter.output.render import Renderer
+from exporter.output.render.exposition import PAGE_QUEUE, Busy, Worker
+from exporter.serve import connections
+from exporter.serve.connections import CHUNK, IDLE, Slots, protocol_factory
+from exporter.serve.middleware import ChunkedBodyMiddleware
+from exporter.serve.server import Server, build_app
 from tests.test_server_hardening import Big
 
 BODY = bytes(range(256)) * 4096  # 1 MiB: far more than the socket buffers hold
@@ -265,8 +265,8 @@ def test_a_full_page_queue_answers_503() -> None:
 def test_one_history_or_page_view_serves_at_most_max_points_per_gpu() -> None:
     """27.2: at --web.history 24h with 8 GPUs one /api/v1/history was 22 MiB and
     +206 MiB of RSS, one page 2.75 s: now every k-th sample, the newest included."""
-    from exporter.history import MAX_POINTS, History
-    from exporter.model import DeviceInfo, DeviceSample
+    from exporter.core.model import DeviceInfo, DeviceSample
+    from exporter.serve.history import MAX_POINTS, History
 
     device = DeviceSample(info=DeviceInfo(vendor="nvidia", pci_bus_id="0000:01:00.0",
                                           uuid="GPU-1"), source="nvml", power_watts=100.0)

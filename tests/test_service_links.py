@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.flags import COLLECTOR_KEYS, KEYS, env_name, is_service_link, load_config
+from exporter.app.flags import COLLECTOR_KEYS, KEYS, env_name, is_service_link, load_config
 from tests.daemon import running, values_of
 from tests.test_cli import cli, one_line_error
 

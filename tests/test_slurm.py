@@ -10,9 +10,9 @@ import os
 import threading
 from pathlib import Path
 
-from exporter import slurm
-from exporter.config import Config
-from exporter.slurm import SlurmBackend
+from exporter.collect import slurm
+from exporter.collect.slurm import SlurmBackend
+from exporter.core.config import Config
 from tests.daemon import FIXTURES, machine_args, running, values_of
 
 RUNAWAY = 9300  # as found: one 64 KiB mapping file gave 9,300 series on one GPU

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from exporter.backends.amd.backend import AmdBackend
-from exporter.backends.intel.backend import IntelBackend
-from exporter.config import Config
-from exporter.discovery import DrmDiscovery
-from exporter.fs import SysFS
+from exporter.collect.backends.amd.backend import AmdBackend
+from exporter.collect.backends.intel.backend import IntelBackend
+from exporter.collect.discovery import DrmDiscovery
+from exporter.core.config import Config
+from exporter.core.fs import SysFS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

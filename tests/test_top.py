@@ -20,10 +20,10 @@ import bcrypt
 import pytest
 
 from bench.imports import nvidia_only_args, nvidia_only_env, probe
-from exporter.collector import Hub
-from exporter.config import Config
-from exporter.history import History
-from exporter.model import ProcessSample
+from exporter.collect.hub import Hub
+from exporter.core.config import Config
+from exporter.core.model import ProcessSample
+from exporter.serve.history import History
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 from tests.fakes.fake_nvml import FakeGPU
 from tests.test_collector import Scripted
@@ -34,7 +34,7 @@ pytest.importorskip("rich", reason="the top extra (rich) is not installed")
 
 from rich.console import Console  # noqa: E402
 
-from exporter import top  # noqa: E402
+from exporter.client import top  # noqa: E402
 
 MIXED = FIXTURES / "mixed"
 TMUX = shutil.which("tmux")
@@ -90,7 +90,7 @@ def tmux(name: str, command: str, width: int = 160, height: int = 60) -> Iterato
 
 
 def top_command(*args: str) -> str:
-    return " ".join([sys.executable, "-m", "exporter.cli", "top", *args])
+    return " ".join([sys.executable, "-m", "exporter.app.cli", "top", *args])
 
 
 @needs_tmux
@@ -195,7 +195,7 @@ def test_top_over_a_unix_socket_and_ctrl_c(tmp_path: Path) -> None:
 
 
 def test_top_without_a_terminal_or_a_daemon_fails_in_one_line(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "exporter.cli", "top", "--from",
+    result = subprocess.run([sys.executable, "-m", "exporter.app.cli", "top", "--from",
                              "http://127.0.0.1:9"], capture_output=True, text=True,
                             cwd=REPO, env=daemon_env(None), stdin=subprocess.DEVNULL,
                             timeout=60)
@@ -207,7 +207,7 @@ def test_top_without_the_extra_says_how_to_get_it() -> None:
     """Without rich (made unimportable here), one line naming the extra, exit 2."""
     result = subprocess.run(
         [sys.executable, "-c", "import sys; sys.modules['rich'] = None; "
-         "from exporter.cli import main; sys.exit(main(['top']))"],
+         "from exporter.app.cli import main; sys.exit(main(['top']))"],
         capture_output=True, text=True, cwd=REPO, env=daemon_env(None), timeout=60)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith("gpu-exporter: error: top needs the top extra: "
@@ -278,7 +278,7 @@ def test_the_daemon_never_imports_rich() -> None:
     (the live page and /api/v1/history included in its code) never loads it."""
     got = probe(["--collector.interval", "0.5s", *nvidia_only_args()], nvidia_only_env())
     modules: list[str] = got["modules"]  # type: ignore[assignment]
-    assert "exporter.history" in modules and "exporter.landing" in modules
+    assert "exporter.serve.history" in modules and "exporter.serve.landing" in modules
     # (``rich`` itself is listed: the None that keeps structlog from importing it)
     assert [m for m in modules if m.startswith("rich.")] == []
-    assert "exporter.top" not in modules
+    assert "exporter.client.top" not in modules

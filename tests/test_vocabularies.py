@@ -1,13 +1,14 @@
-"""Closed vocabularies are enums the type checker sees (exporter.labels): health checks and
+"""Closed vocabularies are enums the type checker sees (exporter.core.labels): health checks and
 finding codes, keyed as such by dcgm mode's mapping; the values served stay the strings."""
 
 from __future__ import annotations
 
 import json
 
-from exporter import dcgm, health
-from exporter.labels import Check, FindingCode
-from exporter.model import DeviceInfo, DeviceSample
+from exporter.collect import health
+from exporter.core.labels import Check, FindingCode
+from exporter.core.model import DeviceInfo, DeviceSample
+from exporter.output import dcgm
 
 
 def test_every_check_but_xid_is_a_dcgm_health_watch_and_codes_are_finding_codes() -> None:
@@ -36,9 +37,9 @@ def test_reload_s_live_settings_name_real_fields() -> None:
     """reload's live settings are named groups, not slices: each name is a field."""
     from dataclasses import fields
 
-    from exporter import reload
-    from exporter.config import Config
-    from exporter.webconfig import WebConfig
+    from exporter.app import reload
+    from exporter.core.config import Config
+    from exporter.serve.webconfig import WebConfig
 
     config = {f.name for f in fields(Config)}
     web = {f.name for f in fields(WebConfig)}
@@ -53,7 +54,7 @@ def test_every_collection_error_reason_is_one_of_the_vocabulary() -> None:
     import re
     from pathlib import Path
 
-    from exporter.labels import ErrorReason
+    from exporter.core.labels import ErrorReason
 
     root = Path(__file__).resolve().parent.parent
     literal = re.compile(r'errors\[\s*"([a-z_0-9]+)"\s*\]|problem = "([a-z_]+)"|'

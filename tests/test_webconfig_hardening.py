@@ -16,9 +16,9 @@ import bcrypt
 import httpx
 import pytest
 
-from exporter import healthcheck
-from exporter.config import ConfigError, load_yaml_mapping
-from exporter.webconfig import load_web_config, tls_context
+from exporter.app import healthcheck
+from exporter.core.config import ConfigError, load_yaml_mapping
+from exporter.serve.webconfig import load_web_config, tls_context
 from tests.daemon import running
 from tests.test_server import _self_signed, no_gpu_args, run_cli
 

@@ -18,7 +18,7 @@ import urllib.request  # noqa: F401  # before the fake: it imports _scproxy on d
 sys.platform = "darwin"
 sys.modules["pyudev"] = None  # type: ignore[assignment]  # import pyudev -> ImportError
 
-from exporter.cli import main  # noqa: E402
+from exporter.app.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.backends.nvidia.backend import NvidiaBackend
-from exporter.backends.nvidia.health import RECOVERY_ACTIONS, RECOVERY_FIELD
-from exporter.config import Config
-from exporter.health import HEALTHY
+from exporter.collect.backends.nvidia.backend import NvidiaBackend
+from exporter.collect.backends.nvidia.health import RECOVERY_ACTIONS, RECOVERY_FIELD
+from exporter.collect.health import HEALTHY
+from exporter.core.config import Config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def get(port: int, path: str) -> str:
 def daemon() -> Iterator[int]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter.cli", "--web.listen-address", f"127.0.0.1:{port}",
+        [sys.executable, "-m", "exporter.app.cli", "--web.listen-address", f"127.0.0.1:{port}",
          "--collector.slow-interval", "2s"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})

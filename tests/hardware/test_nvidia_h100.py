@@ -1,6 +1,6 @@
 """The real daemon on a real NVIDIA GPU, checked against nvidia-smi read at the same moment.
 
-Starts ``python -m exporter.cli`` on a free port, scrapes it at idle, starts a PyTorch
+Starts ``python -m exporter.app.cli`` on a free port, scrapes it at idle, starts a PyTorch
 workload that holds a known amount of memory and runs matmuls, scrapes again and
 reads nvidia-smi right after. Prints every compared number (exported vs nvidia-smi)
 so they can be quoted. Skipped without a GPU (see conftest.py).
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.backends.nvidia.device import COUNTERS_EVERY
+from exporter.collect.backends.nvidia.device import COUNTERS_EVERY
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -76,7 +76,7 @@ def smi(*args: str) -> list[list[str]]:
 def daemon() -> Iterator[int]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter.cli", "--web.listen-address", f"127.0.0.1:{port}",
+        [sys.executable, "-m", "exporter.app.cli", "--web.listen-address", f"127.0.0.1:{port}",
          "--collector.slow-interval", f"{SLOW_INTERVAL}s"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})

@@ -110,7 +110,7 @@ def soak_daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, 
     log = tmp_path / "daemon.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-X", "faulthandler", "-m", "exporter.cli",
+            [sys.executable, "-X", "faulthandler", "-m", "exporter.app.cli",
              "--web.listen-address", f"127.0.0.1:{port}", "--collector.slow-interval", "5s"],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(

@@ -47,10 +47,10 @@ if [ -n "$SYSFS" ]; then
   "${in_image[@]}" "$entry" --path.sysfs /host --path.procfs /proc --web.listen-address "127.0.0.1:$port" >/dev/null 2>&1 &
   pid=$!
   for _ in $(seq 50); do
-    "${in_image[@]}" python -m exporter.healthcheck "/proc/$pid/cmdline" 2>/dev/null && break
+    "${in_image[@]}" python -m exporter.app.healthcheck "/proc/$pid/cmdline" 2>/dev/null && break
     sleep 0.2
   done
-  if "${in_image[@]}" python -m exporter.healthcheck "/proc/$pid/cmdline"; then
+  if "${in_image[@]}" python -m exporter.app.healthcheck "/proc/$pid/cmdline"; then
     echo "healthcheck passed"
   else
     echo "healthcheck failed"

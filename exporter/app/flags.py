@@ -1,0 +1,357 @@
+"""The flags, and how a ``Config`` is read from them, the environment and the config file.
+
+Owns the flag table (``OPTIONS``; the collector switches ``--[no-]collector.<name>``
+come from the backend table, exporter.collect.backends), the argparse parser and its help, and
+loading: precedence is flag > environment > file > default. Every key has one name
+(``collector.interval``); the flag is ``--collector.interval``, the variable
+``GPU_EXPORTER_COLLECTOR_INTERVAL`` and the file key ``collector.interval`` (or
+nested: ``collector: {interval: 1s}``). Bad input raises ``ConfigError`` naming the key
+and where it came from; exporter.app.cli turns it into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exporter import __version__
+from exporter.collect.registry import COLLECTORS, TABLE
+from exporter.core.config import (
+    ALIASES,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    METRIC_NAMES,
+    Config,
+    ConfigError,
+    bounded_duration,
+    load_yaml_mapping,
+    parse_bool,
+    parse_choice,
+    parse_headers,
+    parse_listen_address,
+    parse_path,
+    parse_paths,
+    parse_positive_int,
+    parse_regex,
+    parse_telemetry_path,
+    parse_url,
+)
+
+HOUR = 3600.0
+DAY = 24 * HOUR
+USAGE_EPILOG = """commands:
+  (none)      run the exporter daemon
+  snapshot    run one collection and print it as JSON, with each backend's state and the
+              reason a backend is off: the first thing to run when a metric is missing.
+              With --from URL, print what the running daemon sees (inside a container
+              its view of the host differs from a fresh process's)
+  top         a full-screen terminal dashboard of a running daemon (--from URL, default
+              http://127.0.0.1:9445), refreshed from its /api/v1/history; needs the top
+              extra: pip install 'gpu-exporter[top]'
+
+Every flag can also be set with GPU_EXPORTER_<NAME> (dots and dashes become underscores,
+e.g. GPU_EXPORTER_WEB_LISTEN_ADDRESS=:9445) or in --config.file (YAML, same keys).
+Precedence: flag > environment > file > default."""
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    field: str
+    parse: Callable[[str, Any], Any]
+    help: str
+    metavar: str = ""
+    repeated: bool = False
+    switch: bool = False  # --key / --no-key on the command line, a boolean elsewhere
+
+
+def _addresses(key: str, value: Any) -> tuple[str, ...]:
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    addresses = tuple(parse_listen_address(key, str(v)) for v in items if str(v).strip())
+    if not addresses:
+        raise ConfigError(key, "needs at least one address")
+    return addresses
+
+
+OPTIONS = (
+    Option("web.listen-address", "listen_addresses", _addresses,
+           "address to listen on, host:port or unix:/path; repeatable (default :9445)",
+           "ADDR", repeated=True),
+    Option("web.telemetry-path", "telemetry_path", parse_telemetry_path,
+           "path of the metrics endpoint (default /metrics)", "PATH"),
+    Option("web.config.file", "web_config_file", parse_path,
+           "exporter-toolkit web config: TLS and basic auth (default none)", "FILE"),
+    Option("path.sysfs", "sysfs", parse_path, "sysfs mount point (default /sys)", "DIR"),
+    Option("path.procfs", "procfs", parse_path, "procfs mount point (default /proc)", "DIR"),
+    Option("path.state", "state_dir", parse_path,
+           "directory where a run records how it ended, so the next start logs a crash or "
+           "restart loop (default systemd's $STATE_DIRECTORY, else none)", "DIR"),
+    Option("path.amdgpu-ids", "amdgpu_ids", parse_path,
+           "libdrm's amdgpu.ids, the AMD marketing-name table, and no other (default "
+           "usr/share/libdrm/amdgpu.ids beside the sysfs root, then /usr/share/libdrm's; "
+           "pci.ids and AMD 0x<device> after either)", "FILE"),
+    Option("collector.interval", "interval", bounded_duration(0.1, HOUR),
+           "fast tier: seconds between samples, 100ms to 1h (default 1s)", "DURATION"),
+    Option("collector.slow-interval", "slow_interval", bounded_duration(0.1, DAY),
+           "slow tier for expensive calls, 100ms to 24h (default 10s)", "DURATION"),
+    Option("collector.processes.interval", "processes_interval", bounded_duration(0.1, DAY),
+           "per-process /proc scan interval, 100ms to 24h (default 5s)", "DURATION"),
+    Option("collector.processes.budget", "processes_budget", bounded_duration(0.001, HOUR),
+           "time one /proc scan may take before it stops early, 1ms to 1h (default 500ms)",
+           "DURATION"),
+    Option("max-processes-per-gpu", "max_processes_per_gpu", parse_positive_int,
+           "cap on per-process series per GPU, largest memory first (default 64)", "N"),
+    Option("stale-after", "stale_after", bounded_duration(0.1, DAY),
+           "withdraw a backend's series after this long without a completed collection, "
+           "100ms to 24h (default 3 x collector.interval)", "DURATION"),
+    Option("log.level", "log_level", lambda k, v: parse_choice(k, v, LOG_LEVELS),
+           "debug, info, warning or error (default info)", "LEVEL"),
+    Option("log.format", "log_format", lambda k, v: parse_choice(k, v, LOG_FORMATS),
+           "json, console or auto: console on a terminal (default auto)", "FORMAT"),
+    Option("metric-names", "metric_names", lambda k, v: parse_choice(k, v, METRIC_NAMES),
+           "gpu (default), dcgm (dcgm-exporter's DCGM_FI_* names) or both", "SCHEME"),
+    # The landing page and metric selection (exporter.serve.history, exporter.selection).
+    Option("web.history", "web_history", bounded_duration(1.0, DAY),
+           "how far back the landing page's charts go, kept in memory: one sample per "
+           "collector.interval per GPU, 1s to 24h (default 15m)", "DURATION"),
+    Option("collector.metrics.include", "metrics_include", parse_regex,
+           "serve only the metric families whose whole name matches this regex "
+           "(default all)", "REGEX"),
+    Option("collector.metrics.exclude", "metrics_exclude", parse_regex,
+           "do not serve the metric families whose whole name matches this regex "
+           "(default none)", "REGEX"),
+    Option("dcgm.counters", "dcgm_counters", parse_path,
+           "with --metric-names dcgm or both: serve only the DCGM_FI_* fields this "
+           "dcgm-exporter counters CSV names (default all we can fill)", "FILE"),
+    Option("kubernetes.pod-resources-socket", "kubernetes_pod_resources_socket", parse_path,
+           "kubelet pod-resources API socket, for device -> pod "
+           "(default /var/lib/kubelet/pod-resources/kubelet.sock)", "PATH"),
+    Option("kubernetes.cri-socket", "kubernetes_cri_socket", parse_path,
+           "CRI runtime socket, for process -> pod (default: the first of containerd's "
+           "and CRI-O's standard sockets that exists)", "PATH"),
+    Option("kubernetes.device-labels", "kubernetes_device_labels", parse_bool,
+           "also put pod/namespace/container on the per-GPU series of an exclusively "
+           "allocated GPU (default off)", switch=True),
+    Option("kubernetes.interval", "kubernetes_interval", bounded_duration(0.1, HOUR),
+           "refresh of the pod and container maps, 100ms to 1h (default 5s)", "DURATION"),
+    Option("kubernetes.cdi-spec-dirs", "kubernetes_cdi_spec_dirs", parse_paths,
+           "CDI spec directories, comma-separated, for DRA-allocated GPUs "
+           "(default /etc/cdi,/var/run/cdi)", "DIRS"),
+    Option("kubernetes.pod-labels", "kubernetes_pod_labels", parse_regex,
+           "export the pod labels whose names match this regex, from the CRI runtime, as "
+           "gpu_kubernetes_pod_labels_info (default off)", "REGEX"),
+    Option("slurm.job-mapping-dir", "slurm_job_mapping_dir", parse_path,
+           "dcgm-exporter's HPC job mapping directory (a file per GPU index listing its "
+           "job ids), served as gpu_slurm_job_info (default off)", "DIR"),
+    Option("health.xid-window", "health_xid_window", bounded_duration(1.0, 7 * DAY),
+           "how long an NVIDIA XID keeps counting towards the GPU's health verdict, "
+           "1s to 7d (default 1h)", "DURATION"),
+    Option("macmon.path", "macmon_path", parse_path,
+           "Apple Silicon: the macmon executable run as `macmon pipe` (default macmon on PATH)",
+           "PATH"),
+    # OTLP push (exporter/output/otlp.py, docs/otlp.md): needs the otlp extra.
+    Option("otlp.endpoint", "otlp_endpoint", parse_url,
+           "push metrics over OTLP/HTTP to this URL too (a URL without a path gets "
+           "/v1/metrics); needs the otlp extra (default: no push)", "URL"),
+    Option("otlp.interval", "otlp_interval", bounded_duration(0.1, HOUR),
+           "seconds between OTLP pushes, 100ms to 1h (default 15s)", "DURATION"),
+    Option("otlp.timeout", "otlp_timeout", bounded_duration(0.1, HOUR),
+           "time one push may take, retries included (default: OTEL_EXPORTER_OTLP_TIMEOUT "
+           "or 10s)", "DURATION"),
+    Option("otlp.headers", "otlp_headers", parse_headers,
+           "HTTP headers of each push, name=value,... (default: OTEL_EXPORTER_OTLP_HEADERS)",
+           "HEADERS"),
+    Option("otlp.ca-file", "otlp_ca_file", parse_path,
+           "CA certificates that verify an https:// receiver (default: "
+           "OTEL_EXPORTER_OTLP_CERTIFICATE or the system's)", "FILE"),
+    Option("otlp.only", "otlp_only", parse_bool,
+           "push only: bind no port, serve no /metrics (default off)", switch=True),
+)
+KEYS = {o.key: o for o in OPTIONS}
+# Every collector switch key (old names included) -> the collector it switches.
+COLLECTOR_KEYS = {f"collector.{name}": name for name in COLLECTORS} | {
+    f"collector.{old}": name for old, name in ALIASES.items()}
+
+
+def env_name(key: str) -> str:
+    return "GPU_EXPORTER_" + re.sub(r"[.\-]", "_", key).upper()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpu-exporter", usage="gpu-exporter [snapshot|top] [flags]",
+        description="Prometheus exporter for NVIDIA, AMD, Intel and Apple GPUs, per GPU and per "
+        "process.", epilog=USAGE_EPILOG, formatter_class=_HelpFormatter,
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False)  # --web.l would change meaning as flags are added
+    p.add_argument("--version", action="version",
+                   version=f"gpu-exporter {__version__} (python {platform.python_version()})")
+    p.add_argument("command", nargs="?", choices=("snapshot", "top"), metavar="snapshot|top",
+                   default=None, help="run one collection and print it as JSON, or watch a "
+                   "running daemon in the terminal (see below)")
+    p.add_argument("--from", dest="from", metavar="URL",
+                   help="snapshot: print the running daemon's /snapshot instead; top: the "
+                   "daemon to watch (e.g. http://127.0.0.1:9445, https://user:password@host:9445 "
+                   "for basic auth, unix:/run/gpu-exporter.sock)")
+    p.add_argument("--tls.ca-file", dest="tls.ca-file", metavar="FILE",
+                   help="snapshot --from, top: https:// or unix: only: the CA that signed the "
+                   "daemon's certificate (default: the system's CAs)")
+    p.add_argument("--tls.insecure-skip-verify", dest="tls.insecure-skip-verify",
+                   action="store_true", help="snapshot --from, top only: do not verify the "
+                   "daemon's certificate")
+    p.add_argument("--config.file", dest="config.file", metavar="FILE",
+                   help="YAML file with the same keys as the flags")
+    for o in OPTIONS:
+        if o.switch:
+            _add_switch(p, o.key, o.help)
+        else:
+            p.add_argument(f"--{o.key}", dest=o.key, metavar=o.metavar, help=o.help,
+                           action="append" if o.repeated else "store")
+    for row in TABLE:
+        default = {None: "auto", True: "on", False: "off"}[row.default] + row.auto
+        old = [f"collector.{o}" for o, name in ALIASES.items() if name == row.key]
+        _add_switch(p, f"collector.{row.key}", f"{row.help} (default: {default})", *old)
+    return p
+
+
+class _Switch(argparse.Action):
+    """``--key`` stores True, ``--no-key`` False; the last one given wins."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows a switch as ``--[no-]collector.nvidia``."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, _Switch):
+            return ", ".join(f"--[no-]{o[2:]}" for o in action.option_strings
+                             if not o.startswith("--no-"))
+        return super()._format_action_invocation(action)
+
+
+def _add_switch(p: argparse.ArgumentParser, key: str, help: str, *aliases: str) -> None:
+    names = [f"--{prefix}{k}" for k in (key, *aliases) for prefix in ("", "no-")]
+    p.add_argument(*names, dest=key, action=_Switch, nargs=0, help=help)
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> dotted keys. A key can be a switch and a prefix at once
+    (``collector: {processes: {interval: 3s}}``): a mapping is always a prefix."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def read_config_file(path: str, origin: str) -> dict[str, Any]:
+    flat = _flatten(load_yaml_mapping(origin, path))
+    for key in flat:
+        if key not in KEYS and key not in COLLECTOR_KEYS:
+            raise ConfigError(f"{path}: {key}", "unknown key")
+    return flat
+
+
+ENV_PREFIX = "GPU_EXPORTER_"
+
+
+# The variables a kubelet gives every container for every Service of its namespace
+# (kubernetes pkg/kubelet/envvars/envvars.go, FromServices: the Service name upper-cased
+# with "-" as "_", then SERVICE_HOST, SERVICE_PORT, SERVICE_PORT_<port name>, and the
+# Docker-link set PORT, PORT_<port>_<PROTO>, ..._PROTO, ..._PORT, ..._ADDR), and the
+# legacy Docker links (<ALIAS>_NAME, <ALIAS>_ENV_<VAR>). A Service named like ours (the
+# chart's and the manifests' own) gives GPU_EXPORTER_SERVICE_HOST, GPU_EXPORTER_PORT, ...
+# These name no flag: they are told apart by their shape, name and value together.
+_IP = r"(?:[0-9.]+|\[?[0-9A-Fa-f:.]+\]?)"
+_PROTOCOL = r"(?:tcp|udp|sctp)"
+_LINK_SHAPES = (
+    (re.compile(r"_SERVICE_HOST"), re.compile(_IP)),
+    (re.compile(r"_SERVICE_PORT(?:_[A-Z0-9_]+)?"), re.compile(r"[0-9]{1,5}")),
+    (re.compile(r"_PORT"), re.compile(rf"{_PROTOCOL}://{_IP}:[0-9]{{1,5}}")),
+    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)"),
+     re.compile(rf"{_PROTOCOL}://{_IP}:[0-9]{{1,5}}")),
+    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_PROTO"), re.compile(_PROTOCOL)),
+    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_PORT"), re.compile(r"[0-9]{1,5}")),
+    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_ADDR"), re.compile(_IP)),
+    (re.compile(r"_NAME"), re.compile(r"/.*")),
+    (re.compile(r"_ENV_[A-Za-z0-9_]+"), re.compile(r".*", re.DOTALL)),
+)
+
+
+def is_service_link(name: str, value: str) -> bool:
+    """Whether ``name=value`` is a variable the kubelet or Docker sets for a Service or a
+    linked container (never a flag: no flag's variable has these shapes)."""
+    for suffix, shape in _LINK_SHAPES:
+        match = re.fullmatch(rf"[A-Z0-9_]*?({suffix.pattern})", name)
+        if match and match.start(1) > 0 and shape.fullmatch(value):
+            return True
+    return False
+
+
+def _check_environment(environ: Mapping[str, str]) -> None:
+    """A ``GPU_EXPORTER_*`` variable that names no key is a typo: an error, as in the file.
+    The kubelet's Service-link variables (``is_service_link``) are not typos: skipped."""
+    known = {env_name(key) for key in (*KEYS, *COLLECTOR_KEYS, "config.file")}
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            if is_service_link(name, environ[name]):
+                continue
+            switch = ENV_PREFIX + name.removeprefix(ENV_PREFIX + "NO_")
+            if name.startswith(ENV_PREFIX + "NO_") and switch in known:
+                # --no-collector.x is a command-line form only: a variable holds a value.
+                raise ConfigError(name, f"unknown variable: use {switch}=false")
+            raise ConfigError(name, "unknown variable (every GPU_EXPORTER_* names a flag; "
+                                    "see gpu-exporter --help)")
+
+
+def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
+    return load_args(vars(build_parser().parse_args(list(argv))), environ)
+
+
+def load_args(args: dict[str, Any], environ: Mapping[str, str]) -> Config:
+    """The Config from parsed flags (``vars`` of ``build_parser``'s namespace), the
+    environment and the config file either names."""
+    _check_environment(environ)
+    config_file = args.get("config.file") or environ.get(env_name("config.file"))
+    from_file = read_config_file(config_file, "config.file") if config_file else {}
+
+    values: dict[str, Any] = {"config_file": config_file}
+    collectors = dict(COLLECTORS)
+
+    def given(keys: Sequence[str]) -> tuple[str, Any] | None:
+        """(origin, raw value) of the first of ``keys`` set, flag > env > file."""
+        for key in keys:
+            if key in args:
+                return f"--{key}", args[key]
+        for key in keys:
+            if env_name(key) in environ:
+                return env_name(key), environ[env_name(key)]
+        for key in keys:
+            if key in from_file:
+                return f"{config_file}: {key}", from_file[key]
+        return None
+
+    for key, option in KEYS.items():
+        if (found := given([key])) is not None:
+            values[option.field] = option.parse(*found)
+    for name in COLLECTORS:
+        keys = [k for k, n in COLLECTOR_KEYS.items() if n == name]  # its own key first
+        if (found := given(keys)) is not None:
+            collectors[name] = parse_bool(*found)
+    values["collectors"] = collectors
+    config = Config(**values)
+    if config.web_config_file is not None:
+        from exporter.serve.webconfig import load_web_config
+
+        load_web_config(config.web_config_file)  # validate now: fail before binding
+    return config

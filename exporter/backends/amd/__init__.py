@@ -1,2 +1,0 @@
-"""AMD: the amdgpu sysfs backend, PCI id names, rates, and the optional amdsmi backend.
-"""

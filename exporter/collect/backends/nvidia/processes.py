@@ -1,0 +1,125 @@
+"""The processes on one NVIDIA GPU (or MIG device): NVML's compute and graphics lists plus /proc.
+
+Memory per process comes from NVML (fast tier: the list getters cost microseconds);
+SM utilisation per process from ``nvmlDeviceGetProcessUtilization`` (slow tier:
+milliseconds). The process name is the kernel's ``comm`` through
+``units.process_name`` (the one reader every backend uses) and the host memory is the
+resident set from ``statm`` (one short line, cheaper than ``status``), both read only
+for the pids NVML listed and through ``ProcFS`` so a container sees the host's /proc.
+The name is read once per process; the resident set when a pid is first listed and then
+on the slow tier (bench/nvml_calls.py --stub --procs 64: opening ``statm`` of every GPU
+process every second was most of a fast cycle's cost with many processes). A process is
+its pid and its start time (``stat`` field 22, read with the resident set): a pid
+reused by another process, even one NVML keeps listing, is named again.
+On a MIG device handle the lists hold only that instance's processes, which is how a
+process is attributed to its instance.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+from exporter.collect.backends.nvidia.calls import Caller, Nvml, text, u32, u64
+from exporter.core.fs import ProcFS
+from exporter.core.model import ProcessSample
+from exporter.core.units import parse_rss, parse_start_time, process_name
+from exporter.core.units import ratio_from_percent as ratio
+
+PROCESS_LISTS = (Nvml.DEVICE_GET_COMPUTE_RUNNING_PROCESSES,
+                 Nvml.DEVICE_GET_GRAPHICS_RUNNING_PROCESSES)
+
+
+class ProcessReader:
+    """Per-device process list with a name cache per process identity (pid, start time)."""
+
+    def __init__(self, nvml: Any, call: Caller, proc: ProcFS) -> None:
+        self.nvml = nvml
+        self.call = call
+        self.proc = proc
+        self._names: dict[int, str] = {}
+        self._rss: dict[int, float | None] = {}  # pid -> bytes, from the slow tier
+        self._started: dict[int, int | None] = {}  # pid -> start time, read with the RSS
+        self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
+        self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
+
+    def read(self, errors: Counter[str], slow: bool = True) -> tuple[ProcessSample, ...]:
+        """Union of compute and graphics processes; a pid in both is reported once.
+        ``slow``: re-read every process's resident set (else only new pids')."""
+        memory: dict[int, int | None] = {}
+        for fn in PROCESS_LISTS:
+            for p in self.call.get(errors, fn) or ():
+                pid = u32(p.pid)
+                if pid is None:
+                    continue
+                used = u64(p.usedGpuMemory)  # pynvml gives None for NVML_VALUE_NOT_AVAILABLE
+                if pid in memory and memory[pid] is not None:
+                    used = max(used or 0, memory[pid] or 0)  # same pid, both contexts
+                memory[pid] = used
+        self._names = {pid: n for pid, n in self._names.items() if pid in memory}
+        self._rss = {pid: r for pid, r in self._rss.items() if pid in memory}
+        self._started = {pid: t for pid, t in self._started.items() if pid in memory}
+        out = []
+        for pid, used in memory.items():
+            util = self._sm_util.get(pid)
+            if slow or pid not in self._rss:
+                self._rss[pid] = parse_rss(self.proc.read_bytes(str(pid), "statm"), None)
+                self._identify(pid)
+            out.append(ProcessSample(
+                pid=pid,
+                process=self._name(pid),
+                memory_used_bytes=None if used is None else float(used),
+                utilization_ratio={} if util is None else {"sm": util},
+                host_memory_bytes=self._rss[pid],
+            ))
+        out.sort(key=lambda s: (-(s.memory_used_bytes or 0.0), s.pid))
+        return tuple(out)
+
+    def read_utilization(self, errors: Counter[str]) -> None:
+        """Per-process SM utilisation since the last slow cycle (slow tier)."""
+        not_found = getattr(self.nvml, "NVML_ERROR_NOT_FOUND", 6)
+        if self.call.absent(Nvml.DEVICE_GET_PROCESS_UTILIZATION):
+            return
+        try:
+            samples = self.nvml.nvmlDeviceGetProcessUtilization(self.call.handle,
+                                                                self._last_util_ts)
+        except self.nvml.NVMLError as e:
+            if getattr(e, "value", None) == not_found:  # no process ran a kernel since then
+                self._sm_util = {}
+                return
+            self.call.failed(errors, e, Nvml.DEVICE_GET_PROCESS_UTILIZATION)
+            return
+        latest: dict[int, tuple[int, float]] = {}
+        for s in samples:
+            pid, ts, sm = u32(s.pid), u64(s.timeStamp), ratio(u32(s.smUtil))
+            if pid is None or ts is None or sm is None:
+                continue
+            if pid not in latest or ts >= latest[pid][0]:
+                latest[pid] = (ts, sm)
+            self._last_util_ts = max(self._last_util_ts, ts)
+        self._sm_util = {pid: sm for pid, (_ts, sm) in latest.items()}
+
+    def _identify(self, pid: int) -> None:
+        """Forget the name of a pid that another process now holds (start time changed)."""
+        stat = self.proc.read_bytes(str(pid), "stat")
+        start = None if stat is None else parse_start_time(stat)
+        if self._started.setdefault(pid, start) != start:
+            self._started[pid] = start
+            self._names.pop(pid, None)
+
+    def _name(self, pid: int) -> str:
+        name = self._names.get(pid)
+        if name is None:
+            comm = self.proc.read_bytes(str(pid), "comm")
+            if comm is not None:
+                name = process_name(comm)
+            else:
+                # Not in our /proc (another pid namespace): ask the driver, keep the basename.
+                try:
+                    name = process_name(os.path.basename(
+                        text(self.nvml.nvmlSystemGetProcessName(pid))))
+                except (self.nvml.NVMLError, AttributeError):
+                    name = ""
+            self._names[pid] = name
+        return name

@@ -1,0 +1,294 @@
+"""The landing page ``/``: every GPU with its current values, charts and top processes.
+
+Server-rendered HTML that is complete without JavaScript: the GPU table, the health
+reasons, the charts as inline SVG drawn here from the ring buffer (exporter.serve.history), the
+top processes with their pods and the backends. ``/static/app.js``
+(exporter.serve.landing_static) then keeps every one of them current from ``/api/v1/history``:
+the tables are rebuilt from its ``devices``, ``backends`` and ``processes``, whose table
+text (``cells``) is written by exporter.serve.history for both, so a refreshed cell reads as a
+reloaded page would. Nothing external: no fonts, scripts or CDNs, and the page's
+Content-Security-Policy allows only its own origin (no inline script or style).
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from exporter import __version__
+from exporter.collect.state import Snapshot
+from exporter.serve.history import SERIES, History, Series, current, top_processes
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+       "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+WIDTH, HEIGHT = 300.0, 60.0  # the charts' viewBox; app.js draws in the same one
+GIB = float(1 << 30)
+# What a state or verdict reads as, with a symbol, so that it is readable without colour.
+MARKS = {"up": "● up", "down": "✖ down", "stale": "◌ stale", "healthy": "✔ healthy",
+         "degraded": "▲ degraded", "failed": "✖ failed", "ok": "● ok", "failing": "✖ failing"}
+GPU_COLUMNS = (("gpu", "gpu"), ("name", "name"), ("vendor", "vendor"), ("state", "state"),
+               ("utilization", "utilisation"), ("memory", "memory"), ("power", "power / limit"),
+               ("temperature", "hottest sensor"), ("health", "health"))
+BACKEND_COLUMNS = (("backend", "backend"), ("state", "state"), ("reason", "reason"),
+                   ("devices", "devices"))
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def mark(word: str) -> str:
+    """A state or verdict as the page writes it (app.js: the same table, MARKS)."""
+    return MARKS.get(word, word or "no data")
+
+
+def chart_path(times: Sequence[float], values: Sequence[float | None], now: float,
+               window: float, high: float | None) -> tuple[str, int]:
+    """An SVG path (a gap where a value is unknown) and the number of points drawn.
+
+    The x axis is the whole window, ``now - window`` at the left edge and ``now`` at the
+    right, as the axis labels say. ``high``: the top of the scale; None: a quarter above
+    the largest value, so a constant line is drawn below the top edge. One point per
+    pixel column of the viewBox, the largest value of the samples there (a peak is never
+    averaged away), so a 15 minute window of 1 s samples draws 300 points, not 900
+    (app.js: the same).
+    """
+    return path_of(runs(times, now, window), values, high)
+
+
+def runs(times: Sequence[float], now: float, window: float) -> list[tuple[int, int, int]]:
+    """(pixel column, first, end) of each run of samples that fall in the same pixel
+    column (``now - window`` is column 0, ``now`` column WIDTH), found by bisecting the
+    sorted times at each column's edge: computed once for a GPU's charts, which share
+    their times."""
+    out: list[tuple[int, int, int]] = []
+    first, n, start = 0, len(times), now - window
+    for column in range(1, int(WIDTH) + 1):
+        if first == n:
+            return out
+        end = bisect.bisect_left(times, start + column * window / WIDTH, first)
+        if end > first:
+            out.append((column - 1, first, end))
+            first = end
+    if first < n:
+        out.append((int(WIDTH), first, n))
+    return out
+
+
+def path_of(columns: Sequence[tuple[int, int, int]], values: Sequence[float | None],
+            high: float | None) -> tuple[str, int]:
+    """chart_path over ``runs``: a point per pixel column, the largest of its values; a
+    gap (the pen lifted) at an unknown value."""
+    scale_y = HEIGHT / scale_top(values, high)
+    if None not in values:  # the usual case: no gap, one comprehension
+        known: Sequence[float] = values  # type: ignore[assignment]
+        parts = [f"L{x},{int(HEIGHT + 0.5 - min(max(max(known[a:b]) * scale_y, 0.0), HEIGHT))}"
+                 for x, a, b in columns]
+        if parts:
+            parts[0] = "M" + parts[0][1:]
+        return " ".join(parts), len(parts)
+    parts = []
+    pen = "M"
+    for x, first, end in columns:
+        chunk = values[first:end]
+        if None not in chunk:  # the usual case: one max() in C
+            best: float = max(chunk)  # type: ignore[type-var,assignment]
+            parts.append(f"{pen}{x},{_y(best, scale_y)}")
+            pen = "L"
+            continue
+        top: float | None = None
+        for v in chunk:
+            if v is None:
+                if top is not None:
+                    parts.append(f"{pen}{x},{_y(top, scale_y)}")
+                pen, top = "M", None
+            elif top is None or v > top:
+                top = v
+        if top is not None:
+            parts.append(f"{pen}{x},{_y(top, scale_y)}")
+            pen = "L"
+    return " ".join(parts), len(parts)
+
+
+def _y(value: float, scale_y: float) -> int:
+    """The y of a value, in whole viewBox units (a pixel of the 60 px chart)."""
+    return int(HEIGHT + 0.5 - min(max(value * scale_y, 0.0), HEIGHT))
+
+
+def scale_top(values: Sequence[float | None], high: float | None) -> float:
+    return high or 1.25 * max((v for v in values if v is not None), default=0.0) or 1.0
+
+
+def chart_high(s: Series, device: Mapping[str, Any] | None) -> float | None:
+    """The top of a chart's scale: 100 % for ratios, the GPU's power limit for power, the
+    hottest sensor's critical limit for temperature; None (autoscaled) where unknown."""
+    if s.high is not None or device is None:
+        return s.high
+    if s.key == "power":
+        return device["power_limit_watts"] or None
+    if s.key == "temperature" and device["temperature"] is not None:
+        return device["temperature"]["critical"] or None
+    return None
+
+
+def _minutes(seconds: float) -> str:
+    return f"-{seconds / 60:g} min" if seconds >= 120 else f"-{seconds:g} s"
+
+
+def _sensor(gpu: str, s: Series, device: Mapping[str, Any] | None) -> str:
+    """The temperature chart's sensor, named (the hottest one now)."""
+    if s.key != "temperature":
+        return ""
+    sensor = device["temperature"]["sensor"] if device and device["temperature"] else ""
+    return f" <span class=\"sensor\" data-gpu=\"{_e(gpu)}\" data-sensor=\"\">{_e(sensor)}</span>"
+
+
+def _chart(gpu: str, s: Series, column: Mapping[str, Any], device: Mapping[str, Any] | None,
+           xs: Sequence[tuple[int, int, int]], window: float) -> str:
+    high = chart_high(s, device)
+    d, points = path_of(xs, column[s.key], high)
+    last = next((v for v in reversed(column[s.key]) if v is not None), None)
+    top = scale_top(column[s.key], high)
+    grid = "".join(f"<line x1=\"0\" x2=\"{WIDTH:g}\" y1=\"{HEIGHT * f:g}\" "
+                   f"y2=\"{HEIGHT * f:g}\" class=\"grid\"/>" for f in (0.25, 0.5, 0.75))
+    return (f"<figure class=\"chart\"><figcaption>{_e(s.title)} <span data-gpu=\"{_e(gpu)}\" "
+            f"data-last=\"{s.key}\">{'no data' if last is None else f'{last:.0f} {s.unit}'}"
+            f"</span>{_sensor(gpu, s, device)}</figcaption><div class=\"plot\">"
+            f"<span class=\"ytop\" data-gpu=\"{_e(gpu)}\" data-top=\"{s.key}\">{top:.0f} "
+            f"{_e(s.unit)}</span><span class=\"ybottom\">0</span>"
+            f"<svg class=\"chart\" viewBox=\"0 0 {WIDTH:g} {HEIGHT:g}\" "
+            f"preserveAspectRatio=\"none\" role=\"img\" data-gpu=\"{_e(gpu)}\" "
+            f"data-key=\"{s.key}\" data-max=\"{'' if high is None else f'{high:g}'}\" "
+            f"data-points=\"{points}\"><title>{_e(s.title)} ({_e(s.unit)}), gpu {_e(gpu)}"
+            f"</title>{grid}<path d=\"{d}\" fill=\"none\" stroke=\"currentColor\" "
+            "stroke-width=\"1.5\" vector-effect=\"non-scaling-stroke\"/></svg>"
+            f"<span class=\"nodata\" data-gpu=\"{_e(gpu)}\" data-nodata=\"{s.key}\""
+            f"{'' if points == 0 else ' hidden'}>no data</span>"
+            f"<span class=\"xleft\">{_minutes(window)}</span><span class=\"xmid\">"
+            f"{_minutes(window / 2)}</span><span class=\"xright\">now</span></div></figure>")
+
+
+def _charts(gpu: str, column: Mapping[str, Any], device: Mapping[str, Any] | None,
+            now: float, window: float) -> str:
+    xs = runs(column["t"], now, window)  # one time axis for the GPU's charts
+    return "".join(_chart(gpu, s, column, device, xs, window) for s in SERIES)
+
+
+def _row(cells: Sequence[tuple[str, str, str]], attrs: str = "") -> str:
+    """A table row: (column label, text, class) per cell; the label names the cell in
+    the narrow layout, where each row is a card."""
+    return (f"<tr{attrs}>" + "".join(
+        f"<td data-label=\"{_e(label)}\"{_class(cls)}>{_e(text)}</td>"
+        for label, text, cls in cells) + "</tr>")
+
+
+def _class(cls: str) -> str:
+    return f" class=\"{cls}\"" if cls else ""
+
+
+def gpu_row(dev: Mapping[str, Any]) -> str:
+    cells = dev["cells"]
+    heat = dev["temperature"]["heat"] if dev["temperature"] else ""
+    classes = {"state": f"state-{dev['state']}", "temperature": f"heat-{heat}" if heat else "",
+               "health": f"health-{dev['health']['status']}" if dev["health"]["status"] else ""}
+    text = {"gpu": dev["gpu"], "name": dev["name"], "vendor": dev["vendor"],
+            "state": mark(cells["state"]), "health": mark(dev["health"]["status"])}
+    return _row([(label, text.get(key, cells.get(key, "")), classes.get(key, ""))
+                 for key, label in GPU_COLUMNS],
+                f" data-gpu=\"{_e(dev['gpu'])}\" class=\"state-{dev['state']}\"")
+
+
+def _health(devices: Sequence[Mapping[str, Any]]) -> str:
+    """The reasons of every GPU that is not healthy (the verdicts are the GPUs table's)."""
+    items = "".join(
+        f"<li class=\"health-{_e(d['health']['status'])}\">GPU {_e(d['gpu'])} "
+        f"({_e(d['name'])}): {_e(mark(d['health']['status']))}: "
+        + _e("; ".join(f"{r['check']}: {r['reason']}" for r in d["health"]["reasons"]))
+        + "</li>" for d in devices if d["health"]["status"] not in ("", "healthy"))
+    return (f"<ul>{items}</ul>" if items else
+            "<p class=\"none\">No health problem on any GPU.</p>" if devices else "")
+
+
+def processes_table(top: Mapping[str, Any]) -> str:
+    """The top processes (exporter.serve.history.top_processes) of one GPU; pod and container
+    columns only where a process has one (app.js: the same rule)."""
+    rows = top["rows"]
+    if not rows:
+        return "<p class=\"none\">No processes reported.</p>"
+    pods = any(p["pod"] or p["container"] for p in rows)
+    head = ["pid", "process", "memory"] + (["pod", "container"] if pods else [])
+    body = "".join(_row([(h, str(c), "") for h, c in zip(head, (
+        p["pid"], p["process"], "no data" if p["memory_bytes"] is None
+        else f"{p['memory_bytes'] / GIB:.2f} GiB", p["pod"], p["container"]), strict=False)])
+        for p in rows)
+    return ("<table class=\"procs\"><thead><tr>" + "".join(f"<th>{h}</th>" for h in head)
+            + f"</tr></thead><tbody>{body}</tbody></table>"
+            + (f"<p class=\"none\">and {top['more']} more</p>" if top["more"] > 0 else ""))
+
+
+def backend_rows(backends: Sequence[Mapping[str, Any]],
+                 otlp: Mapping[str, Any] | None) -> str:
+    rows = [_row([("backend", b["backend"], ""), ("state", mark(b["state"]),
+                   f"state-{b['state']}"), ("reason", b["reason"], ""),
+                  ("devices", str(b["devices"]), "")]) for b in backends]
+    if otlp is not None:
+        rows.append(_row([("backend", "otlp push", ""), ("state", mark(otlp["state"]),
+                          "state-" + ("up" if otlp["state"] == "ok" else "down")),
+                          ("reason", otlp["detail"], ""), ("devices", "", "")]))
+    return "".join(rows)
+
+
+def page(snapshot: Snapshot, history: History, telemetry_path: str,
+         otlp: Mapping[str, Any] | None = None, now: float | None = None) -> str:
+    """The whole page for the current snapshot and history."""
+    now = time.time() if now is None else now
+    devices, backends = current(snapshot)
+    body = history.as_json(now=now, otlp=otlp)
+    columns = {c["gpu"]: c for c in body["gpus"]}
+    by_gpu = {d["gpu"]: d for d in devices}
+    empty: dict[str, Any] = {"t": [], **{s.key: [] for s in SERIES}}
+    rows = "".join(gpu_row(d) for d in devices)
+    processes = {gpu: {"rows": rows, "more": more} for gpu, d in snapshot.devices
+                 if not d.info.parent_key for rows, more in [top_processes(d)]}
+    cards = "".join(
+        f"<section class=\"gpu\" id=\"gpu-{_e(gpu)}\"><h3>GPU {_e(gpu)}: {_e(d['name'])}</h3>"
+        "<div class=\"charts\">"
+        + _charts(gpu, columns.get(gpu, empty), by_gpu.get(gpu), now, history.window)
+        + f"</div><h4>Top processes</h4><div class=\"processes\" data-gpu=\"{_e(gpu)}\">"
+        + processes_table(processes.get(gpu, {"rows": [], "more": 0})) + "</div></section>"
+        for gpu, d in by_gpu.items())
+    otlp_row = body["otlp"]
+    span = (f"{history.window / 60:g} minutes" if history.window >= 120
+            else f"{history.window:g} seconds")
+    return (
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        "<title>gpu-exporter</title><link rel=\"stylesheet\" href=\"/static/app.css\">"
+        f"<script src=\"/static/app.js\" defer></script></head>"
+        f"<body data-window=\"{history.window:g}\" data-interval=\"{history.interval:g}\" "
+        f"data-rendered=\"{now:.3f}\">"
+        f"<h1>gpu-exporter {_e(__version__)}</h1>"
+        f"<nav><a href=\"{_e(telemetry_path)}\">Prometheus metrics</a> · "
+        "<a href=\"/snapshot\">Snapshot (JSON)</a> · "
+        "<a href=\"/api/v1/history\">History (JSON)</a> · "
+        "<a href=\"/-/healthy\">Exporter liveness (not GPU health)</a> · "
+        "<a href=\"/-/ready\">Exporter readiness</a></nav>"
+        f"<p id=\"status\">As of {_e(time.strftime('%H:%M:%S', time.localtime(now)))} "
+        "(server time). <span id=\"live\"></span></p>"
+        "<h2>GPUs</h2>"
+        f"<p id=\"no-gpu\" class=\"empty\"{' hidden' if devices else ''}>"
+        "No GPU found: see the backends below.</p>"
+        f"<table class=\"gpus cards\"{'' if devices else ' hidden'}><thead><tr>"
+        + "".join(f"<th>{_e(label)}</th>" for _, label in GPU_COLUMNS)
+        + f"</tr></thead><tbody id=\"gpu-rows\">{rows}</tbody></table>"
+        f"<h2>GPU health</h2><div id=\"health\">{_health(devices)}</div>"
+        f"<h2>Charts</h2><p class=\"none\">The last {span}, one sample per "
+        f"{history.interval:g} s; temperature is the hottest sensor's.</p>"
+        f"<p id=\"new-gpu\" class=\"none\" hidden></p>{cards}"
+        "<h2>Backends</h2><table class=\"backends cards\"><thead><tr>"
+        + "".join(f"<th>{_e(label)}</th>" for _, label in BACKEND_COLUMNS)
+        + f"</tr></thead><tbody id=\"backend-rows\">{backend_rows(backends, otlp_row)}"
+        "</tbody></table></body></html>")
