@@ -31,6 +31,7 @@ from exporter.collect.backends.base import (
 from exporter.collect.state import DURATION_BUCKETS, BackendState
 from exporter.core.config import Config
 from exporter.core.joins import JoinSource
+from exporter.core.labels import ErrorReason
 from exporter.core.model import BackendSample, DeviceInfo, DeviceSample
 
 log = structlog.get_logger(__name__)
@@ -65,7 +66,7 @@ def recovered(state: BackendState) -> BackendState:
     return replace(state, failing=False, logged="")
 
 
-def counted(state: BackendState, errors: Mapping[str, int]) -> BackendState:
+def counted(state: BackendState, errors: Mapping[ErrorReason, int]) -> BackendState:
     return replace(state, errors_total=_added(state.errors_total, errors))
 
 
@@ -157,7 +158,8 @@ def _restarts_of(backend: SupervisesChild) -> Callable[[], int]:
     return lambda: backend.child_restarts
 
 
-def _added(total: Mapping[str, int], errors: Mapping[str, int]) -> dict[str, int]:
+def _added(total: Mapping[ErrorReason, int], errors: Mapping[ErrorReason, int]
+           ) -> dict[ErrorReason, int]:
     out = dict(total)
     for reason, n in errors.items():
         out[reason] = out.get(reason, 0) + n

@@ -102,7 +102,7 @@ class SlurmBackend:
         return ()
 
     def sample(self, slow: bool) -> Cycle:
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         try:
             names = [n for n in os.listdir(self.directory) if _INDEX.fullmatch(n)]
             missing = False

@@ -18,6 +18,7 @@ from exporter.collect.energy_split import EnergySplit
 from exporter.collect.health import DEFAULT_XID_WINDOW, Verdict, verdicts
 from exporter.collect.merge import View, cap, enrich, merge
 from exporter.core.joins import JoinSource
+from exporter.core.labels import ErrorReason
 from exporter.core.model import BackendSample, DeviceSample
 
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -44,7 +45,7 @@ class BackendState:
     # (exporter.collect.hub).
     logged: str = ""
     failing: bool = False
-    errors_total: Mapping[str, int] = field(default_factory=dict)
+    errors_total: Mapping[ErrorReason, int] = field(default_factory=dict)
     duration_buckets: tuple[int, ...] = (0,) * len(DURATION_BUCKETS)
     duration_sum: float = 0.0
     duration_count: int = 0

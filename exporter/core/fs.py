@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from exporter.core import units
+from exporter.core.labels import ErrorReason
 
 MAX_ATTR_BYTES = 1 << 20  # no sysfs attribute we read is near this; bounds garbage
 PAGE = 4096  # a sysfs text attribute is at most one page (Documentation/filesystems/sysfs.rst)
@@ -242,7 +243,7 @@ class AttrReader:
 
     # -- values ------------------------------------------------------------------
 
-    def raw(self, directory: str, name: str, errors: Counter[str] | None,
+    def raw(self, directory: str, name: str, errors: Counter[ErrorReason] | None,
             size: int = PAGE, keep: bool = True) -> bytes | None:
         """The attribute's bytes (at most ``size``); None if not listed or unreadable.
 
@@ -262,7 +263,7 @@ class AttrReader:
                     kept = True
             data = os.pread(fd, size, 0)
         except OSError:
-            _count(errors, "read")
+            _count(errors, ErrorReason.READ)
             if kept:
                 self._drop(path)
             elif fd is not None:
@@ -272,12 +273,12 @@ class AttrReader:
             _close(fd)
         return data
 
-    def text(self, directory: str, name: str, errors: Counter[str] | None,
+    def text(self, directory: str, name: str, errors: Counter[ErrorReason] | None,
              keep: bool = True) -> str | None:
         raw = self.raw(directory, name, errors, PAGE, keep)
         return None if raw is None else clean_text(raw)
 
-    def number(self, directory: str, name: str, errors: Counter[str] | None,
+    def number(self, directory: str, name: str, errors: Counter[ErrorReason] | None,
                scale: float = 1.0, unit: str = "count") -> float | None:
         """A number in base units, bounded for ``unit`` by exporter.core.units; the u64
         all-ones "no value" and garbage are dropped and counted as ``parse``."""
@@ -295,25 +296,27 @@ class AttrReader:
                 return None
             value = None if text == U64_TEXT else units.parse_scaled(text, scale, unit)
         if value is None:
-            _count(errors, "parse")
+            _count(errors, ErrorReason.PARSE)
         return value
 
-    def link_speed(self, directory: str, name: str, errors: Counter[str] | None) -> int | None:
+    def link_speed(self, directory: str, name: str,
+                   errors: Counter[ErrorReason] | None) -> int | None:
         """A PCI ``*_link_speed`` ("16.0 GT/s PCIe") as a PCIe generation. "Unknown"
         (no link: an iGPU, a powered-down port) is not an error; a rate that is not a
         PCIe rate is ``parse``."""
         text = self.text(directory, name, errors)
         gen = units.parse_link_speed(text)
         if gen is None and text is not None and any(c.isdigit() for c in text):
-            _count(errors, "parse")
+            _count(errors, ErrorReason.PARSE)
         return gen
 
-    def link_width(self, directory: str, name: str, errors: Counter[str] | None) -> int | None:
+    def link_width(self, directory: str, name: str,
+                   errors: Counter[ErrorReason] | None) -> int | None:
         """A PCI ``*_link_width`` in lanes; "0" (no link) is not an error, garbage is."""
         text = self.text(directory, name, errors)
         width = units.parse_link_width(text)
         if width is None and text is not None and text.strip() != "0":
-            _count(errors, "parse")
+            _count(errors, ErrorReason.PARSE)
         return width
 
     def _drop(self, path: str) -> None:
@@ -328,7 +331,7 @@ class AttrReader:
         return len(self._fds)
 
 
-def _count(errors: Counter[str] | None, reason: str) -> None:
+def _count(errors: Counter[ErrorReason] | None, reason: ErrorReason) -> None:
     if errors is not None:
         errors[reason] += 1
 

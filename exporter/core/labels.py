@@ -209,6 +209,8 @@ class ErrorReason(Vocabulary):
     CGROUP_UNREADABLE = "cgroup_unreadable"
     CGROUP_FORMAT = "cgroup_format"
     CDI_SPEC_UNREADABLE = "cdi_spec_unreadable"
+    CDI_SPEC_TOO_LARGE = "cdi_spec_too_large"  # a spec past the size or device caps
+    CRI_UNAVAILABLE = "cri_unavailable"  # the container runtime did not answer
     CDI_DEVICE_UNKNOWN = "cdi_device_unknown"
     CDI_DEVICE_CONFLICT = "cdi_device_conflict"
     DRA_DEVICE_NODE_UNKNOWN = "dra_device_node_unknown"

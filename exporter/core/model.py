@@ -34,7 +34,7 @@ from exporter.core.fieldspec import (
     value,
     value_specs,
 )
-from exporter.core.labels import Profiling
+from exporter.core.labels import ErrorReason, Profiling
 
 # The tiers a field declares (Cadence): how often the backends read it.
 FAST, SLOW, STATIC = Cadence.FAST, Cadence.SLOW, Cadence.STATIC
@@ -526,4 +526,4 @@ class BackendSample:
     duration_seconds: float
     devices: tuple[DeviceSample, ...] = ()
     # reason -> how many values/processes this cycle dropped (per-cycle, not cumulative)
-    errors: Mapping[str, int] = field(default_factory=dict)
+    errors: Mapping[ErrorReason, int] = field(default_factory=dict)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from exporter.core.joins import JoinSource
+from exporter.core.labels import ErrorReason
 from exporter.core.model import Allocation, DeviceInfo, DeviceSample, PodRef
 
 # Source priority for the collector's merge (one device, one series): when several
@@ -55,7 +56,7 @@ class Cycle:
 
     devices: Sequence[DeviceSample]
     # reason -> values/processes dropped in this cycle ("parse", "permission", "gpu_lost", ...)
-    errors: Mapping[str, int] = field(default_factory=dict)
+    errors: Mapping[ErrorReason, int] = field(default_factory=dict)
 
 
 class Enricher(Protocol):

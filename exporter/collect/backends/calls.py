@@ -74,7 +74,8 @@ class Guard:
             self.unsupported.add(key)
         return func
 
-    def settle(self, errors: Counter[str], key: CallKey, code: int | None, detail: object) -> None:
+    def settle(self, errors: Counter[ErrorReason], key: CallKey, code: int | None,
+               detail: object) -> None:
         """Act on one failed call's code (see the module docstring); returns None or raises."""
         verdict = self.classify(code)
         if verdict is Verdict.SKIP:

@@ -42,10 +42,11 @@ from pathlib import Path
 
 from exporter.core import units
 from exporter.core.fs import AttrReader, read_text
+from exporter.core.labels import ErrorReason
 
 _HWMON_RE = re.compile(r"hwmon(\d+)")
 
-ErrorCounter = Counter[str]
+ErrorCounter = Counter[ErrorReason]
 HwmonDir = str | os.PathLike[str]
 
 

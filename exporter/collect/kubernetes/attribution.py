@@ -47,6 +47,7 @@ from exporter.collect.kubernetes.podlabels import FAMILY as POD_LABELS_FAMILY
 from exporter.collect.kubernetes.podlabels import PodLabels
 from exporter.collect.kubernetes.podresources import Grant
 from exporter.collect.kubernetes.unallocated import unallocated_rows
+from exporter.core.labels import ErrorReason
 from exporter.core.model import Allocation, DeviceInfo, DeviceSample, PodRef, normalize_pci_bus_id
 
 if TYPE_CHECKING:
@@ -115,12 +116,12 @@ PodUids = Mapping[tuple[str, str], str]  # (namespace, pod) -> pod UID
 
 def index_grants(grants: Iterable[Grant], claimed: Iterable[tuple[tuple[str, str], Claim]] = (),
                  pod_uids: PodUids | None = None
-                 ) -> tuple[dict[tuple[str, str], tuple[Allocation, ...]], Counter[str]]:
+                 ) -> tuple[dict[tuple[str, str], tuple[Allocation, ...]], Counter[ErrorReason]]:
     """Every GPU grant and DRA-claimed GPU indexed by device key; one Allocation per
     (container, resource, claim). ``claimed`` comes from exporter.collect.kubernetes.dra."""
     uids = pod_uids or {}
     index: dict[tuple[str, str], set[Allocation]] = {}
-    errors: Counter[str] = Counter()
+    errors: Counter[ErrorReason] = Counter()
 
     def add(key: tuple[str, str], pod: PodRef, resource: str, claim: str = "") -> None:
         uid = uids.get((pod.namespace, pod.pod), "")
@@ -131,7 +132,7 @@ def index_grants(grants: Iterable[Grant], claimed: Iterable[tuple[tuple[str, str
             try:
                 key = device_key(grant.resource, device_id)
             except ValueError:
-                errors["unknown_device_id"] += 1
+                errors[ErrorReason.UNKNOWN_DEVICE_ID] += 1
                 continue
             if key is not None:
                 add(key, grant.pod, grant.resource)
@@ -144,15 +145,15 @@ def _order(a: Allocation) -> tuple[str, ...]:
     return a.pod.namespace, a.pod.pod, a.pod.container, a.resource, a.claim
 
 
-def check_offered(offered: Mapping[str, Sequence[str]]) -> Counter[str]:
+def check_offered(offered: Mapping[str, Sequence[str]]) -> Counter[ErrorReason]:
     """Unknown id formats among what the node offers (GetAllocatableResources)."""
-    errors: Counter[str] = Counter()
+    errors: Counter[ErrorReason] = Counter()
     for resource, ids in offered.items():
         for device_id in ids:
             try:
                 device_key(resource, device_id)
             except ValueError:
-                errors["unknown_device_id"] += 1
+                errors[ErrorReason.UNKNOWN_DEVICE_ID] += 1
     return errors
 
 

@@ -40,6 +40,7 @@ from exporter.collect.kubernetes.podresources import PodResourcesClient
 from exporter.collect.kubernetes.rpc import RpcFailed, is_socket
 from exporter.core.config import Config
 from exporter.core.fs import ProcFS, SysFS
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, PodRef
 
 log = structlog.get_logger(__name__)
@@ -71,7 +72,7 @@ class KubernetesBackend:
         self.cdi = CdiRegistry(config.kubernetes_cdi_spec_dirs)
         self._bad_specs: tuple[str, ...] = ()
         self.resolver = NodeResolver(SysFS(config.sysfs), ProcFS(config.procfs))
-        self._pending: Counter[str] = Counter()
+        self._pending: Counter[ErrorReason] = Counter()
         self._attribution: Attribution | None = None
 
     def open(self) -> Sequence[DeviceInfo]:
@@ -128,7 +129,7 @@ class KubernetesBackend:
         and the processes using a GPU their pod was not given."""
         return self._attribution
 
-    def _refresh_cdi(self) -> Counter[str]:
+    def _refresh_cdi(self) -> Counter[ErrorReason]:
         errors = self.cdi.refresh()
         if self.cdi.bad != self._bad_specs:
             if self.cdi.bad:
@@ -139,7 +140,7 @@ class KubernetesBackend:
             self._bad_specs = self.cdi.bad
         return errors
 
-    def _refresh_containers(self) -> Counter[str]:
+    def _refresh_containers(self) -> Counter[ErrorReason]:
         """Ask the runtime for its containers; a failure keeps the last map."""
         path = find_socket(self.config.kubernetes_cri_socket)
         if path != self._cri_path:
@@ -153,12 +154,12 @@ class KubernetesBackend:
             if self._cri is None:
                 self._cri = CriClient(path)
             self._containers, self._pod_uids = self._cri.containers()
-            errors: Counter[str] = Counter()
+            errors: Counter[ErrorReason] = Counter()
             if self._allow is not None:
                 self._pod_labels, errors = parse_sandboxes(self._cri.sandboxes(), self._allow)
         except RpcFailed as e:
             self._cri_changed(str(e))
-            return Counter(cri_unavailable=1)
+            return Counter({ErrorReason.CRI_UNAVAILABLE: 1})
         self._cri_changed("")
         return errors
 

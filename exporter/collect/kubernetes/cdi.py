@@ -47,6 +47,8 @@ from typing import Any
 
 import yaml
 
+from exporter.core.labels import ErrorReason
+
 DEFAULT_DIRS = ("/etc/cdi", "/var/run/cdi")
 # NVIDIA's full-node spec is ~100 KB, a claim's spec a few KB: larger is no spec we need,
 # and the caps keep one parse well inside the pod's memory (the module's docstring).
@@ -55,7 +57,7 @@ MAX_YAML_BYTES = 512 * 1024
 MAX_SPEC_DEVICES = 4096
 MAX_TOTAL_DEVICES = 16384  # over every spec file: what the registry keeps
 SUFFIXES = (".json", ".yaml", ".yml")
-UNREADABLE, TOO_LARGE = "cdi_spec_unreadable", "cdi_spec_too_large"
+UNREADABLE, TOO_LARGE = ErrorReason.CDI_SPEC_UNREADABLE, ErrorReason.CDI_SPEC_TOO_LARGE
 LIBYAML = hasattr(yaml, "CSafeLoader")
 _YAML_LOADER: Any = yaml.CSafeLoader if LIBYAML else yaml.SafeLoader
 
@@ -110,7 +112,7 @@ def parse_spec(text: str, json_text: bool = False
 class _File:
     stamp: tuple[int, int, int]  # mtime (ns), size, inode: writers rename a new file in
     devices: Mapping[str, tuple[str, ...]] | None  # None: refused (``error`` says why)
-    error: str = UNREADABLE
+    error: ErrorReason = UNREADABLE
 
 
 class CdiRegistry:
@@ -122,9 +124,9 @@ class CdiRegistry:
         self.devices: Mapping[str, tuple[str, ...]] = MappingProxyType({})
         self.bad: tuple[str, ...] = ()  # unreadable spec files, for the log
 
-    def refresh(self) -> Counter[str]:
+    def refresh(self) -> Counter[ErrorReason]:
         """Re-scan the directories; returns errors of this scan."""
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         seen: dict[str, _File] = {}
         merged: dict[str, tuple[str, ...]] = {}
         bad = []
@@ -150,7 +152,7 @@ class CdiRegistry:
             for name, found in here.items():
                 if found is None:
                     merged.pop(name, None)
-                    errors["cdi_device_conflict"] += 1
+                    errors[ErrorReason.CDI_DEVICE_CONFLICT] += 1
                 else:
                     merged[name] = found  # a later directory wins
         self._files = seen

@@ -31,6 +31,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from exporter.core.fs import ProcFS
+from exporter.core.labels import ErrorReason
 from exporter.core.units import parse_start_time
 
 MAX_CGROUP_BYTES = 64 * 1024  # a real file is a few hundred bytes even with v1's 13 lines
@@ -106,7 +107,7 @@ class ContainerCache:
         self.limit = limit
         self._lock = threading.Lock()
         self._entries: OrderedDict[int, tuple[int | None, CgroupRef | None]] = OrderedDict()
-        self._errors: Counter[str] = Counter()
+        self._errors: Counter[ErrorReason] = Counter()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -127,15 +128,16 @@ class ContainerCache:
                 self._entries.popitem(last=False)
         return ref
 
-    def _read(self, pid: int) -> tuple[int | None, CgroupRef | None, str | None]:
+    def _read(self, pid: int) -> tuple[int | None, CgroupRef | None, ErrorReason | None]:
         stat = self.proc.read_bytes(str(pid), "stat")
         raw = self.proc.read_bytes(str(pid), "cgroup")
         if raw is None or len(raw) > MAX_CGROUP_BYTES:
             # Exited, or not visible (an exporter without hostPID sees no host pids).
-            return None if stat is None else parse_start_time(stat), None, "cgroup_unreadable"
+            start = None if stat is None else parse_start_time(stat)
+            return start, None, ErrorReason.CGROUP_UNREADABLE
         start = None if stat is None else parse_start_time(stat)
         ref = parse_cgroup(raw.decode("utf-8", "replace"))
-        return start, ref, None if ref is not None else "cgroup_format"
+        return start, ref, None if ref is not None else ErrorReason.CGROUP_FORMAT
 
     def sweep(self) -> None:
         """Forget processes that exited or whose pid was reused (off the merge path)."""
@@ -151,7 +153,7 @@ class ContainerCache:
             for pid in gone:
                 self._entries.pop(pid, None)
 
-    def take_errors(self) -> Counter[str]:
+    def take_errors(self) -> Counter[ErrorReason]:
         """Errors counted since the last call (reported in the backend's next cycle)."""
         with self._lock:
             errors, self._errors = self._errors, Counter()

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.core.fs import ProcFS, SysFS, read_bytes
+from exporter.core.labels import ErrorReason
 from exporter.core.model import PodRef, normalize_pci_bus_id
 
 # The attribution index names (exporter.collect.kubernetes.attribution); a MIG key is
@@ -153,15 +154,15 @@ class NodeResolver:
 
 def claim_keys(claim: Claim, devices: Mapping[str, tuple[str, ...]],
                key: Callable[[str], tuple[str, str] | None]) -> tuple[set[tuple[str, str]],
-                                                                    Counter[str]]:
+                                                                    Counter[ErrorReason]]:
     """The GPU keys one claimed device resolves to (at most one), and what was counted."""
-    errors: Counter[str] = Counter()
+    errors: Counter[ErrorReason] = Counter()
     keys: set[tuple[str, str]] = set()
     mig = False
     for name in claim.cdi_devices:
         nodes = devices.get(name)
         if nodes is None:
-            errors["cdi_device_unknown"] += 1
+            errors[ErrorReason.CDI_DEVICE_UNKNOWN] += 1
             continue
         for path in nodes:
             if _CAP_MINOR.fullmatch(os.path.normpath(path)):
@@ -169,7 +170,7 @@ def claim_keys(claim: Claim, devices: Mapping[str, tuple[str, ...]],
             try:
                 k = key(path)
             except LookupError:
-                errors["dra_device_node_unknown"] += 1
+                errors[ErrorReason.DRA_DEVICE_NODE_UNKNOWN] += 1
                 continue
             if k is not None:
                 keys.add(k)
@@ -178,23 +179,24 @@ def claim_keys(claim: Claim, devices: Mapping[str, tuple[str, ...]],
         # and without it the device is never taken for the whole GPU.
         keys = {k for k in keys if k[0] == MIG and "/ci" in k[1]}
         if not keys:  # counted once per device at least
-            errors["dra_device_node_unknown"] = max(errors["dra_device_node_unknown"], 1)
+            unknown = ErrorReason.DRA_DEVICE_NODE_UNKNOWN
+            errors[unknown] = max(errors[unknown], 1)
             return set(), errors
     elif any(k[0] == NODE for k in keys):
         # nvcdi lists an NVIDIA GPU's DRM nodes next to /dev/nvidia<minor>: one GPU.
         keys = {k for k in keys if k[0] == NODE}
     if len(keys) > 1:
-        errors["dra_device_shared"] += 1
+        errors[ErrorReason.DRA_DEVICE_SHARED] += 1
         return set(), errors
     return keys, errors
 
 
 def index_claims(claims: Iterable[Claim], devices: Mapping[str, tuple[str, ...]],
                  resolver: NodeResolver) -> tuple[list[tuple[tuple[str, str], Claim]],
-                                                  Counter[str]]:
+                                                  Counter[ErrorReason]]:
     """(GPU key, claim) for every claimed device that names exactly one GPU."""
     out: list[tuple[tuple[str, str], Claim]] = []
-    errors: Counter[str] = Counter()
+    errors: Counter[ErrorReason] = Counter()
     resolver.forget()
     for claim in claims:
         keys, errs = claim_keys(claim, devices, resolver.key)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.core.fieldspec import MetricSpec, Otlp
+from exporter.core.labels import ErrorReason
 
 SPEC = MetricSpec("gpu_kubernetes_pod_labels_info",
                   "The pod's labels whose names match --kubernetes.pod-labels, as label_<name> "
@@ -44,9 +45,9 @@ def label_name(name: str) -> str:
 
 
 def parse_sandboxes(response: Any, allow: re.Pattern[str]) -> tuple[tuple[PodLabels, ...],
-                                                                   Counter[str]]:
+                                                                   Counter[ErrorReason]]:
     """A ListPodSandboxResponse -> the allowed labels of each pod that has any."""
-    errors: Counter[str] = Counter()
+    errors: Counter[ErrorReason] = Counter()
     newest: dict[tuple[str, str], tuple[int, Any]] = {}
     for sandbox in response.items:
         meta = sandbox.metadata
@@ -59,7 +60,7 @@ def parse_sandboxes(response: Any, allow: re.Pattern[str]) -> tuple[tuple[PodLab
     out = []
     for (namespace, pod), (_, sandbox) in sorted(newest.items()):
         labels, conflicts = select(sandbox.labels.items(), allow)
-        errors["pod_label_conflict"] += conflicts
+        errors[ErrorReason.POD_LABEL_CONFLICT] += conflicts
         if labels:
             out.append(PodLabels(namespace, pod, labels))
     return tuple(out), +errors

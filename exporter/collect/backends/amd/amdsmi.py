@@ -36,6 +36,7 @@ from exporter.collect.backends.amd.amdsmi_calls import Caller, GpuLost, text
 from exporter.collect.backends.amd.rates import AccumulatorRates
 from exporter.collect.backends.base import LIBRARY, BackendUnavailable, Cycle
 from exporter.core.config import Config
+from exporter.core.labels import ErrorReason
 from exporter.core.model import (
     DeviceInfo,
     DeviceSample,
@@ -63,7 +64,7 @@ def _physical(bdf: str) -> str:
     return bdf[:-1] + "0" if bdf[-2:-1] == "." else bdf
 
 
-def _identity_call(call: Caller, errors: Counter[str], fn: str) -> Any:
+def _identity_call(call: Caller, errors: Counter[ErrorReason], fn: str) -> Any:
     """An identity getter at discovery: a device that is already gone reads as unknown
     here, and reports up=0 from its first sample."""
     try:
@@ -132,7 +133,7 @@ class AmdSmiBackend:
         devices: list[_Device] = []
         for bus_id, parts in sorted(by_gpu.items()):
             parts.sort()
-            errors: Counter[str] = Counter()
+            errors: Counter[ErrorReason] = Counter()
             first = parts[0][1]
             base = self._info(first, bus_id, errors)
             if len(parts) == 1:
@@ -153,7 +154,7 @@ class AmdSmiBackend:
                 devices.append(_Device(info, call, "slice"))
         return devices
 
-    def _info(self, call: Caller, bus_id: str, errors: Counter[str]) -> DeviceInfo:
+    def _info(self, call: Caller, bus_id: str, errors: Counter[ErrorReason]) -> DeviceInfo:
         def get(fn: str) -> Any:
             return _identity_call(call, errors, fn)
 
@@ -175,7 +176,7 @@ class AmdSmiBackend:
         """A first reading of the XGMI accumulators, so the first collection already
         reports a rate (over the time since open). A device lost here reports up=0 from
         its first sample; what failed is counted there, when it fails again."""
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         for d in self._devices:
             if d.role != "slice":
                 try:
@@ -185,7 +186,7 @@ class AmdSmiBackend:
 
     # -- sampling -----------------------------------------------------------------------
     def sample(self, slow: bool) -> Cycle:
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         out: list[DeviceSample] = []
         for d in self._devices:
             try:
@@ -193,12 +194,12 @@ class AmdSmiBackend:
                 out.append(DeviceSample.of(values, info=d.info, source=SOURCE,
                                            processes=processes))
             except GpuLost as e:
-                errors["gpu_lost"] += 1
+                errors[ErrorReason.GPU_LOST] += 1
                 log.debug("amdsmi device lost", device=d.info.key, reason=str(e))
                 out.append(DeviceSample(info=d.info, source=SOURCE, up=False))
         return Cycle(devices=out, errors={k: n for k, n in errors.items() if n})
 
-    def _read(self, d: _Device, errors: Counter[str], slow: bool
+    def _read(self, d: _Device, errors: Counter[ErrorReason], slow: bool
               ) -> tuple[DeviceValues, tuple[ProcessSample, ...]]:
         parts: list[DeviceValues] = []
         processes: tuple[ProcessSample, ...] = ()

@@ -27,6 +27,7 @@ from typing import Any
 
 from exporter.collect.backends.calls import DeviceLost, Guard, Verdict
 from exporter.core import units
+from exporter.core.labels import ErrorReason
 
 # amdsmi_status_t (amdsmi_wrapper.py: AMDSMI_STATUS_*)
 NOT_SUPPORTED, NOT_YET_IMPLEMENTED, NO_PERM, NO_DATA = 2, 3, 10, 40
@@ -48,7 +49,7 @@ def error_code(exc: BaseException) -> int | None:
     return code if isinstance(code, int) else None
 
 
-def number(value: Any, unit: str, scale: float = 1, errors: Counter[str] | None = None,
+def number(value: Any, unit: str, scale: float = 1, errors: Counter[ErrorReason] | None = None,
            ) -> float | None:
     """A value from an amdsmi dict in base units: "N/A" -> None (not exposed), garbage
     (a string, NaN, out of range for ``unit``) -> None and one ``parse`` count."""
@@ -60,7 +61,7 @@ def number(value: Any, unit: str, scale: float = 1, errors: Counter[str] | None 
         parsed = value
     result = None if parsed == units.U64_MAX else units.scaled(parsed, scale, unit)
     if result is None and errors is not None:
-        errors["parse"] += 1
+        errors[ErrorReason.PARSE] += 1
     return result
 
 
@@ -92,7 +93,7 @@ class Caller(Guard):
         self._exc: type[BaseException] = exc if isinstance(exc, type) and issubclass(
             exc, BaseException) else Exception
 
-    def get(self, errors: Counter[str], fn: str, *args: Any) -> Any:
+    def get(self, errors: Counter[ErrorReason], fn: str, *args: Any) -> Any:
         """``amdsmi.<fn>(handle, *args)`` or None; raises DeviceLost / BackendFailed."""
         key = (fn, args)
         func = self.resolve(key, getattr(self.lib, fn, None))

@@ -16,7 +16,16 @@ from typing import Any
 
 from exporter.collect.backends.amd.amdsmi_calls import Caller, number, text
 from exporter.core import units
-from exporter.core.labels import Clock, Direction, Engine, Remote, Sensor, Severity, Threshold
+from exporter.core.labels import (
+    Clock,
+    Direction,
+    Engine,
+    ErrorReason,
+    Remote,
+    Sensor,
+    Severity,
+    Threshold,
+)
 from exporter.core.model import DeviceValues, ProcessSample
 
 MIB = 1 << 20
@@ -32,7 +41,7 @@ XGMI_LINK_TYPE = 2  # AMDSMI_LINK_TYPE_XGMI (amdsmi_wrapper.py)
 ENGINES = (("gfx", Engine.GFX), ("enc", Engine.ENCODER))
 
 
-def activity(call: Caller, errors: Counter[str]) -> DeviceValues:
+def activity(call: Caller, errors: Counter[ErrorReason]) -> DeviceValues:
     a = call.get(errors, "amdsmi_get_gpu_activity") or {}
     util = units.ratio_from_percent(number(a.get("gfx_activity"), "count", 1, errors))
     mem = units.ratio_from_percent(number(a.get("umc_activity"), "count", 1, errors))
@@ -43,7 +52,7 @@ def activity(call: Caller, errors: Counter[str]) -> DeviceValues:
                         engine_utilization_ratio=engines)
 
 
-def memory(call: Caller, errors: Counter[str]) -> DeviceValues:
+def memory(call: Caller, errors: Counter[ErrorReason]) -> DeviceValues:
     """VRAM in exact bytes (``amdsmi_get_gpu_memory_total`` / ``_usage``, ``uint64_t`` bytes
     in amdsmi.h); ``amdsmi_get_gpu_vram_usage`` (whole MiB, truncated: 283 MiB where the
     GPU holds 297,771,008 B) only where the byte getters are missing or not supported."""
@@ -60,7 +69,7 @@ def memory(call: Caller, errors: Counter[str]) -> DeviceValues:
     return DeviceValues(memory_total_bytes=total, memory_used_bytes=used, memory_free_bytes=free)
 
 
-def power(call: Caller, errors: Counter[str]) -> DeviceValues:
+def power(call: Caller, errors: Counter[ErrorReason]) -> DeviceValues:
     p = call.get(errors, "amdsmi_get_power_info") or {}
     average = number(p.get("average_socket_power"), "watts", 1, errors)
     if average is None:
@@ -76,7 +85,7 @@ def power(call: Caller, errors: Counter[str]) -> DeviceValues:
                         power_limit_watts=limit, energy_joules=energy)
 
 
-def temperatures(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
+def temperatures(call: Caller, lib: Any, errors: Counter[ErrorReason]) -> DeviceValues:
     kinds, metric = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
     temps: dict[str, float] = {
         sensor: v for member, sensor in TEMPERATURES
@@ -85,7 +94,7 @@ def temperatures(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
     return DeviceValues(temperatures_celsius=temps)
 
 
-def thresholds(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
+def thresholds(call: Caller, lib: Any, errors: Counter[ErrorReason]) -> DeviceValues:
     """The junction sensor's limits (slow tier)."""
     kinds, metric = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
     limits: dict[str, float] = {
@@ -95,7 +104,7 @@ def thresholds(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
     return DeviceValues(temperature_thresholds_celsius=limits)
 
 
-def clocks(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
+def clocks(call: Caller, lib: Any, errors: Counter[ErrorReason]) -> DeviceValues:
     current: dict[str, float] = {}
     top: dict[str, float] = {}
     for member, clock in CLOCKS:
@@ -107,7 +116,7 @@ def clocks(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
     return DeviceValues(clocks_hertz=current, clocks_max_hertz=top)
 
 
-def pcie(call: Caller, errors: Counter[str]) -> DeviceValues:
+def pcie(call: Caller, errors: Counter[ErrorReason]) -> DeviceValues:
     info = call.get(errors, "amdsmi_get_pcie_info") or {}
     static, metric = info.get("pcie_static") or {}, info.get("pcie_metric") or {}
 
@@ -126,7 +135,7 @@ def pcie(call: Caller, errors: Counter[str]) -> DeviceValues:
                         pcie_replay_errors=None if replay is None else int(replay))
 
 
-def ras(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
+def ras(call: Caller, lib: Any, errors: Counter[ErrorReason]) -> DeviceValues:
     """Per-block ECC counts (slow tier) and their sum as the device's ECC counters."""
     per_block: dict[tuple[str, str], int] = {}
     for member in RAS_BLOCKS:
@@ -144,7 +153,7 @@ def ras(call: Caller, lib: Any, errors: Counter[str]) -> DeviceValues:
     return DeviceValues(ras_errors=per_block, ecc_errors=totals)
 
 
-def xgmi_links(call: Caller, errors: Counter[str]) -> tuple[dict[tuple[str, str], bool],
+def xgmi_links(call: Caller, errors: Counter[ErrorReason]) -> tuple[dict[tuple[str, str], bool],
                                                            dict[tuple[str, str], float]]:
     """(link, "gpu") -> up for the XGMI links, and (link, "rx"/"tx") -> accumulated bytes."""
     m = call.get(errors, "amdsmi_get_link_metrics") or {}
@@ -163,12 +172,12 @@ def xgmi_links(call: Caller, errors: Counter[str]) -> tuple[dict[tuple[str, str]
     return up, counters
 
 
-def processes(call: Caller, errors: Counter[str]) -> tuple[ProcessSample, ...]:
+def processes(call: Caller, errors: Counter[ErrorReason]) -> tuple[ProcessSample, ...]:
     out: list[ProcessSample] = []
     for p in call.get(errors, "amdsmi_get_gpu_process_list") or []:
         pid = p.get("pid") if isinstance(p, Mapping) else None
         if not isinstance(pid, int) or pid <= 0:
-            errors["parse"] += 1
+            errors[ErrorReason.PARSE] += 1
             continue
         mem = p.get("memory_usage") or {}
         usage = p.get("engine_usage") or {}

@@ -25,6 +25,7 @@ from exporter.collect.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.collect.discovery import DrmCard, DrmDiscovery
 from exporter.core.config import Config
 from exporter.core.fs import AttrReader
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample
 
 if TYPE_CHECKING:
@@ -121,10 +122,10 @@ class AmdBackend:
         return device_info(card, self._ids, self._driver_version)
 
     def sample(self, slow: bool) -> Cycle:
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         gone = self._refresh(self.discovery.cards(["amdgpu"]))
         if self.discovery.listing_error is not None:
-            errors["drm_listing"] += 1  # the last known cards are read meanwhile
+            errors[ErrorReason.DRM_LISTING] += 1  # the last known cards are read meanwhile
         devices = [self._read(st, errors, slow) for st in self._cards.values()]
         if self._pcie is not None:
             if slow:
@@ -138,14 +139,14 @@ class AmdBackend:
         devices.sort(key=lambda d: d.info.pci_bus_id)
         return Cycle(devices=devices, errors={k: n for k, n in errors.items() if n})
 
-    def _read(self, st: _Card, errors: Counter[str], slow: bool) -> DeviceSample:
+    def _read(self, st: _Card, errors: Counter[ErrorReason], slow: bool) -> DeviceSample:
         from exporter.collect.backends.amd.card import read_card
 
         # The device directory gone under a class/drm link still there (driver unbind,
         # a card fallen off the bus): lost until it is back. Kept descriptors of a
         # removed file could still answer, so this is checked, not inferred.
         if not os.path.isdir(st.card.device_dir):
-            errors["gpu_lost"] += 1
+            errors[ErrorReason.GPU_LOST] += 1
             if not st.lost:
                 st.reader.reset()  # its layout is re-listed when it comes back
             st.lost = True
@@ -156,7 +157,7 @@ class AmdBackend:
             rates = self._pcie.rates(st.device_dir) if self._pcie and st.pcie_bw else {}
             return replace(sample, pcie_throughput_bytes_per_second=rates) if rates else sample
         except Exception as exc:  # a card torn down mid-read: keep the others going
-            errors["card"] += 1
+            errors[ErrorReason.CARD] += 1
             log.debug("amdgpu card read failed", card=st.card.card, reason=str(exc))
             return DeviceSample(info=st.info, source=SOURCE, up=False)
 

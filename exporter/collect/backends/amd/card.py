@@ -42,6 +42,7 @@ from exporter.collect.kernel.amdgpu_gpu_metrics import (
 from exporter.collect.merge import KEY_GROUPS
 from exporter.core import units
 from exporter.core.fs import AttrReader, ProcFS, SysFS
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, copy_with, pci_uuid
 
 _HWMON_SENSORS = {"edge": "edge", "junction": "junction", "mem": "memory"}
@@ -50,7 +51,7 @@ _HWMON_SENSORS = {"edge": "edge", "junction": "junction", "mem": "memory"}
 class _Files:
     """One card's device directory through its AttrReader, with the amdgpu text rules."""
 
-    def __init__(self, reader: AttrReader, device_dir: str, errors: Counter[str]) -> None:
+    def __init__(self, reader: AttrReader, device_dir: str, errors: Counter[ErrorReason]) -> None:
         self.r = reader
         self.dir = device_dir
         self.errors = errors
@@ -67,13 +68,13 @@ class _Files:
         text = self.text(name)
         value = units.ratio_from_percent(units.parse_number(text))
         if value is None and text is not None:
-            self.errors["parse"] += 1
+            self.errors[ErrorReason.PARSE] += 1
         return value
 
     def dpm(self, name: str) -> list[DpmLevel]:
         if name not in self._dpm:
             levels, bad = parse_pp_dpm(self.text(name))
-            self.errors["parse"] += bad
+            self.errors[ErrorReason.PARSE] += bad
             self._dpm[name] = levels
         return self._dpm[name]
 
@@ -173,7 +174,7 @@ _TABLE_TEMPS = ("edge", "junction", "memory")
 _TABLE_CLOCKS = ("graphics", "memory")
 
 
-def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
+def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[ErrorReason],
               counters: CardCounters | None = None,
               reader: AttrReader | None = None, slow: bool = True) -> DeviceSample:
     """One sample of one card; never raises for a bad value (it is skipped and counted).
@@ -194,9 +195,9 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[str],
     if blob:
         try:
             metrics = parse_gpu_metrics(blob)
-            errors["parse"] += metrics.dropped
+            errors[ErrorReason.PARSE] += metrics.dropped
         except GpuMetricsError:
-            errors["gpu_metrics"] += 1
+            errors[ErrorReason.GPU_METRICS] += 1
     counters = counters or CardCounters()
     files = _from_files(_Files(reader, device_dir, errors), info, metrics, counters, slow)
     if metrics is None:
@@ -356,7 +357,7 @@ def _ras_counts(r: _Files) -> dict[str, int]:
     ecc: dict[str, int] = {}
     for name in blocks:
         counts, bad = parse_ras_count(r.r.text(ras, name, r.errors))
-        r.errors["parse"] += bad
+        r.errors[ErrorReason.PARSE] += bad
         for kind, count in counts.items():
             ecc[kind] = ecc.get(kind, 0) + count
     return ecc

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from exporter.collect.kernel.amdgpu import parse_pcie_bw
 from exporter.core.fs import clean_text, read_bytes
-from exporter.core.labels import Direction
+from exporter.core.labels import Direction, ErrorReason
 
 FILE = "pcie_bw"
 
@@ -34,7 +34,7 @@ class PcieBwReader:
         self._wanted: tuple[str, ...] = ()
         self._rates: dict[str, dict[str, float]] = {}  # device dir -> direction -> B/s
         self._failed: set[str] = set()  # reads that failed: not asked again
-        self._errors: Counter[str] = Counter()
+        self._errors: Counter[ErrorReason] = Counter()
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -61,7 +61,7 @@ class PcieBwReader:
         with self._lock:
             return dict(self._rates.get(device_dir, {}))
 
-    def take_errors(self) -> Counter[str]:
+    def take_errors(self) -> Counter[ErrorReason]:
         """What the reads counted since the last call (the backend's cycle errors)."""
         with self._lock:
             errors, self._errors = self._errors, Counter()
@@ -98,7 +98,7 @@ class PcieBwReader:
                     if text is None:  # an error, or nothing: not exposed on this card
                         self._failed.add(device_dir)
                     elif rates is None:
-                        self._errors["parse"] += 1
+                        self._errors[ErrorReason.PARSE] += 1
                     else:
                         self._rates[device_dir] = {Direction.RX: rates[0],
                                                    Direction.TX: rates[1]}

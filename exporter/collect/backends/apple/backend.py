@@ -32,6 +32,7 @@ from exporter.collect.backends.apple.child import Child, Line
 from exporter.collect.backends.apple.parse import MacmonValues, parse_macmon
 from exporter.collect.backends.base import LIBRARY, REOPEN_BACKOFF, BackendUnavailable, Cycle
 from exporter.core.config import Config
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample
 
 log = structlog.get_logger(__name__)
@@ -87,7 +88,7 @@ class AppleBackend:
         return [self._info()]
 
     def sample(self, slow: bool) -> Cycle:
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         now = time.monotonic()
         self._dying = [c for c in self._dying if not c.reap()]
         child = self._child
@@ -142,23 +143,23 @@ class AppleBackend:
         self._seen_seq = 0
         return Child(argv)
 
-    def _restart(self, now: float, errors: Counter[str]) -> None:
+    def _restart(self, now: float, errors: Counter[ErrorReason]) -> None:
         self._restarts += 1
         try:
             self._child = self._start()
         except OSError as e:
-            errors["child_start_failed"] += 1
+            errors[ErrorReason.CHILD_START_FAILED] += 1
             self._schedule_restart(now, f"cannot run {self._exe}: {e.strerror or e}")
 
-    def _watch(self, child: Child, now: float, errors: Counter[str]) -> None:
+    def _watch(self, child: Child, now: float, errors: Counter[ErrorReason]) -> None:
         line = child.newest()
-        errors["child_garbage"] += child.take_garbage()
+        errors[ErrorReason.CHILD_GARBAGE] += child.take_garbage()
         if line is not None and line.seq != self._seen_seq:
             self._convert(line, errors)
         if child.exited:
-            problem = "child_exited"
+            problem = ErrorReason.CHILD_EXITED
         elif now - _last_heard(child, line) > HANG_INTERVALS * self._interval:
-            problem = "child_hung"
+            problem = ErrorReason.CHILD_HUNG
         else:
             if line is not None and now - child.started >= BACKOFF_RESET:
                 self._failures, self._logged = 0, ""  # healthy: a new failure is news
@@ -167,7 +168,7 @@ class AppleBackend:
         if not child.stop(grace=0):
             self._dying.append(child)
         self._child, self._values = None, None
-        detail = f"status {child.returncode}" if problem == "child_exited" else \
+        detail = f"status {child.returncode}" if problem is ErrorReason.CHILD_EXITED else \
             f"no line for {HANG_INTERVALS} intervals"
         tail = child.stderr_tail()
         self._schedule_restart(now, f"{problem}: {detail}" + (f": {tail}" if tail else ""))
@@ -181,9 +182,9 @@ class AppleBackend:
                         restart_in_seconds=delay)
             self._logged = reason
 
-    def _convert(self, line: Line, errors: Counter[str]) -> None:
+    def _convert(self, line: Line, errors: Counter[ErrorReason]) -> None:
         values = parse_macmon(line.doc)
-        errors["parse"] += values.dropped
+        errors[ErrorReason.PARSE] += values.dropped
         self._seen_seq = line.seq
         self._values = values
         self._ever = True

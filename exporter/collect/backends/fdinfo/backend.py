@@ -55,6 +55,7 @@ from exporter.collect.discovery import DrmDiscovery
 from exporter.collect.kernel.drm_fdinfo import VENDOR_OF_DRIVER, engine_label, memory_split
 from exporter.core.config import Config
 from exporter.core.fs import ProcFS, SysFS
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample, pci_uuid
 from exporter.core.units import bounded, clamp_ratio
 
@@ -121,12 +122,12 @@ def _ratios(values: Mapping[str, float]) -> dict[str, float]:
     return {k: r for k, v in sorted(values.items()) if (r := clamp_ratio(v)) is not None}
 
 
-def _seconds(busy_ns: Mapping[str, int], errors: Counter[str]) -> dict[str, float]:
+def _seconds(busy_ns: Mapping[str, int], errors: Counter[ErrorReason]) -> dict[str, float]:
     out = {}
     for label, ns in sorted(busy_ns.items()):
         seconds = bounded(ns / 1e9, "seconds")
         if seconds is None:
-            errors["parse"] += 1
+            errors[ErrorReason.PARSE] += 1
         else:
             out[label] = seconds
     return out
@@ -228,7 +229,7 @@ class FdinfoBackend:
         for pid in sorted({r.pid for r in scan.clients.values()}):
             info = self.scanner.read_process(pid)
             if info is None:
-                self.scanner.count(pid, "vanished", scan.errors)
+                self.scanner.count(pid, ErrorReason.VANISHED, scan.errors)
                 self._procs.pop(pid, None)
                 continue
             name, rss, start = info
@@ -264,7 +265,7 @@ class FdinfoBackend:
         for st in self._clients.values():
             st.live = st.live and st.pid in self._procs
 
-    def _devices_out(self, errors: Counter[str]) -> list[DeviceSample]:
+    def _devices_out(self, errors: Counter[ErrorReason]) -> list[DeviceSample]:
         grouped: dict[str, dict[int, list[_Client]]] = {bus: {} for bus in self._devices}
         for (bus, _), st in self._clients.items():
             if st.live:
@@ -311,7 +312,7 @@ class FdinfoBackend:
             self._unsupported_logged.add(driver)
             log.info("fdinfo_driver_skipped", driver=driver,
                      reason="no vendor mapping (only amdgpu, i915, xe are exported)")
-        over = "budget" in scan.errors
+        over = ErrorReason.BUDGET in scan.errors
         if over != self._over_budget:
             self._over_budget = over
             if over:

@@ -81,7 +81,7 @@ class ScanResult:
     clients: dict[ClientKey, ClientRead] = field(default_factory=dict)
     reached: set[int] = field(default_factory=set)  # pids whose every fd was walked
     walked: set[int] = field(default_factory=set)  # pids with some fds walked (reached too)
-    errors: Counter[str] = field(default_factory=Counter)
+    errors: Counter[ErrorReason] = field(default_factory=Counter)
     unsupported: set[str] = field(default_factory=set)  # driver names skipped
     # (pid, fd) the next scan starts at; (0, 0) after a complete scan
     resume: tuple[int, int] = (0, 0)
@@ -101,7 +101,7 @@ class ProcScanner:
         """Every process, numerically ordered. Raises OSError when procfs is unreadable."""
         return sorted(int(n) for n in os.listdir(self._root) if n.isdigit())
 
-    def count(self, pid: int, reason: str, errors: Counter[str]) -> None:
+    def count(self, pid: int, reason: ErrorReason, errors: Counter[ErrorReason]) -> None:
         """Count one failure; ``permission``/``vanished`` once per process while it lives."""
         if reason in _ONCE_PER_PROCESS:
             seen = self._counted.setdefault(pid, set())

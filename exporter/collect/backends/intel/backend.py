@@ -54,7 +54,7 @@ from exporter.collect.kernel.i915_xe import (
 from exporter.core import units
 from exporter.core.config import Config
 from exporter.core.fs import AttrReader, read_text
-from exporter.core.labels import Clock, Threshold
+from exporter.core.labels import Clock, ErrorReason, Threshold
 from exporter.core.model import DeviceInfo, DeviceSample, pci_uuid
 
 log = structlog.get_logger(__name__).bind(backend="intel")
@@ -177,11 +177,11 @@ class IntelBackend:
         self._states.clear()
 
     def sample(self, slow: bool) -> Cycle:
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         devices: list[DeviceSample] = []
         cards = self._discovery.cards(DRIVERS)
         if self._discovery.listing_error is not None:
-            errors["drm_listing"] += 1  # the last known cards are read meanwhile
+            errors[ErrorReason.DRM_LISTING] += 1  # the last known cards are read meanwhile
         for gone in set(self._states) - set(cards):
             self._states.pop(gone).reader.close()
         if self._discovery.generation != self._generation:  # hotplug: re-list layouts
@@ -193,7 +193,7 @@ class IntelBackend:
             try:
                 sample = self._read_card(card, state, slow, errors)
             except Exception as exc:  # one card's surprise never ends the cycle
-                errors["internal"] += 1
+                errors[ErrorReason.INTERNAL] += 1
                 if not state.lost:  # log the change, not every cycle
                     log.warning("intel card read failed", card=card.card, error=repr(exc))
                 sample = DeviceSample(info=state.info, source=SOURCE, up=False)
@@ -221,12 +221,12 @@ class IntelBackend:
         return state
 
     def _read_card(
-        self, card: DrmCard, state: _CardState, slow: bool, errors: Counter[str]
+        self, card: DrmCard, state: _CardState, slow: bool, errors: Counter[ErrorReason]
     ) -> DeviceSample:
         r = state.reader
         dev = os.fspath(card.device_dir)
         if not os.path.isdir(dev):
-            errors["gpu_lost"] += 1
+            errors[ErrorReason.GPU_LOST] += 1
             r.reset()  # kept descriptors of removed files; re-listed when it is back
             return DeviceSample(info=state.info, source=SOURCE, up=False)
 
@@ -291,7 +291,7 @@ Clocks = dict[str, float]
 
 
 def _read_xe_gts(
-    r: AttrReader, dev: str, errors: Counter[str], slow: bool = True
+    r: AttrReader, dev: str, errors: Counter[ErrorReason], slow: bool = True
 ) -> tuple[Clocks, Clocks, dict[str, bool], float | None]:
     """xe: every ``tile<T>/gt<G>``; the first render GT and first media GT win. The
     static maxima and VRAM size only when ``slow`` (else empty and None)."""
@@ -319,7 +319,7 @@ def _read_xe_gts(
     return clocks, max_clocks, throttle, vram
 
 
-def _freqs(r: AttrReader, base: str, prefix: str, suffix: str, errors: Counter[str],
+def _freqs(r: AttrReader, base: str, prefix: str, suffix: str, errors: Counter[ErrorReason],
            rp0: str, slow: bool = True) -> tuple[float | None, float | None]:
     """(actual, hardware max: RP0, else the user-set max) of one GT, MHz -> Hz; the
     maximum only when ``slow``."""
@@ -332,7 +332,7 @@ def _freqs(r: AttrReader, base: str, prefix: str, suffix: str, errors: Counter[s
     return act, top
 
 
-def _read_i915_gt(r: AttrReader, card_dir: str, errors: Counter[str],
+def _read_i915_gt(r: AttrReader, card_dir: str, errors: Counter[ErrorReason],
                   slow: bool = True) -> tuple[Clocks, Clocks, dict[str, bool]]:
     """i915: ``gt/gt0/rps_*_freq_mhz`` (kernels with per-GT sysfs), else ``gt_*_freq_mhz``."""
     gt0 = f"{card_dir}/gt/gt0"
@@ -352,7 +352,7 @@ def _read_i915_gt(r: AttrReader, card_dir: str, errors: Counter[str],
 
 
 def _read_reasons(r: AttrReader, directory: str, prefix: str,
-                  errors: Counter[str]) -> dict[str, bool]:
+                  errors: Counter[ErrorReason]) -> dict[str, bool]:
     names = r.memo(("reasons", directory, prefix), lambda: sorted(
         n for n in r.names(directory) if n.startswith(prefix)))
     bits: dict[str, int] = {}
@@ -361,13 +361,13 @@ def _read_reasons(r: AttrReader, directory: str, prefix: str,
         if value is None:
             continue
         if value not in (0, 1):  # a reason bit is 0 or 1; anything else is garbage
-            errors["parse"] += 1
+            errors[ErrorReason.PARSE] += 1
             continue
         bits[name.removeprefix(prefix)] = int(value)
     return map_throttle_reasons(bits)
 
 
-def _read_slow(r: AttrReader, chips: list[Path], link: str, errors: Counter[str]) -> _Slow:
+def _read_slow(r: AttrReader, chips: list[Path], link: str, errors: Counter[ErrorReason]) -> _Slow:
     """Power limit, pkg temperature thresholds, the host link now and its maximum."""
     limit: float | None = None
     thresholds: dict[str, float] = {}

@@ -48,6 +48,7 @@ from exporter.collect.backends.intel import ze_calls as ze
 from exporter.core import units
 from exporter.core.config import Config
 from exporter.core.fs import ProcFS
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample, pci_uuid
 
 log = structlog.get_logger(__name__).bind(backend="level_zero")
@@ -136,7 +137,7 @@ class LevelZeroBackend:
         code = int(lib.zesInit(0))
         if code != ze.SUCCESS:
             raise BackendUnavailable(f"zesInit failed: {ze.result_name(code)}")
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         devices = []
         count = c_uint32(0)
         if caller.call(errors, "zesDriverGet", None, byref(count), None) and count.value:
@@ -157,7 +158,7 @@ class LevelZeroBackend:
         self._caller, self._devices = None, []
 
     def _device(self, caller: ze.Caller, handle: ctypes.c_void_p,
-                errors: Counter[str]) -> _Device | None:
+                errors: Counter[ErrorReason]) -> _Device | None:
         pci = ze.ZesPciProperties(stype=ze.STYPE_PCI_PROPERTIES)
         try:
             if not caller.call(errors, "zesDevicePciGetProperties", handle, byref(pci)):
@@ -188,18 +189,18 @@ class LevelZeroBackend:
         caller = self._caller
         if caller is None:
             return Cycle(devices=())
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         samples = []
         for device in self._devices:
             try:
                 samples.append(self._read(caller, device, slow, errors))
             except ze.DeviceLost:
-                errors["gpu_lost"] += 1
+                errors[ErrorReason.GPU_LOST] += 1
                 samples.append(DeviceSample(info=device.info, source=SOURCE, up=False))
         return Cycle(devices=samples, errors=dict(errors))
 
     def _read(self, caller: ze.Caller, d: _Device, slow: bool,
-              errors: Counter[str]) -> DeviceSample:
+              errors: Counter[ErrorReason]) -> DeviceSample:
         engines, busy, device_ratio = _engines(caller, d, errors)
         total = used = free = None
         for module in d.memory:
@@ -244,7 +245,7 @@ class LevelZeroBackend:
         )
 
     def _processes(self, caller: ze.Caller, d: _Device,
-                   errors: Counter[str]) -> tuple[ProcessSample, ...]:
+                   errors: Counter[ErrorReason]) -> tuple[ProcessSample, ...]:
         count = c_uint32(0)
         fn = "zesDeviceProcessesGetState"
         if not caller.call(errors, fn, d.handle, byref(count), None) or not count.value:
@@ -264,7 +265,7 @@ class LevelZeroBackend:
         return tuple(out)
 
 
-def _enumerate(caller: ze.Caller, d: _Device, errors: Counter[str]) -> None:
+def _enumerate(caller: ze.Caller, d: _Device, errors: Counter[ErrorReason]) -> None:
     """Component handles of one device, with the static properties that sort them."""
     for handle in caller.handles(errors, "zesDeviceEnumEngineGroups", d.handle):
         props = ze.ZesEngineProperties(stype=ze.STYPE_ENGINE_PROPERTIES)
@@ -303,14 +304,14 @@ def _enumerate(caller: ze.Caller, d: _Device, errors: Counter[str]) -> None:
             d.ras.append((handle, severity))
 
 
-def _bounded(value: float | int, unit: str, errors: Counter[str]) -> float | None:
+def _bounded(value: float | int, unit: str, errors: Counter[ErrorReason]) -> float | None:
     out = units.bounded(value, unit)
     if out is None:
-        errors["parse"] += 1
+        errors[ErrorReason.PARSE] += 1
     return out
 
 
-def _engines(caller: ze.Caller, d: _Device, errors: Counter[str]
+def _engines(caller: ze.Caller, d: _Device, errors: Counter[ErrorReason]
              ) -> tuple[dict[str, float], dict[str, float], float | None]:
     """(engine -> busy ratio since the last cycle, engine -> busy seconds, device ratio)."""
     ratios: dict[str, list[float]] = {}
@@ -343,7 +344,7 @@ def _engines(caller: ze.Caller, d: _Device, errors: Counter[str]
     return engines, busy, device_ratio
 
 
-def _bandwidth(caller: ze.Caller, d: _Device, errors: Counter[str]) -> dict[str, float]:
+def _bandwidth(caller: ze.Caller, d: _Device, errors: Counter[ErrorReason]) -> dict[str, float]:
     """Read/write B/s from the memory modules' byte counters between two readings, over
     the time between the readings' own timestamps (zes_mem_bandwidth_t.timestamp, µs), not
     the wall clock between the calls."""
@@ -365,7 +366,7 @@ def _bandwidth(caller: ze.Caller, d: _Device, errors: Counter[str]) -> dict[str,
     return rates
 
 
-def _frequencies(caller: ze.Caller, d: _Device, errors: Counter[str]
+def _frequencies(caller: ze.Caller, d: _Device, errors: Counter[ErrorReason]
                  ) -> tuple[dict[str, float], dict[str, float], dict[str, bool]]:
     clocks: dict[str, float] = {}
     max_clocks: dict[str, float] = {}
@@ -379,7 +380,7 @@ def _frequencies(caller: ze.Caller, d: _Device, errors: Counter[str]
         if state.actual >= 0:  # negative: "not known"
             actual = units.scaled(state.actual, MHZ, "hertz")
             if actual is None:
-                errors["parse"] += 1
+                errors[ErrorReason.PARSE] += 1
             elif label not in clocks:
                 clocks[label] = actual
         if label == "graphics" and not throttle:
@@ -389,7 +390,7 @@ def _frequencies(caller: ze.Caller, d: _Device, errors: Counter[str]
     return clocks, max_clocks, throttle
 
 
-def _ras(caller: ze.Caller, d: _Device, errors: Counter[str]) -> dict[tuple[str, str], int]:
+def _ras(caller: ze.Caller, d: _Device, errors: Counter[ErrorReason]) -> dict[tuple[str, str], int]:
     out: dict[tuple[str, str], int] = {}
     for handle, severity in d.ras:
         state = ze.ZesRasState(stype=ze.STYPE_RAS_STATE)

@@ -47,6 +47,7 @@ from exporter.collect.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.collect.discovery import DrmCard, DrmDiscovery
 from exporter.core import units
 from exporter.core.config import Config
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, pci_uuid
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ class PmuBackend:
         if not pmus:
             raise BackendUnavailable(
                 f"no i915/xe PMU under {self._config.sysfs}/bus/event_source/devices")
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         reasons = {}
         try:
             for card in cards:
@@ -159,7 +160,7 @@ class PmuBackend:
         self._cards.clear()
         self._failed.clear()
 
-    def _open_card(self, card: DrmCard, pmus: list[Pmu], errors: Counter[str]) -> str:
+    def _open_card(self, card: DrmCard, pmus: list[Pmu], errors: Counter[ErrorReason]) -> str:
         """Open one card's group; returns why not ("" when it opened). A permission error
         is raised as _Denied. A card that did not open waits for hotplug (or a reopen)."""
         from exporter.collect.kernel import perf
@@ -198,7 +199,7 @@ class PmuBackend:
         # ENOENT/EINVAL for an xe engine the GPU lacks is the probe's answer, not an error.
         refused = sum(1 for e in failed.values() if e not in _ABSENT)
         if refused:
-            errors["read"] += refused
+            errors[ErrorReason.READ] += refused
         kept = [members[i] for i in group.opened]
         info = DeviceInfo(vendor="intel", pci_bus_id=card.pci_bus_id,
                           uuid=pci_uuid(card.pci_bus_id), driver=card.driver,
@@ -212,7 +213,7 @@ class PmuBackend:
         return ""
 
     def sample(self, slow: bool) -> Cycle:
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         cards = self._discovery.cards(DRIVERS)
         for gone in [c for c in self._cards if c not in cards]:
             self._cards.pop(gone).group.close()
@@ -226,7 +227,7 @@ class PmuBackend:
                 try:
                     reason = self._open_card(card, pmus, errors)
                 except _Denied as exc:
-                    errors["permission"] += 1
+                    errors[ErrorReason.PERMISSION] += 1
                     reason = DENIED_HINT.format(code=exc.code)
                 if reason:
                     log.warning("pmu card skipped", card=card.card, reason=reason)
@@ -237,25 +238,26 @@ class PmuBackend:
                 devices.append(sample)
         return Cycle(devices=devices, errors=dict(errors))
 
-    def _read(self, drm_card: DrmCard, card: _Card, errors: Counter[str]) -> DeviceSample | None:
+    def _read(self, drm_card: DrmCard, card: _Card,
+              errors: Counter[ErrorReason]) -> DeviceSample | None:
         try:
             now = card.group.read()
         except OSError as exc:
             if exc.errno == errno.ENODEV:  # PMU unregistered: the card went away
-                errors["gpu_lost"] += 1
+                errors[ErrorReason.GPU_LOST] += 1
                 self._cards.pop(drm_card).group.close()
                 return None
-            errors["read"] += 1
+            errors[ErrorReason.READ] += 1
             return None
         except ValueError:
-            errors["parse"] += 1
+            errors[ErrorReason.PARSE] += 1
             return None
         before = card.previous
         window = now.time_enabled_ns - before.time_enabled_ns if before else 0
         if before is None or window < 0:
             card.previous = now  # first read, or a clock that went back: a new baseline
             if before is not None:
-                errors["counter_reset"] += 1
+                errors[ErrorReason.COUNTER_RESET] += 1
         elif window >= MIN_WINDOW_NS:  # else: keep the older baseline, wait for a longer one
             card.previous = now
             card.ratios = self._account(card, before, now, window, errors)
@@ -271,7 +273,7 @@ class PmuBackend:
         )
 
     def _account(self, card: _Card, before: perf.GroupRead, now: perf.GroupRead,
-                 window: int, errors: Counter[str]) -> dict[str, float]:
+                 window: int, errors: Counter[ErrorReason]) -> dict[str, float]:
         """This window's ratio per engine label; adds the busy seconds to the counters."""
         deltas: dict[tuple[str, str], int] = {}  # (engine, kind) -> delta
         for member, old, new in zip(card.members, before.values, now.values, strict=True):
@@ -288,7 +290,7 @@ class PmuBackend:
                 share = delta / total if total and total > 0 and delta >= 0 else None
             share = units.clamp_ratio(share)
             if share is None:
-                errors["counter_reset"] += 1
+                errors[ErrorReason.COUNTER_RESET] += 1
                 continue
             shares.setdefault(member.label, []).append(share)
         ratios = {}
@@ -298,7 +300,7 @@ class PmuBackend:
             seconds = units.bounded(self._busy.get(key, 0.0) + sum(values) * window / 1e9,
                                     "seconds")
             if ratio is None or seconds is None:
-                errors["parse"] += 1
+                errors[ErrorReason.PARSE] += 1
                 continue
             ratios[label] = ratio
             self._busy[key] = seconds

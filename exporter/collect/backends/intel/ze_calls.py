@@ -31,6 +31,7 @@ from typing import Any
 
 from exporter.collect.backends.calls import DeviceLost as DeviceLost  # what the readers catch
 from exporter.collect.backends.calls import Guard, Verdict
+from exporter.core.labels import ErrorReason
 
 # The loader, found at run time through the dynamic linker's search (LD_LIBRARY_PATH,
 # ld.so.cache). On Windows the same loader is ``ze_loader.dll``.
@@ -337,7 +338,8 @@ class Caller(Guard):
     def has(self, fn: str) -> bool:
         return getattr(self.lib, fn, None) is not None
 
-    def call(self, errors: Counter[str], fn: str, handle: Handle | None, *args: Any) -> bool:
+    def call(self, errors: Counter[ErrorReason], fn: str, handle: Handle | None,
+             *args: Any) -> bool:
         key = (fn, handle.value if handle is not None else None)
         func = self.resolve(key, getattr(self.lib, fn, None))
         if func is None:
@@ -348,7 +350,7 @@ class Caller(Guard):
         self.settle(errors, key, code, result_name(code))
         return False
 
-    def handles(self, errors: Counter[str], fn: str, parent: Handle) -> list[Handle]:
+    def handles(self, errors: Counter[ErrorReason], fn: str, parent: Handle) -> list[Handle]:
         """The component handles an ``zesDeviceEnum*`` function lists (count, then fill)."""
         count = c_uint32(0)
         if not self.call(errors, fn, parent, ctypes.byref(count), None) or not count.value:

@@ -37,6 +37,7 @@ from exporter.collect.backends.nvidia.mig import MigReader
 from exporter.collect.backends.nvidia.processes import ProcessReader
 from exporter.core.config import Config
 from exporter.core.fs import ProcFS
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, DeviceValues
 
 log = structlog.get_logger(__name__)
@@ -129,7 +130,7 @@ class NvidiaBackend:
         driver = text(nvml.nvmlSystemGetDriverVersion())
         gpm_wanted = self._config.collector_enabled("gpm") is not False
         handles: dict[str, Any] = {}
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         self._gpm_reason = "no GPU" if gpm_wanted else "--no-collector.gpm"
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
@@ -173,7 +174,7 @@ class NvidiaBackend:
     def sample(self, slow: bool) -> Cycle:
         if self._nvml is None:
             raise BackendFailed("NVML is not open")
-        errors: Counter[str] = Counter()
+        errors: Counter[ErrorReason] = Counter()
         self._drain_xids(errors)
         devices: list[DeviceSample] = []
         for g in self._gpus:
@@ -187,14 +188,14 @@ class NvidiaBackend:
                 f"every GPU lost for {ALL_LOST_REINIT} cycles: re-initialising NVML")
         return Cycle(devices=devices, errors=dict(errors))
 
-    def _drain_xids(self, errors: Counter[str]) -> None:
+    def _drain_xids(self, errors: Counter[ErrorReason]) -> None:
         if self._events is None:
             return
         events, failed = self._events.drain()
         now = time.time()
         for uuid, xid in events:
             if not 0 < xid <= MAX_XID:
-                errors["parse"] += 1
+                errors[ErrorReason.PARSE] += 1
                 continue
             self._xids.setdefault(uuid, Counter())[xid] += 1
             self._xid_last_at[uuid] = now
@@ -204,9 +205,9 @@ class NvidiaBackend:
                 if g.dev.info.uuid == uuid:
                     g.dev.invalidate()
         if failed:
-            errors["xid_event"] += failed
+            errors[ErrorReason.XID_EVENT] += failed
 
-    def _sample_gpu(self, g: _Gpu, slow: bool, errors: Counter[str]) -> list[DeviceSample]:
+    def _sample_gpu(self, g: _Gpu, slow: bool, errors: Counter[ErrorReason]) -> list[DeviceSample]:
         """The GPU's sample, then one per MIG instance."""
         try:
             g.mig.refresh(errors, slow or g.slow is None)
@@ -222,7 +223,7 @@ class NvidiaBackend:
             instances = g.mig.sample(errors, slow) if g.mig.enabled else []
         except GpuLost:
             # Counted here; the change of state is logged once by the collector.
-            errors["gpu_lost"] += 1
+            errors[ErrorReason.GPU_LOST] += 1
             g.slow, g.profiling = None, {}  # re-read in full once the GPU answers again
             g.dev.reset_counters()
             return [DeviceSample(info=g.dev.info, source=SOURCE, up=False), *g.mig.down()]
@@ -236,7 +237,7 @@ class NvidiaBackend:
         parent = nvml_sample(info, values.overlay(g.slow, xid), g.profiling, processes)
         return [parent, *instances]
 
-    def _gpm(self, g: _Gpu, errors: Counter[str]) -> dict[str, float]:
+    def _gpm(self, g: _Gpu, errors: Counter[ErrorReason]) -> dict[str, float]:
         assert g.gpm is not None
         try:
             return g.gpm.sample()

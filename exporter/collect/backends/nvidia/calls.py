@@ -22,6 +22,7 @@ from enum import Enum
 from typing import Any
 
 from exporter.collect.backends.calls import DeviceLost, Guard, Verdict
+from exporter.core.labels import ErrorReason
 
 U32_NA = 0xFFFFFFFF
 U64_LIMIT = 1 << 63  # a u64 counter this large is a sentinel, never a reading
@@ -148,21 +149,21 @@ class Caller(Guard):
         self._skip = skip
         self._absent = codes(nvml, _ABSENT_CODES)
 
-    def get(self, errors: Counter[str], fn: Nvml, *args: Any, **kwargs: Any) -> Any:
+    def get(self, errors: Counter[ErrorReason], fn: Nvml, *args: Any, **kwargs: Any) -> Any:
         """``nvml.<fn>(handle, *args)`` or None; raises DeviceLost / BackendFailed."""
         return self._call(errors, fn, args, kwargs, absent=False)
 
-    def get_with(self, errors: Counter[str], fn: Nvml, func: Any, *args: Any) -> Any:
+    def get_with(self, errors: Counter[ErrorReason], fn: Nvml, func: Any, *args: Any) -> Any:
         """As ``get``, calling ``func(handle, *args)`` in place of ``nvml.<fn>`` (a safer
         wrapper of that NVML function); remembered and classified under ``fn``."""
         wrapped = func if getattr(self.nvml, fn, None) is not None else None
         return self._call(errors, fn, args, {}, absent=False, func=wrapped)
 
-    def probe(self, errors: Counter[str], fn: Nvml, *args: Any) -> Any:
+    def probe(self, errors: Counter[ErrorReason], fn: Nvml, *args: Any) -> Any:
         """As ``get``, but INVALID_ARGUMENT / NOT_FOUND mean "no such thing" (remembered)."""
         return self._call(errors, fn, args, {}, absent=True)
 
-    def _call(self, errors: Counter[str], fn: Nvml, args: tuple[Any, ...],
+    def _call(self, errors: Counter[ErrorReason], fn: Nvml, args: tuple[Any, ...],
               kwargs: dict[str, Any], absent: bool, func: Any = None) -> Any:
         key = (fn, args + tuple(sorted(kwargs.items()))) if kwargs else (fn, args)
         func = self.resolve(key, func if func is not None else getattr(self.nvml, fn, None))
@@ -186,7 +187,7 @@ class Caller(Guard):
         id newer than the driver answers INVALID_ARGUMENT): it never will, so stop asking."""
         return code in self._absent
 
-    def failed(self, errors: Counter[str], e: Exception, fn: Nvml, *args: Any) -> None:
+    def failed(self, errors: Counter[ErrorReason], e: Exception, fn: Nvml, *args: Any) -> None:
         """Sort one NVMLError of ``fn(handle, *args)`` made outside ``get`` (see the module
         docstring): None, or raises."""
         self.settle(errors, (fn, args), getattr(e, "value", None), e)

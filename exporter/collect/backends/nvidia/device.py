@@ -27,6 +27,7 @@ from exporter.core.labels import (
     Clock,
     Direction,
     Engine,
+    ErrorReason,
     Sensor,
     Severity,
     Threshold,
@@ -98,13 +99,13 @@ def nvml_sample(info: DeviceInfo, values: DeviceValues, profiling: Mapping[str, 
         processes=processes)
 
 
-def gated(errors: Counter[str], value: float | int | None, scale: float, unit: str
+def gated(errors: Counter[ErrorReason], value: float | int | None, scale: float, unit: str
           ) -> float | None:
     """``value`` (in NVML's unit) scaled into ``unit`` and through the range gate; a value
     NVML gave that falls outside it is dropped and counted (reason ``parse``)."""
     out = scaled(value, scale, unit)
     if out is None and value is not None:
-        errors["parse"] += 1
+        errors[ErrorReason.PARSE] += 1
     return out
 
 
@@ -210,7 +211,7 @@ class NvmlDevice:
     def c(self, name: str) -> Any:
         return getattr(self.nvml, name)
 
-    def read_static(self, errors: Counter[str]) -> None:
+    def read_static(self, errors: Counter[ErrorReason]) -> None:
         """Limits that do not change while the driver is loaded: thresholds, max clocks/link."""
         g = self.call.get
         thresholds: dict[str, float] = {}
@@ -233,7 +234,7 @@ class NvmlDevice:
         )
         self.fans = u32(g(errors, Nvml.DEVICE_GET_NUM_FANS)) or 0
 
-    def read_fast(self, errors: Counter[str], slow: bool = False) -> DeviceValues:
+    def read_fast(self, errors: Counter[ErrorReason], slow: bool = False) -> DeviceValues:
         """Cheap getters (1-30 us each, see backend.py TIERS), every --collector.interval,
         with the rare tier when it is due (``slow``: this cycle is a slow one) and the
         last rare and slow-tier state values otherwise."""
@@ -286,7 +287,7 @@ class NvmlDevice:
             engine_utilization_ratio=engines,
         ), read_memory(self.call, errors))
 
-    def read_rare(self, errors: Counter[str]) -> DeviceValues:
+    def read_rare(self, errors: Counter[ErrorReason]) -> DeviceValues:
         """The rare tier (RARE_EVERY above): power limit, ECC totals, remapped rows."""
         g = self.call.get
         limit = u32(g(errors, Nvml.DEVICE_GET_ENFORCED_POWER_LIMIT))
@@ -301,7 +302,7 @@ class NvmlDevice:
             ecc_errors=ecc,
         ).overlay(self._remapped(errors))
 
-    def read_state(self, errors: Counter[str]) -> DeviceValues:
+    def read_state(self, errors: Counter[ErrorReason]) -> DeviceValues:
         """Slow-tier state (read by read_fast on a slow cycle, served by it between):
         PCIe link now, NVLink up/down."""
         g = self.call.get
@@ -312,7 +313,7 @@ class NvmlDevice:
             nvlink_up=self.nvlink.read_state(errors))
         return self._slow_state
 
-    def _remapped(self, errors: Counter[str]) -> DeviceValues:
+    def _remapped(self, errors: Counter[ErrorReason]) -> DeviceValues:
         rows = self.call.get(errors, Nvml.DEVICE_GET_REMAPPED_ROWS)
         if rows is None:
             return DeviceValues()
@@ -328,7 +329,7 @@ class NvmlDevice:
         fv = None if key is None else values.get(key)
         return None if fv is None else u32(fv.value)
 
-    def _throttle(self, errors: Counter[str]) -> dict[str, bool]:
+    def _throttle(self, errors: Counter[ErrorReason]) -> dict[str, bool]:
         mask = u64(self.call.get(errors, Nvml.DEVICE_GET_CURRENT_CLOCKS_EVENT_REASONS))
         if mask is None and self.call.absent(Nvml.DEVICE_GET_CURRENT_CLOCKS_EVENT_REASONS):
             mask = u64(self.call.get(errors, Nvml.DEVICE_GET_CURRENT_CLOCKS_THROTTLE_REASONS))
@@ -336,7 +337,7 @@ class NvmlDevice:
             return {}
         return {reason: bool(mask & bit) for reason, bit in THROTTLE_BITS.items()}
 
-    def read_slow(self, errors: Counter[str]) -> DeviceValues:
+    def read_slow(self, errors: Counter[ErrorReason]) -> DeviceValues:
         """Expensive getters (milliseconds each), every --collector.slow-interval; the two
         counters whose reads spin in the driver every COUNTERS_EVERY-th time."""
         g = self.call.get
@@ -363,11 +364,12 @@ class NvmlDevice:
             nvlink_errors=self.nvlink.read_errors(errors, errors_due),
         ).overlay(self.health.read(errors, values, due))
 
-    def _slow_fields(self, errors: Counter[str], nvlink: bool = True) -> dict[FieldKey, Any]:
+    def _slow_fields(self, errors: Counter[ErrorReason],
+                     nvlink: bool = True) -> dict[FieldKey, Any]:
         return self.fields.read(errors, self.health.fields()
                                 + (self.nvlink.throughput_fields() if nvlink else []))
 
-    def prime(self, errors: Counter[str]) -> None:
+    def prime(self, errors: Counter[ErrorReason]) -> None:
         """At open: find the active NVLinks and take a first throughput reading, so the
         first collection already reports a rate (over the time since open)."""
         self.read_state(errors)
@@ -375,7 +377,7 @@ class NvmlDevice:
             self.nvlink.throughput(errors, self._slow_fields(errors), self.fields.dropped)
 
 
-def read_memory(call: Caller, errors: Counter[str]) -> DeviceValues:
+def read_memory(call: Caller, errors: Counter[ErrorReason]) -> DeviceValues:
     """Device memory of a GPU or MIG device handle, v2 (with the reservation) where it answers."""
     v2 = getattr(call.nvml, "nvmlMemory_v2", None)
     mem = None if v2 is None else call.get(errors, Nvml.DEVICE_GET_MEMORY_INFO, version=v2)

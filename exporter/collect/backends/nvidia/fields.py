@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from exporter.collect.backends.nvidia.calls import Caller, Nvml
+from exporter.core.labels import ErrorReason
 
 FieldKey = tuple[int, int]  # (field id, scope id)
 
@@ -91,7 +92,8 @@ class FieldReader:
                          if hasattr(self.nvml, k)}
         self._success = getattr(self.nvml, "NVML_SUCCESS", 0)
 
-    def read(self, errors: Counter[str], wanted: Iterable[FieldKey]) -> dict[FieldKey, FieldValue]:
+    def read(self, errors: Counter[ErrorReason],
+             wanted: Iterable[FieldKey]) -> dict[FieldKey, FieldValue]:
         """One call for every wanted (field, scope) not known to be unsupported."""
         keys = tuple(k for k in wanted if k not in self.dropped)
         if not keys:
@@ -108,11 +110,11 @@ class FieldReader:
                     self.dropped.add(key)
                 else:
                     self.call.check(code)  # GPU lost / NVML gone: raises
-                    errors["nvml_error"] += 1
+                    errors[ErrorReason.NVML_ERROR] += 1
                 continue
             member = self._members.get(int(fv.valueType))
             if member is None:
-                errors["parse"] += 1
+                errors[ErrorReason.PARSE] += 1
                 continue
             out[key] = FieldValue(getattr(fv.value, member), int(fv.timestamp))
         return out

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from exporter.collect.backends.nvidia.calls import Caller, Nvml, u64
 from exporter.collect.backends.nvidia.fields import FieldKey, FieldValue, field_id
-from exporter.core.labels import RetireCause, Severity, ThrottleReason
+from exporter.core.labels import ErrorReason, RetireCause, Severity, ThrottleReason
 from exporter.core.model import DeviceValues
 from exporter.core.units import scaled
 
@@ -93,7 +93,7 @@ class Health:
         extra = (fid for fid in (self.pending, self.recovery) if fid is not None)
         return [(fid, 0) for fid in (*self.retired.values(), *extra)]
 
-    def read(self, errors: Counter[str], values: dict[FieldKey, FieldValue],
+    def read(self, errors: Counter[ErrorReason], values: dict[FieldKey, FieldValue],
              counters_due: bool = True) -> DeviceValues:
         """clock_event_seconds, ras_errors, retired_pages, retired_pages_pending,
         recovery_action. The violation times are read when ``counters_due`` (every
@@ -127,7 +127,7 @@ class Health:
         if action is not None:
             recovery = RECOVERY_ACTIONS.get(action)
             if recovery is None:
-                errors["parse"] += 1
+                errors[ErrorReason.PARSE] += 1
         return DeviceValues(clock_event_seconds=events, ras_errors=ras, retired_pages=retired,
                             retired_pages_pending=None if pending is None else pending != 0,
                             recovery_action=recovery)

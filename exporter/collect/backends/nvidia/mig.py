@@ -37,6 +37,7 @@ from exporter.collect.backends.nvidia.device import SOURCE, NvmlDevice, nvml_sam
 from exporter.collect.backends.nvidia.gpm import GpmSampler, GpmUnsupported
 from exporter.collect.backends.nvidia.processes import ProcessReader
 from exporter.core.fs import ProcFS
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample
 
 log = structlog.get_logger(__name__)
@@ -64,7 +65,7 @@ class MigReader:
     gpm: dict[int, GpmSampler | None] = field(default_factory=dict)  # GI id -> sampler
     profiling: dict[int, dict[str, float]] = field(default_factory=dict)  # GI id -> ratios
 
-    def refresh(self, errors: Counter[str], slow: bool = True) -> None:
+    def refresh(self, errors: Counter[ErrorReason], slow: bool = True) -> None:
         """Read the MIG mode (``slow``, and the first time) and the instance set; follows
         changes made since the last cycle."""
         call = self.parent.call
@@ -101,7 +102,7 @@ class MigReader:
     def _enable(self) -> int:
         return int(getattr(self.nvml, "NVML_DEVICE_MIG_ENABLE", 1))
 
-    def _enumerate(self, errors: Counter[str]) -> dict[str, MigInstance]:
+    def _enumerate(self, errors: Counter[ErrorReason]) -> dict[str, MigInstance]:
         nvml, call = self.nvml, self.parent.call
         seen: dict[str, MigInstance] = {}
         slots = u32(call.get(errors, Nvml.DEVICE_GET_MAX_MIG_DEVICE_COUNT)) or 0
@@ -141,7 +142,7 @@ class MigReader:
         call = Caller(nvml, handle, self.parent.index)
         return MigInstance(info, gi, call, ProcessReader(nvml, call, self.proc))
 
-    def sample(self, errors: Counter[str], slow: bool) -> list[DeviceSample]:
+    def sample(self, errors: Counter[ErrorReason], slow: bool) -> list[DeviceSample]:
         """One DeviceSample per MIG device. Raises GpuLost with the parent."""
         for gi in sorted({i.gpu_instance_id for i in self.instances.values()}):
             if slow or gi not in self.gpm:  # a new GPU instance reports from its first cycle
@@ -160,7 +161,7 @@ class MigReader:
         return [DeviceSample(info=i.info, source=SOURCE, up=False)
                 for i in sorted(self.instances.values(), key=lambda i: i.info.uuid)]
 
-    def _gpm(self, errors: Counter[str], gi: int) -> dict[str, float]:
+    def _gpm(self, errors: Counter[ErrorReason], gi: int) -> dict[str, float]:
         nvml = self.nvml
         if gi not in self.gpm:
             sampler = None

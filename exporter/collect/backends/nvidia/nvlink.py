@@ -38,7 +38,7 @@ from collections import Counter
 
 from exporter.collect.backends.nvidia.calls import Caller, Nvml, u32, u64
 from exporter.collect.backends.nvidia.fields import FieldKey, FieldValue, field_id
-from exporter.core.labels import Direction, NvLinkError, Remote
+from exporter.core.labels import Direction, ErrorReason, NvLinkError, Remote
 from exporter.core.units import bounded
 
 KIB = 1024
@@ -82,7 +82,7 @@ class NvLinks:
         since it was opened or lost (NvmlDevice counts them); the first reads both."""
         return cycle % THROUGHPUT_EVERY == 0, cycle % ERRORS_EVERY == 0
 
-    def read_state(self, errors: Counter[str]) -> dict[tuple[str, str], bool]:
+    def read_state(self, errors: Counter[ErrorReason]) -> dict[tuple[str, str], bool]:
         """(link, remote) -> up, for every link that has been active (fast tier)."""
         out: dict[tuple[str, str], bool] = {}
         if self.absent:
@@ -100,7 +100,7 @@ class NvLinks:
             self.call.absent(Nvml.DEVICE_GET_NV_LINK_STATE, link) for link in range(self.max_links))
         return out
 
-    def _remote_type(self, errors: Counter[str], link: int) -> str:
+    def _remote_type(self, errors: Counter[ErrorReason], link: int) -> str:
         kind = self.call.get(errors, Nvml.DEVICE_GET_NV_LINK_REMOTE_DEVICE_TYPE, link)
         return UNKNOWN_REMOTE if kind is None else self.remote_names.get(kind, UNKNOWN_REMOTE)
 
@@ -108,7 +108,7 @@ class NvLinks:
         """The (field, link) requests for the slow-tier field batch."""
         return [(fid, link) for link in sorted(self.remote) for fid in self.fields.values()]
 
-    def throughput(self, errors: Counter[str], values: dict[FieldKey, FieldValue],
+    def throughput(self, errors: Counter[ErrorReason], values: dict[FieldKey, FieldValue],
                    dropped: set[FieldKey], due: bool = True) -> dict[tuple[str, str], float]:
         """(link, direction) -> bytes/s from this read and the previous one; between
         reads (``due`` False) the last rates."""
@@ -134,7 +134,7 @@ class NvLinks:
         self._rates = out
         return out
 
-    def _utilization_counter(self, errors: Counter[str], link: int,
+    def _utilization_counter(self, errors: Counter[ErrorReason], link: int,
                              now: float) -> dict[str, tuple[int, float]]:
         control = self.call.get(errors, Nvml.DEVICE_GET_NV_LINK_UTILIZATION_CONTROL, link, 0)
         if control is None or self.bytes_unit is None or control.units != self.bytes_unit:
@@ -152,7 +152,7 @@ class NvLinks:
             return None  # first reading, no time passed, or the counter was reset
         return bounded((count - last[0]) / (at - last[1]), "bytes_per_second")
 
-    def read_errors(self, errors: Counter[str], due: bool = True
+    def read_errors(self, errors: Counter[ErrorReason], due: bool = True
                     ) -> dict[tuple[str, str], int]:
         """(link, type) -> counter, for every link that has been active; between reads
         (``due`` False) the last values."""

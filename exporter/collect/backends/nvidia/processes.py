@@ -23,6 +23,7 @@ from typing import Any
 
 from exporter.collect.backends.nvidia.calls import Caller, Nvml, text, u32, u64
 from exporter.core.fs import ProcFS
+from exporter.core.labels import ErrorReason
 from exporter.core.model import ProcessSample
 from exporter.core.units import parse_rss, parse_start_time, process_name
 from exporter.core.units import ratio_from_percent as ratio
@@ -44,7 +45,7 @@ class ProcessReader:
         self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
         self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
 
-    def read(self, errors: Counter[str], slow: bool = True) -> tuple[ProcessSample, ...]:
+    def read(self, errors: Counter[ErrorReason], slow: bool = True) -> tuple[ProcessSample, ...]:
         """Union of compute and graphics processes; a pid in both is reported once.
         ``slow``: re-read every process's resident set (else only new pids')."""
         memory: dict[int, int | None] = {}
@@ -76,7 +77,7 @@ class ProcessReader:
         out.sort(key=lambda s: (-(s.memory_used_bytes or 0.0), s.pid))
         return tuple(out)
 
-    def read_utilization(self, errors: Counter[str]) -> None:
+    def read_utilization(self, errors: Counter[ErrorReason]) -> None:
         """Per-process SM utilisation since the last slow cycle (slow tier)."""
         not_found = getattr(self.nvml, "NVML_ERROR_NOT_FOUND", 6)
         if self.call.absent(Nvml.DEVICE_GET_PROCESS_UTILIZATION):
