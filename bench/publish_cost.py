@@ -52,14 +52,14 @@ def in_process(args: argparse.Namespace) -> None:
     from exporter.app.daemon import Daemon
     from exporter.app.flags import load_config
     from exporter.output.render import Renderer
-    from exporter.serve.history import fan_out
 
     config = load_config(["--no-collector.amd", "--no-collector.intel",
                           "--collector.interval", args.interval], {})
     daemon = Daemon(config)
     hub = daemon.hub
     daemon.renderer = Renderer(lead=config.interval, options=daemon.render_options())
-    hub.listener = fan_out(daemon.renderer.submit, daemon.history.add)
+    hub.subscribe(daemon.renderer.submit)
+    hub.subscribe(daemon.history.add)
     nvidia = next(b for b in daemon.backends if b.name == "nvidia")
     hub.collect_once()  # every backend opened and sampled, the GPUs numbered
     try:

@@ -18,7 +18,6 @@ from exporter.app.flags import load_config
 from exporter.collect.backends.amd.backend import AmdBackend
 from exporter.collect.backends.amd.ids import (
     AmdgpuIds,
-    default_path,
     lookup_paths,
     parse_amdgpu_ids,
     parse_pci_ids,
@@ -96,10 +95,11 @@ def test_lookup_paths(tmp_path: Path) -> None:
                                               for p in pcis)
 
 
-def test_default_path_is_beside_the_sysfs_root() -> None:
-    assert default_path("/sys") == Path("/usr/share/libdrm/amdgpu.ids")
+def test_the_first_table_tried_is_beside_the_sysfs_root() -> None:
+    assert lookup_paths("/sys", None)[0][0] == Path("/usr/share/libdrm/amdgpu.ids")
     machine = FIXTURES / "amd-polaris-rx580"
-    assert default_path(str(machine / "sys")) == machine.resolve() / "usr/share/libdrm/amdgpu.ids"
+    first = lookup_paths(str(machine / "sys"), None)[0][0]
+    assert first == machine.resolve() / "usr/share/libdrm/amdgpu.ids"
 
 
 def test_flag_env_and_backend(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ def cycles(b: AmdBackend, n: int) -> list[tuple[DeviceSample, dict[str, int]]]:
         cycle = b.sample(slow=True)
         (d,) = [d for d in cycle.devices if not d.info.parent_key]
         out.append((d, dict(cycle.errors)))
-        assert b._pcie is not None and b._pcie.wait_idle(5.0)
+        assert b._pcie is not None and b._pcie._idle.wait(5.0)
     b.close()
     return out
 
@@ -90,7 +90,7 @@ def test_a_pcie_bw_that_fails_to_read_is_not_asked_again(tmp_path: Path) -> None
     b.open()
     for _ in range(3):
         cycle = b.sample(slow=True)
-        assert b._pcie is not None and b._pcie.wait_idle(5.0)
+        assert b._pcie is not None and b._pcie._idle.wait(5.0)
         assert cycle.devices[0].pcie_throughput_bytes_per_second == {}
         assert cycle.errors == {}
     assert {Path(d).resolve() for d in b._pcie._failed} == {f.parent}

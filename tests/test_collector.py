@@ -232,34 +232,60 @@ def test_a_snapshot_not_due_for_a_scrape_is_made_current_without_waking_the_rend
 
 
 def test_backends_sampling_together_publish_once_and_a_hung_one_is_not_waited_for() -> None:
-    from tests.clock import SteppedClock
-
+    """The publishing thread merges once per tick: a backend that finishes while another
+    of the same tick is still sampling does not publish alone; one that hangs past an
+    interval is not waited for."""
     clock = SteppedClock()
     amd, slow = Scripted("amd", ["0000:03:00.0"]), Scripted("intel", ["0000:09:00.0"])
     hub = Hub(Config(interval=1.0), [amd, slow], clock=clock)
-    first = hub.collect_once().generation
-    slow.block.clear()  # intel's sample is in the driver
-    behind = threading.Thread(target=hub._sample, args=(slow, False))
-    behind.start()
-    wait_for(lambda: "intel" in hub._sampling)
-    assert "intel" in hub._sampling  # intel is in its sample
-    hub._sample(amd, slow=False)
-    assert hub.snapshot.generation == first  # intel, of the same tick, publishes for both
-    slow.block.set()
-    behind.join(5)
-    assert hub.snapshot.generation == first + 1
-    assert {s.name: s.last.timestamp for s in hub.snapshot.backends if s.last} == \
-        {s.name: s.last.timestamp for s in hub._states.values() if s.last}  # both in it
-    slow.block.clear()  # intel hangs in the driver, past an interval
-    behind = threading.Thread(target=hub._sample, args=(slow, False))
-    behind.start()
-    wait_for(lambda: "intel" in hub._sampling)
-    assert "intel" in hub._sampling
-    clock.t += 1.5
-    hub._sample(amd, slow=False)
-    assert hub.snapshot.generation == first + 2  # not waited for
-    slow.block.set()
-    behind.join(5)
+    first = hub.collect_once().generation  # no publishing thread yet: published here
+    with hub._life:
+        hub._start_publisher()
+    try:
+        slow.block.clear()  # intel's sample is in the driver
+        behind = threading.Thread(target=hub._sample, args=(slow, False))
+        behind.start()
+        wait_for(lambda: "intel" in hub._sampling)
+        hub._sample(amd, slow=False)
+        time.sleep(0.3)  # the publisher is awake and waits for intel, of the same tick
+        assert hub.snapshot.generation == first
+        slow.block.set()
+        behind.join(5)
+        wait_for(lambda: hub.snapshot.generation == first + 1)
+        time.sleep(0.1)
+        assert hub.snapshot.generation == first + 1  # one publish for both
+        assert {s.name: s.last.timestamp for s in hub.snapshot.backends if s.last} == \
+            {s.name: s.last.timestamp for s in hub._states.values() if s.last}  # both in it
+        slow.block.clear()  # intel hangs in the driver, past an interval
+        behind = threading.Thread(target=hub._sample, args=(slow, False))
+        behind.start()
+        wait_for(lambda: "intel" in hub._sampling)
+        clock.t += 1.5
+        hub._sample(amd, slow=False)
+        wait_for(lambda: hub.snapshot.generation == first + 2)
+        assert hub.snapshot.generation == first + 2  # not waited for
+        slow.block.set()
+        behind.join(5)
+    finally:
+        hub.stop()
+
+
+def test_subscribers_run_on_the_publishing_thread_in_generation_order() -> None:
+    """No subscriber runs on a backend's thread: the renderer and the history get each
+    snapshot from the one publishing thread, in order."""
+    seen: list[tuple[str, int]] = []
+    amd = Scripted("amd", ["0000:03:00.0"])
+    hub = Hub(Config(interval=0.05), [amd])
+    hub.subscribe(lambda s: seen.append((threading.current_thread().name, s.generation)))
+    hub.start()
+    try:
+        wait_for(lambda: len(seen) >= 5)
+        assert len(seen) >= 5
+    finally:
+        hub.stop()
+    assert {name for name, _ in seen} == {"collector-publish"}
+    generations = [g for _, g in seen]
+    assert generations == sorted(generations) and len(set(generations)) == len(generations)
 
 
 def test_a_lost_gpu_is_logged_once_when_lost_and_once_when_back() -> None:

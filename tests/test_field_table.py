@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collect import health, slurm
 from exporter.collect.kubernetes import podlabels, unallocated
-from exporter.core.fieldspec import Kind, MetricSpec, value_specs
+from exporter.core.fieldspec import Exposure, Kind, MetricSpec, value_specs
 from exporter.core.labels import VOCABULARIES, Engine
 from exporter.core.model import DeviceSample, DeviceValues
 from exporter.output.render.families import (
@@ -107,9 +107,16 @@ def test_every_value_field_declares_a_metric_and_units_gate_knows_its_unit() -> 
         assert not spec.unit or spec.unit in RANGES, spec.name
     # xid_last is the one value served only under dcgm-exporter's name; the others without
     # a family of their own are what the health verdict reads (exporter.collect.health)
-    assert [n for n, s in DEVICE_SPECS if not s.name] == [
-        "xid_last", "recovery_action", "retired_pages_pending", "xid_seen_seconds",
-        "temperature_limits_celsius"]
+    exposure = {n: s.exposure for n, s in DEVICE_SPECS if not s.served}
+    assert exposure == {"xid_last": Exposure.DCGM_ONLY, "recovery_action": Exposure.INTERNAL,
+                        "retired_pages_pending": Exposure.INTERNAL,
+                        "xid_seen_seconds": Exposure.INTERNAL,
+                        "temperature_limits_celsius": Exposure.INTERNAL}
+    assert all(not s.name for n, s in DEVICE_SPECS if n in exposure)
+    with pytest.raises(ValueError):  # a name and its exposure cannot disagree
+        MetricSpec("", "no name", exposure=Exposure.SERVED)
+    with pytest.raises(ValueError):
+        MetricSpec("gpu_x", "a name", exposure=Exposure.INTERNAL)
 
 
 def test_closed_label_vocabularies_cover_every_value_served(served: str) -> None:

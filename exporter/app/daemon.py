@@ -14,14 +14,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from exporter.collect.registry import Shared
 from exporter.core.config import Config
 from exporter.output.render.selection import Selection
+from exporter.output.render.telemetry import Telemetry
 
 if TYPE_CHECKING:
+    from exporter.app.reload import Reloader
     from exporter.collect.state import Snapshot
+    from exporter.output.otlp import Pusher
+    from exporter.output.render import Renderer, RenderOptions
 
 
 class Daemon:
@@ -50,9 +54,12 @@ class Daemon:
         self.shared = Shared(config)
         self.backends = build_backends(config, self.shared)
         self.hub = Hub(config, self.backends)
-        self.renderer: Any = None
-        self.pusher: Any = None  # the OTLP push thread, with --otlp.endpoint
-        self.reloader: Any = None  # SIGHUP and web config reloads, while serving
+        self.renderer: Renderer | None = None  # while serving
+        self.pusher: Pusher | None = None  # the OTLP push thread, with --otlp.endpoint
+        self.reloader: Reloader | None = None  # SIGHUP and web config reloads, while serving
+        # The exporter's own threads, OTLP and reload status: the renderer's and the
+        # server's (start() builds it, once the pusher and the reloader exist).
+        self.telemetry = Telemetry()
         self.reread: Callable[[], Config] = lambda: config  # main() sets flags+env+file
         self._starter: threading.Thread | None = None  # runs Hub.start (its first opens)
         self._life = threading.Lock()
@@ -69,30 +76,36 @@ class Daemon:
         OTLP pusher (--otlp.endpoint), then collection: the Hub's first opens wait up to
         OPEN_WAIT, on a thread of their own, so the server answers (not ready) meanwhile."""
         from exporter.output.render import Renderer
-        from exporter.serve.history import fan_out
 
         config = self.config
         options = self.render_options()
         with self._life:
             if self._stopped:
                 return
-            if serving:
-                # Render ahead only the snapshot that precedes a scrape: one interval.
-                self.renderer = Renderer(lead=config.interval, options=options)
-                self.hub.listener = fan_out(self.renderer.submit, self.history.add)
             if config.otlp_endpoint is not None:
                 from exporter.output.otlp import Pusher
 
                 self.pusher = Pusher(config, self.hub, options)
-                if self.renderer is not None:
-                    self.renderer.otlp = self.pusher.status
-                    self.renderer.cpu_threads["otlp"] = [self.pusher.thread]
+            reloads = self.reloader is not None and bool(config.config_file or
+                                                        config.web_config_file)
+            self.telemetry = Telemetry(
+                otlp=self.pusher.status if self.pusher is not None else None,
+                reload=self.reloader.status if reloads and self.reloader else None)
+            if self.pusher is not None:
+                self.telemetry.threads.add("otlp", self.pusher.thread)
+            if serving:
+                # Render ahead only the snapshot that precedes a scrape: one interval.
+                self.renderer = Renderer(lead=config.interval, options=options,
+                                         telemetry=self.telemetry)
+                self.hub.subscribe(self.renderer.submit)
+                self.hub.subscribe(self.history.add)
+            if self.pusher is not None:
                 self.pusher.start()
             self._starter = threading.Thread(target=self.hub.start, name="collector-start",
                                              daemon=True)
             self._starter.start()
 
-    def render_options(self) -> Any:
+    def render_options(self) -> RenderOptions:
         from exporter.output.render import RenderOptions
 
         return RenderOptions(
@@ -132,8 +145,7 @@ class Daemon:
             self.reloader.stop(left())
         if self.pusher is not None:
             self.pusher.stop(left())
-        self.hub.listener = None  # nothing more reaches the renderer or the history
-        self.hub.stop(timeout=left())
+        self.hub.stop(timeout=left())  # its publisher first: nothing more is handed out
         if self._starter is not None:
             self._starter.join(left())
         if self.renderer is not None:
@@ -175,9 +187,9 @@ class Daemon:
         if take_held():  # SIGHUPs that came during start-up (exporter.app.early): one reload
             reloader.request("sighup")
         self.start()
-        if config.config_file or config.web_config_file:  # something a reload can change
-            self.renderer.reload_status(reloader.status)
-        app = build_app(config, self.hub, self.renderer, web, history=self.history)
+        assert self.renderer is not None  # start() made it: serving
+        app = build_app(config, self.hub, self.renderer, web, history=self.history,
+                        telemetry=self.telemetry)
         reloader.passwords = getattr(app.state, "passwords", None)
         reloader.start()
         try:  # until SIGTERM or SIGINT
@@ -197,8 +209,9 @@ class Daemon:
         if hasattr(signal, "SIGHUP"):  # as with a server: the configuration is read at start
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self.start(serving=False)
+        endpoint = self.pusher.endpoint if self.pusher is not None else None
         structlog.get_logger(__name__).info(
-            "pushing over otlp only; no port is bound", endpoint=self.pusher.endpoint)
+            "pushing over otlp only; no port is bound", endpoint=endpoint)
         try:
             done.wait()
         finally:

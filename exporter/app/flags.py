@@ -22,11 +22,11 @@ from exporter import __version__
 from exporter.collect.registry import COLLECTORS, TABLE
 from exporter.core.config import (
     ALIASES,
-    LOG_FORMATS,
-    LOG_LEVELS,
-    METRIC_NAMES,
     Config,
     ConfigError,
+    LogFormat,
+    LogLevel,
+    MetricNames,
     bounded_duration,
     load_yaml_mapping,
     parse_bool,
@@ -108,11 +108,11 @@ OPTIONS = (
     Option("stale-after", "stale_after", bounded_duration(0.1, DAY),
            "withdraw a backend's series after this long without a completed collection, "
            "100ms to 24h (default 3 x collector.interval)", "DURATION"),
-    Option("log.level", "log_level", lambda k, v: parse_choice(k, v, LOG_LEVELS),
+    Option("log.level", "log_level", lambda k, v: parse_choice(k, v, LogLevel),
            "debug, info, warning or error (default info)", "LEVEL"),
-    Option("log.format", "log_format", lambda k, v: parse_choice(k, v, LOG_FORMATS),
+    Option("log.format", "log_format", lambda k, v: parse_choice(k, v, LogFormat),
            "json, console or auto: console on a terminal (default auto)", "FORMAT"),
-    Option("metric-names", "metric_names", lambda k, v: parse_choice(k, v, METRIC_NAMES),
+    Option("metric-names", "metric_names", lambda k, v: parse_choice(k, v, MetricNames),
            "gpu (default), dcgm (dcgm-exporter's DCGM_FI_* names) or both", "SCHEME"),
     # The landing page and metric selection (exporter.serve.history, exporter.selection).
     Option("web.history", "web_history", bounded_duration(1.0, DAY),

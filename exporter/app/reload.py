@@ -239,6 +239,6 @@ def apply_live(hub: Any) -> Callable[[Config], None]:
         logs.set_level(config.log_level)
         hub.config = dataclasses.replace(
             hub.config, max_processes_per_gpu=config.max_processes_per_gpu)
-        hub.publish()
+        hub.request_publish()
 
     return apply

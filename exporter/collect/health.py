@@ -15,7 +15,6 @@ verdict of their own: their parent's is the one that matters.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -274,14 +273,3 @@ def families(entries: Iterable[tuple[str, DeviceSample, Verdict]]) -> list[Metri
         family = status if spec is STATUS else checks
         family.samples.append(Sample(spec.name, labels, value))
     return [status, checks] if status.samples else []
-
-
-def table_html(entries: Iterable[tuple[str, DeviceSample, Verdict]]) -> str:
-    """The landing page's health table: one row per GPU, the reasons of what is not healthy."""
-    rows = "".join(
-        f"<tr><td>{html.escape(gpu)}</td><td>{html.escape(d.info.vendor)}</td>"
-        f"<td>{html.escape(d.info.uuid)}</td><td>{STATUS_NAMES[v.status]}</td><td>"
-        + html.escape("; ".join(f"{f.check}: {f.reason}" for f in v.findings))
-        + "</td></tr>" for gpu, d, v in entries)
-    return ("<h2>GPU health</h2><table border=\"1\"><tr><th>gpu</th><th>vendor</th>"
-            f"<th>uuid</th><th>health</th><th>reasons</th></tr>{rows}</table>")

@@ -1,10 +1,15 @@
-"""The collection hub: one sampling thread per backend, publishing immutable Snapshots.
+"""The collection hub: one sampling thread per backend, one thread that publishes.
 
 Each backend thread opens its backend (once; reopened with back-off after it
 fails), samples it on a fixed cadence with the slow tier every
-``--collector.slow-interval``, and hands the result to the Hub. The Hub keeps the
-latest sample of every backend and publishes an immutable ``Snapshot``
-(exporter.collect.state; swapped atomically) to its listener, the renderer.
+``--collector.slow-interval``, and records the result in the Hub. One publishing
+thread merges what the backends recorded into an immutable ``Snapshot``
+(exporter.collect.state; swapped atomically) and hands it to the subscribers (the
+renderer, the live page's history) in generation order. A backend thread never
+merges and never runs a subscriber: it records its cycle under the Hub's lock and
+wakes the publisher. Backends that tick together (a shared epoch) are merged once:
+the publisher waits for those still sampling, up to an interval (one stuck in a
+driver call is not waited for).
 
 Failure handling, all here: a backend whose open() fails, whose handle goes bad
 (BackendFailed) or whose sample() raises is closed and reopened with a back-off
@@ -23,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
+from typing import TypeAlias
 
 from exporter.collect import hubstate
 from exporter.collect.backends.base import (
@@ -42,6 +48,8 @@ from exporter.core.config import Config
 from exporter.core.joins import JoinSource
 from exporter.core.labels import ErrorReason
 from exporter.core.model import BackendSample
+
+Subscriber: TypeAlias = Callable[[Snapshot], None]  # gets every published snapshot, in order
 
 TIMING_INTERVAL = 60.0  # seconds between two debug lines of one backend's cycle time
 
@@ -73,14 +81,16 @@ class Hub:
     """Holds the latest state of every backend and publishes Snapshots."""
 
     def __init__(self, config: Config, backends: Sequence[Backend],
-                 listener: Callable[[Snapshot], None] | None = None,
+                 subscribers: Sequence[Subscriber] = (),
                  wall_clock: Callable[[], float] = time.time, clock: Clock | None = None
                  ) -> None:
         self.config = config
         self.wall_clock = wall_clock  # timestamps shown to people; never used for ages
         self.clock = clock or Clock()  # ages, cadence and back-off
         self.backends = list(backends)
-        self.listener = listener
+        self._subscribers = list(subscribers)
+        # Backend threads, the watchdog and start() record under _lock and wake the
+        # publishing thread (_publish_loop); only it merges and runs the subscribers.
         self._lock = threading.Lock()
         self._states = {b.name: BackendState(b.name, priority=b.priority) for b in self.backends}
         self._watch = hubstate.Watchdog(config, self.backends)
@@ -89,18 +99,19 @@ class Hub:
         self._threads_by_backend: Mapping[str, threading.Thread] = {}
         self._timing = logs.Every(TIMING_INTERVAL)  # --log.level debug: cycle times
         self._cuts = CutCounter()  # fed by _build only, under _publish_lock
-        self._publish_lock = threading.Lock()
+        self._publish_lock = threading.Lock()  # one build at a time: generations in order
         # Per-process energy: fed each published generation, windows up to a few of the
         # slowest per-process tier (exporter.collect.energy_split).
         self.energy = EnergySplit(
             reading_interval=config.slow_interval,
             max_window=2 * max(config.slow_interval, config.processes_interval) + config.interval)
         self._generation = 0
-        # backend -> when its cycle in flight started: a backend that finishes while
-        # another of the same tick is still sampling leaves the publish to that one
-        # (_finish), so backends that tick together merge once, not once each.
+        # backend -> when its cycle in flight started: the publisher waits for backends
+        # of the same tick before it merges (_due), so they merge once, not once each.
         self._sampling: dict[str, float] = {}
-        self._deferred = False  # a finished cycle left its publish to a later one
+        self._pending = False  # something changed since the last publish (under _lock)
+        self._wake = threading.Event()  # set when _pending is, or a cycle ends, or stop
+        self._publisher: threading.Thread | None = None
         self._stop = threading.Event()
         self._life = threading.Lock()  # start() and stop(): no thread started after a stop
         self._threads: list[threading.Thread] = []
@@ -109,15 +120,21 @@ class Hub:
             self.snapshot = self._build()
 
     # -- lifecycle ----------------------------------------------------------------------
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """``subscriber`` gets every snapshot published from now on, on the publishing
+        thread, in generation order (before start(), or it misses the ones before)."""
+        self._subscribers.append(subscriber)
+
     def start(self) -> None:
-        """A thread per backend, then (once each has tried its first open, OPEN_WAIT at
-        most) the GPU numbering, a first publish and the watchdog. A stop() that comes
-        meanwhile wins: no thread is started after it."""
+        """The publishing thread and a thread per backend, then (once each has tried its
+        first open, OPEN_WAIT at most) the GPU numbering, a first publish and the
+        watchdog. A stop() that comes meanwhile wins: no thread is started after it."""
         epoch = self.clock.now()
         threads: dict[str, threading.Thread] = {}
         with self._life:
             if self._stop.is_set():
                 return
+            self._start_publisher()
             for backend in self.backends:
                 t = threading.Thread(target=self._run, args=(backend, epoch),
                                      name=f"collector-{backend.name}", daemon=True)
@@ -132,7 +149,7 @@ class Hub:
         with self._lock:
             self._threads_by_backend = MappingProxyType(threads)
             self._gpus.number()
-        self.publish()
+        self.request_publish()
         with self._life:
             if self._stop.is_set():
                 return
@@ -147,6 +164,7 @@ class Hub:
             if self._stop.is_set():
                 return
             self._stop.set()
+            self._wake.set()  # the publisher leaves its wait, and ends
             self._all_attempted.set()  # a start() waiting for first opens goes on, and ends
             threads = list(self._threads)
         deadline = time.monotonic() + timeout
@@ -155,8 +173,16 @@ class Hub:
         for backend in self.backends:
             _close_quietly(backend)
 
+    def _start_publisher(self) -> None:
+        """The publishing thread (start() starts it; called with ``_life`` held)."""
+        t = threading.Thread(target=self._publish_loop, name="collector-publish", daemon=True)
+        self._publisher = t
+        t.start()
+        self._threads.append(t)
+
     def collect_once(self) -> Snapshot:
-        """Open and sample every backend once, synchronously (``gpu-exporter snapshot``)."""
+        """Open and sample every backend once, synchronously (``gpu-exporter snapshot``);
+        with no publishing thread, each change is published on the calling thread."""
         for backend in self.backends:
             if self._open(backend):
                 self._sample(backend, slow=True)
@@ -264,21 +290,26 @@ class Hub:
         return not cycle.devices or any(d.up for d in cycle.devices)
 
     def _finish(self, name: str, changed: bool) -> None:
-        """After a backend's cycle: publish, unless a backend that started sampling within
-        the last interval is still at it: that one publishes when it finishes, for both.
-        One that takes longer (a driver call that hangs) is not waited for: the next
-        cycle of any other publishes. So a snapshot lags a cycle by the slowest sample
-        of its tick, at most an interval, and backends that tick together (the shared
-        epoch) merge once per tick instead of once each."""
-        now = self.clock.now()
+        """After a backend's cycle (``changed``: it recorded a sample): the publisher
+        is woken, to publish or to stop waiting for this backend (_due)."""
         with self._lock:
             self._sampling.pop(name, None)
-            if any(now - started < self.config.interval for started in self._sampling.values()):
-                self._deferred = self._deferred or changed
-                return
-            publish = changed or self._deferred
-            self._deferred = False
-        if publish:
+            self._pending = self._pending or changed
+        self._woken(changed)
+
+    def request_publish(self) -> None:
+        """Something outside the cycles changed (the GPU numbering, a reload's process
+        cap): the next snapshot is due."""
+        with self._lock:
+            self._pending = True
+        self._woken(True)
+
+    def _woken(self, changed: bool) -> None:
+        if self._publisher is not None:
+            self._wake.set()
+        elif changed:  # no publishing thread (collect_once, tests): publish right here
+            with self._lock:
+                self._pending = False
             self.publish()
 
     # -- state changes (exporter.collect.hubstate says how, and logs) ---------------------------
@@ -291,7 +322,7 @@ class Hub:
         # A backend that retries its open() every cycle (no card yet) changes nothing:
         # no new snapshot, so nothing to render.
         if new != state:
-            self.publish()
+            self.request_publish()
 
     def _accept(self, name: str, cycle: Cycle, duration: float, enricher: Enricher | None,
                 child_restarts: int | None, joins: JoinSource | None = None) -> None:
@@ -316,7 +347,7 @@ class Hub:
             with self._lock:
                 changed, timeout = self._watch.look(self._states, self._gpus, now)
             if changed:
-                self.publish()
+                self.request_publish()
             if self.clock.wait(self._stop, timeout + 0.01):
                 return
 
@@ -341,12 +372,43 @@ class Hub:
                         devices=view.devices, health=view.health,
                         processes_truncated_total=self._cuts.add(view.cut))
 
+    def _publish_loop(self) -> None:
+        """The publishing thread: sleeps until a change, waits for the backends of the
+        same tick (_due), then publishes once for all of them."""
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            while not self._stop.is_set():
+                with self._lock:
+                    wait = self._due(self.clock.now())
+                    if wait is None:
+                        publish, self._pending = self._pending, False
+                        break
+                self.clock.wait(self._wake, wait)  # a cycle that ends wakes it sooner
+                self._wake.clear()
+            else:
+                return
+            if publish:
+                self.publish()
+
+    def _due(self, now: float) -> float | None:
+        """None when the pending snapshot can go out now, else how long to wait: while a
+        backend that started sampling less than an interval ago is still at it (it ticks
+        with the others, and its end wakes the publisher). One that takes longer (a
+        driver call that hangs) is not waited for. Called with ``_lock`` held."""
+        if not self._pending:
+            return None
+        left = [started + self.config.interval - now for started in self._sampling.values()
+                if now - started < self.config.interval]
+        return min(left) if left else None
+
     def publish(self) -> Snapshot:
-        """Build, merge and hand out the next snapshot. One publish at a time (whichever
-        thread calls it): listeners get snapshots in generation order."""
+        """Build, merge and hand the next snapshot to every subscriber, on the calling
+        thread: the publishing thread's step, and collect_once's. One build at a time, so
+        generations go out in order."""
         with self._publish_lock:
             snapshot = self._build()
             self.snapshot = snapshot
-            if self.listener is not None:
-                self.listener(snapshot)
+        for subscriber in self._subscribers:
+            subscriber(snapshot)
         return snapshot

@@ -11,16 +11,43 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from types import MappingProxyType
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 # Collector switch defaults and old switch names come from the backend table.
 # Old collector switch names that still work: --collector.processes is --collector.fdinfo.
 ALIASES: Mapping[str, str] = MappingProxyType({"processes": "fdinfo"})
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("auto", "json", "console")
-METRIC_NAMES = ("gpu", "dcgm", "both")
+
+
+class Choice(str, Enum):
+    """A flag's closed set of words: compares and prints as its word."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+
+class LogLevel(Choice):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class LogFormat(Choice):
+    AUTO = "auto"  # console on a terminal, else JSON
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class MetricNames(Choice):
+    """``--metric-names``: which names /metrics serves (docs/dcgm-compat.md)."""
+
+    GPU = "gpu"  # ours
+    DCGM = "dcgm"  # dcgm-exporter's DCGM_FI_* names, units and labels
+    BOTH = "both"
+
 
 
 class ConfigError(ValueError):
@@ -49,10 +76,10 @@ class Config:
     collectors: Mapping[str, bool | None] = field(default_factory=dict)
     max_processes_per_gpu: int = 64
     stale_after: float | None = None  # None -> 3 x interval
-    log_level: str = "info"
-    log_format: str = "auto"
+    log_level: LogLevel = LogLevel.INFO
+    log_format: LogFormat = LogFormat.AUTO
     config_file: str | None = None
-    metric_names: str = "gpu"  # gpu, dcgm or both (docs/metrics.md "DCGM-compatible names")
+    metric_names: MetricNames = MetricNames.GPU
     # The landing page's ring buffer, and metric selection (exporter.selection): fully
     # anchored regexes over family names; dcgm-exporter's counters CSV in dcgm mode.
     web_history: float = 900.0
@@ -180,11 +207,16 @@ def parse_positive_int(key: str, value: object) -> int:
     return number
 
 
-def parse_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
+C = TypeVar("C", bound=Choice)
+
+
+def parse_choice(key: str, value: object, choices: type[C]) -> C:
     text = str(value).strip().lower()
-    if text not in choices:
-        raise ConfigError(key, f"must be one of {', '.join(choices)}; got {value!r}")
-    return text
+    for choice in choices:
+        if choice.value == text:
+            return choice
+    raise ConfigError(key, f"must be one of {', '.join(c.value for c in choices)}; "
+                           f"got {value!r}")
 
 
 def parse_bool(key: str, value: object) -> bool:

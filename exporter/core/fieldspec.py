@@ -61,11 +61,19 @@ class Otlp:
     constant: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # added to each point
 
 
+class Exposure(Enum):
+    """Where a declared value goes."""
+
+    SERVED = "served"  # a family under ``name`` (and its OTLP name)
+    DCGM_ONLY = "dcgm_only"  # only as a dcgm-exporter field, in dcgm mode (exporter.output.dcgm)
+    INTERNAL = "internal"  # an input of the health verdict (exporter.collect.health), never served
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     """How one value is served: declared once, read by render, merge, docs and dcgm."""
 
-    name: str  # the family as served; a counter's ends in _total. "": dcgm names only
+    name: str  # the family as served; a counter's ends in _total ("" where not SERVED)
     help: str  # the HELP text served (and the docs/metrics.md help column)
     kind: Kind = Kind.GAUGE
     unit: str = ""  # a units.RANGES key ("" for states, flags, counts of things)
@@ -81,6 +89,16 @@ class MetricSpec:
     cadence: Cadence = Cadence.FAST  # how often the backends read it
     # Backend name -> its cadence, for a backend that reads the value at another tier.
     cadence_by: Mapping[str, Cadence] = field(default_factory=lambda: EMPTY)
+    exposure: Exposure = Exposure.SERVED
+
+    def __post_init__(self) -> None:
+        if (self.exposure is Exposure.SERVED) != bool(self.name):
+            raise ValueError(f"{self.name or self.help!r}: a served value has a name, "
+                             "and only a served one")
+
+    @property
+    def served(self) -> bool:
+        return self.exposure is Exposure.SERVED
 
     def family(self, key: str) -> str:
         return self.name.format(key=key)
@@ -109,22 +127,26 @@ class MetricSpec:
         return (self.otlp.unit if self.otlp is not None else "") or UCUM.get(self.unit, "")
 
 
-def value(name: str, help: str, kind: Kind = Kind.GAUGE, unit: str = "",
+def value(name: str = "", help: str = "", kind: Kind = Kind.GAUGE, unit: str = "",
           note: str = "", otlp: Otlp | None = None, cadence: Cadence = Cadence.FAST,
-          cadence_by: Mapping[str, Cadence] = EMPTY) -> Any:
+          cadence_by: Mapping[str, Cadence] = EMPTY,
+          exposure: Exposure = Exposure.SERVED) -> Any:
     """A scalar field: None where the source does not expose it. ``cadence``: how often
-    the backends read it; ``cadence_by``: backend -> cadence where one reads it otherwise."""
+    the backends read it; ``cadence_by``: backend -> cadence where one reads it otherwise;
+    ``exposure``: a value that is not a family of ours has no ``name``."""
     return field(default=None, metadata={SPEC: MetricSpec(
-        name, help, kind, unit, note=note, otlp=otlp, cadence=cadence, cadence_by=cadence_by)})
+        name, help, kind, unit, note=note, otlp=otlp, cadence=cadence, cadence_by=cadence_by,
+        exposure=exposure)})
 
 
 def mapping(name: str, help: str, *labels: str, kind: Kind = Kind.GAUGE, unit: str = "",
             group: str = "", per_key: Mapping[str, str] = EMPTY, note: str = "",
             otlp: Otlp | None = None, cadence: Cadence = Cadence.FAST,
-            cadence_by: Mapping[str, Cadence] = EMPTY) -> Any:
+            cadence_by: Mapping[str, Cadence] = EMPTY,
+            exposure: Exposure = Exposure.SERVED) -> Any:
     """A mapping field keyed by label value(s): empty where the source exposes none."""
     spec = MetricSpec(name, help, kind, unit, labels, note, per_key, group, otlp, cadence,
-                      cadence_by)
+                      cadence_by, exposure)
     return field(default_factory=lambda: EMPTY, metadata={SPEC: spec})
 
 

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from exporter.core.fieldspec import (
     EMPTY,
     Cadence,
+    Exposure,
     Kind,
     Otlp,
     empty,
@@ -36,6 +37,7 @@ from exporter.core.fieldspec import (
 )
 from exporter.core.labels import ErrorReason, Profiling
 
+INTERNAL = Exposure.INTERNAL  # an input of the health verdict, not a family of its own
 # The tiers a field declares (Cadence): how often the backends read it.
 FAST, SLOW, STATIC = Cadence.FAST, Cadence.SLOW, Cadence.STATIC
 
@@ -308,7 +310,8 @@ class DeviceValues:
         otlp=Otlp("gpu.xid.last_timestamp", "s"))
     # Code of the newest XID event; 0 for a GPU registered for XID events that has had none
     # yet. Served only under dcgm-exporter's name (DCGM_FI_DEV_XID_ERRORS, a last-value gauge).
-    xid_last: int | None = value("", "Code of the newest XID event (0: none since start).")
+    xid_last: int | None = value(help="Code of the newest XID event (0: none since start).",
+                                 exposure=Exposure.DCGM_ONLY)
 
     temperatures_celsius: Mapping[str, float] = mapping(
         "gpu_temperature_celsius", "Temperature by sensor.", "sensor", unit="celsius",
@@ -418,17 +421,18 @@ class DeviceValues:
 
     # Health inputs (exporter.collect.health), not families of their own.
     recovery_action: str | None = value(  # nvmlDeviceGpuRecoveryAction_t as a word
-        "", "NVML's GPU recovery action: none, gpu_reset, node_reboot, drain_p2p, ...",
-        cadence=SLOW)
+        help="NVML's GPU recovery action: none, gpu_reset, node_reboot, drain_p2p, ...",
+        cadence=SLOW, exposure=INTERNAL)
     retired_pages_pending: bool | None = value(
-        "", "A page retirement waits for the next GPU reset (before Ampere).",
-        cadence=SLOW)
+        help="A page retirement waits for the next GPU reset (before Ampere).",
+        cadence=SLOW, exposure=INTERNAL)
     xid_seen_seconds: Mapping[int, float] = mapping(  # XID code -> wall clock of its newest
-        "", "When each XID code last happened.")
+        "", "When each XID code last happened.", exposure=INTERNAL)
     # (sensor, threshold) -> °C where each sensor has thresholds of its own (amdgpu hwmon
     # tempN_crit / tempN_emergency for edge, junction and memory alike).
     temperature_limits_celsius: Mapping[tuple[str, str], float] = mapping(
-        "", "Each sensor's own temperature thresholds.", unit="celsius", cadence=SLOW)
+        "", "Each sensor's own temperature thresholds.", unit="celsius", cadence=SLOW,
+        exposure=INTERNAL)
 
     def present(self) -> dict[str, Any]:
         """The values this fragment has (not None, not empty), by field name."""

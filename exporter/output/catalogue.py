@@ -44,7 +44,7 @@ SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
 
 # Every spec that serves a family, in the order docs/metrics.md lists them.
 SPECS: tuple[MetricSpec, ...] = (
-    INFO, UP, ALLOCATION, *(s for _, s in DEVICE_SPECS if s.name), health.STATUS, health.CHECK,
+    INFO, UP, ALLOCATION, *(s for _, s in DEVICE_SPECS if s.served), health.STATUS, health.CHECK,
     *(s for _, s in PROCESS_SPECS), podlabels.SPEC, unallocated.SPEC, slurm.SPEC, *EXPORTER)
 
 # Label -> attribute, for every family. ``source`` stays (as gpu.source): every value

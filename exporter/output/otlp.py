@@ -53,7 +53,7 @@ from exporter import __version__
 from exporter.collect import health
 from exporter.collect.hub import Hub
 from exporter.collect.state import Snapshot
-from exporter.core.config import Config
+from exporter.core.config import Config, MetricNames
 from exporter.core.fieldspec import MetricSpec
 from exporter.output.catalogue import (
     FAMILIES,
@@ -245,7 +245,7 @@ class Pusher:
         self.interval = config.otlp_interval
         self.endpoint = metrics_endpoint(config.otlp_endpoint)
         # Our own names in every --metric-names mode: the conventions map ours.
-        self.options = replace(options, metric_names="gpu")
+        self.options = replace(options, metric_names=MetricNames.GPU)
         self.resource = resource(os.environ if environ is None else environ)
         self.scope = InstrumentationScope("gpu-exporter", __version__, SCHEMA_URL)
         self.session = PushSession(ca_file=config.otlp_ca_file is not None)

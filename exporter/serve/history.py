@@ -2,7 +2,7 @@
 current tables (GPUs, backends, top processes) that the page and ``gpu-exporter top``
 refresh from ``/api/v1/history``.
 
-Fed by the Hub's snapshot listener (``History.add``, on the collector's thread), never by
+Fed by the Hub's publishing thread (``History.add``, a subscriber), never by
 a scrape or a page view: ``/`` and ``/api/v1/history`` read what is already here and never
 touch a driver. Bounded: ``capacity`` samples per GPU (``--web.history`` divided by
 ``--collector.interval``), one sample per interval however often backends publish, and a
@@ -289,7 +289,7 @@ class History:
         self._lock = threading.Lock()
 
     def add(self, snapshot: Snapshot, now: float | None = None) -> None:
-        """Hub listener: one sample per GPU per interval from the snapshot's merged devices."""
+        """Hub subscriber: one sample per GPU per interval from the snapshot's merged devices."""
         now = time.time() if now is None else now
         # Backends publish several times an interval: before anything else, keep the
         # first of each interval, so a publish in between costs nothing here (the
@@ -370,11 +370,3 @@ class History:
 
 def _gpu_order(gpu: str) -> tuple[int, str]:
     return (int(gpu), "") if gpu.isdigit() else (1 << 30, gpu)
-
-
-def fan_out(*listeners: Callable[[Snapshot], None]) -> Callable[[Snapshot], None]:
-    """One Hub listener that calls each of ``listeners`` in turn (renderer, history)."""
-    def publish(snapshot: Snapshot) -> None:
-        for listener in listeners:
-            listener(snapshot)
-    return publish

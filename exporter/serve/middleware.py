@@ -92,7 +92,8 @@ class PasswordChecker:
     MAX_QUEUED = 32
     PER_ADDRESS = 2
 
-    def __init__(self, users: Mapping[str, bytes]) -> None:
+    def __init__(self, users: Mapping[str, bytes],
+                 on_thread: Callable[[threading.Thread], None] | None = None) -> None:
         self.users = dict(users)
         self._decoy = next(iter(self.users.values()))
         self._verified: OrderedDict[bytes, str] = OrderedDict()  # digest -> user name
@@ -104,7 +105,7 @@ class PasswordChecker:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="auth",
                                         initializer=self._started)
-        self.on_thread: Callable[[threading.Thread], None] | None = None
+        self.on_thread = on_thread  # each checking thread as it starts (its CPU is served)
 
     def replace_users(self, users: Mapping[str, bytes]) -> None:
         """New hashes from a reloaded web config: a remembered success stays for a user

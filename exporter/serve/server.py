@@ -42,8 +42,9 @@ from exporter.collect.hub import Hub
 from exporter.core.config import Config, split_listen_address
 from exporter.core.fs import open_files_limit
 from exporter.core.logs import Every
-from exporter.output.render import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer, Worker
-from exporter.output.render.exposition import Busy
+from exporter.output.render import Renderer, Worker
+from exporter.output.render.exposition import Busy, Variant
+from exporter.output.render.telemetry import Telemetry
 from exporter.serve.connections import MAX_CONNECTIONS, Slots, protocol_factory
 from exporter.serve.history import History
 from exporter.serve.landing import CSP
@@ -85,13 +86,13 @@ def _quality(header: str, wanted: str) -> float:
     return best
 
 
-def negotiate(accept: str, accept_encoding: str) -> str:
-    """The exposition variant a scraper asked for (see render.VARIANTS): OpenMetrics
-    when the client rates it at least as high as text/plain."""
+def negotiate(accept: str, accept_encoding: str) -> Variant:
+    """The exposition variant a scraper asked for: OpenMetrics when the client rates it
+    at least as high as text/plain; gzip when it accepts it at all."""
     openmetrics = _quality(accept, "application/openmetrics-text")
-    variant = "openmetrics" if openmetrics > 0 and \
-        openmetrics >= _quality(accept, "text/plain") else "text"
-    return f"{variant}+gzip" if _quality(accept_encoding, "gzip") > 0 else variant
+    return Variant.of(openmetrics=openmetrics > 0 and
+                      openmetrics >= _quality(accept, "text/plain"),
+                      gzip=_quality(accept_encoding, "gzip") > 0)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -131,21 +132,23 @@ async def off_loop(request: Request, worker: Worker, fn: Callable[[], T]) -> T |
 
 
 def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | None = None,
-              history: History | None = None) -> Starlette:
+              history: History | None = None, telemetry: Telemetry | None = None
+              ) -> Starlette:
     """The routes over a Hub and a Renderer that the caller (exporter.app.daemon) starts and
-    stops; ``history``: the ring buffer the landing page draws, fed by the caller."""
+    stops; ``history``: the ring buffer the landing page draws, fed by the caller;
+    ``telemetry``: the exporter's own threads, OTLP and reload status (the renderer's)."""
     if history is None:
         history = History(config.web_history, config.interval)
+    if telemetry is None:
+        telemetry = renderer.telemetry
     async def metrics(request: Request) -> Response:
         variant = negotiate(request.headers.get("accept", ""),
                             request.headers.get("accept-encoding", ""))
         body, _ = await renderer.body_async(variant)
         headers = {"Vary": "Accept, Accept-Encoding"}
-        if variant.endswith("+gzip"):
+        if variant.gzip:
             headers["Content-Encoding"] = "gzip"
-        media = OPENMETRICS_CONTENT_TYPE if variant.startswith("openmetrics") else \
-            TEXT_CONTENT_TYPE
-        return Response(body, headers=headers, media_type=media)
+        return Response(body, headers=headers, media_type=variant.content_type)
 
     async def healthy(request: Request) -> Response:
         return PlainTextResponse("OK\n")
@@ -157,7 +160,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
 
     async def snapshot(request: Request) -> Response:
         current = hub.snapshot
-        otlp = renderer.otlp() if renderer.otlp is not None else None
+        otlp = telemetry.otlp_status()
         body = await off_loop(request, renderer.pages,
                               lambda: snapshot_json(current, indent=2, otlp=otlp))
         if isinstance(body, Response):
@@ -166,7 +169,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
 
     async def landing(request: Request) -> Response:
         current = hub.snapshot
-        otlp = renderer.otlp() if renderer.otlp is not None else None
+        otlp = telemetry.otlp_status()
         body = await off_loop(request, renderer.pages, lambda: landing_page(
             current, history, config.telemetry_path, otlp))
         if isinstance(body, Response):
@@ -181,7 +184,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         if not math.isfinite(since):
             return PlainTextResponse("since: not a number of seconds since the epoch\n",
                                      status_code=400)
-        otlp = renderer.otlp() if renderer.otlp is not None else None
+        otlp = telemetry.otlp_status()
         body = await off_loop(request, renderer.pages, lambda: json.dumps(
             history.as_json(since, otlp=otlp), separators=(",", ":")).encode())
         if isinstance(body, Response):
@@ -195,13 +198,11 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
     async def app_css(request: Request) -> Response:
         return Response(APP_CSS, media_type="text/css", headers=STATIC_CACHE)
 
-    server_threads = renderer.cpu_threads.setdefault("server", [])
-
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(LoopErrors().handle)
-        server_threads.append(threading.current_thread())
+        telemetry.threads.add("server", threading.current_thread())
         renderer.render_now(hub.snapshot)
         yield  # the Daemon stops the Hub and the renderer: it started them
 
@@ -221,8 +222,8 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
     # The last one added is the outermost: the headers go on 401 and 429 too.
     app.add_middleware(ChunkedBodyMiddleware)
     if web is not None and web.basic_auth_users:
-        passwords = PasswordChecker(web.basic_auth_users)
-        passwords.on_thread = server_threads.append
+        passwords = PasswordChecker(
+            web.basic_auth_users, on_thread=lambda t: telemetry.threads.add("server", t))
         app.add_middleware(BasicAuthMiddleware, checker=passwords)
         app.state.passwords = passwords  # replaced in place on a reload (exporter.app.reload)
     if web is not None and web.rate_interval:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import gzip
 import queue
 import threading
@@ -34,6 +35,7 @@ from exporter.output.render.families import RenderOptions, device_families
 from exporter.output.render.joins import join_families
 from exporter.output.render.selection import Filtered, Selection
 from exporter.output.render.selfmetrics import exporter_families
+from exporter.output.render.telemetry import Telemetry
 
 TEXT_CONTENT_TYPE = getattr(text_format, "CONTENT_TYPE_PLAIN_0_0_4",
                             "text/plain; version=0.0.4; charset=utf-8")
@@ -75,7 +77,40 @@ class SnapshotCollector:
         yield from snapshot_families(s, self.options, threads, self.otlp, self.reload)
 
 
-VARIANTS = ("text", "text+gzip", "openmetrics", "openmetrics+gzip")
+class Variant(str, enum.Enum):
+    """One form of the exposition: a format, gzipped or not (negotiated per scrape by
+    exporter.serve.server.negotiate)."""
+
+    TEXT = "text"
+    TEXT_GZIP = "text+gzip"
+    OPENMETRICS = "openmetrics"
+    OPENMETRICS_GZIP = "openmetrics+gzip"
+
+    @property
+    def openmetrics(self) -> bool:
+        return self in (Variant.OPENMETRICS, Variant.OPENMETRICS_GZIP)
+
+    @property
+    def gzip(self) -> bool:
+        return self in (Variant.TEXT_GZIP, Variant.OPENMETRICS_GZIP)
+
+    @property
+    def plain(self) -> Variant:
+        """The same format, not compressed."""
+        return Variant.OPENMETRICS if self.openmetrics else Variant.TEXT
+
+    @property
+    def content_type(self) -> str:
+        return OPENMETRICS_CONTENT_TYPE if self.openmetrics else TEXT_CONTENT_TYPE
+
+    @classmethod
+    def of(cls, openmetrics: bool, gzip: bool) -> Variant:
+        if openmetrics:
+            return cls.OPENMETRICS_GZIP if gzip else cls.OPENMETRICS
+        return cls.TEXT_GZIP if gzip else cls.TEXT
+
+
+VARIANTS = tuple(Variant)
 WANT_TTL = 300.0  # a format nobody asked for in 5 minutes is no longer rendered ahead
 
 
@@ -119,24 +154,25 @@ class Exposition:
         self.snapshot = snapshot
         self.options = options
         self._render = render
-        self._bodies: dict[str, bytes] = {}
+        self._bodies: dict[Variant, bytes] = {}
         self._lock = threading.Lock()
 
-    def cached(self, variant: str) -> bytes | None:
+    def cached(self, variant: Variant) -> bytes | None:
         return self._bodies.get(variant)
 
-    def body(self, variant: str) -> bytes:
+    def body(self, variant: Variant) -> bytes:
+        variant = Variant(variant)
         cached = self._bodies.get(variant)
         if cached is not None:
             return cached
         with self._lock:
             if variant not in self._bodies:
-                fmt, _, zipped = variant.partition("+")
-                raw = self._bodies.get(fmt)
+                plain = variant.plain
+                raw = self._bodies.get(plain)
                 if raw is None:
-                    raw = self._bodies[fmt] = self._render(self.snapshot, self.options,
-                                                           fmt == "openmetrics")
-                if zipped:
+                    raw = self._bodies[plain] = self._render(self.snapshot, self.options,
+                                                             plain.openmetrics)
+                if variant.gzip:
                     self._bodies[variant] = gzip.compress(raw, compresslevel=6)
             return self._bodies[variant]
 
@@ -225,16 +261,14 @@ class Renderer:
     A snapshot nobody scrapes is never rendered.
     """
 
-    def __init__(self, lead: float = 2.0, options: RenderOptions | None = None) -> None:
+    def __init__(self, lead: float = 2.0, options: RenderOptions | None = None,
+                 telemetry: Telemetry | None = None) -> None:
         self.lead = lead  # render ahead when a scrape is due within this many seconds
         # The options in force: replaced whole on a reload (select()), never changed.
         self.options = options or RenderOptions()
         self.worker = Worker("renderer")
         self.pages = Worker("pages", PAGE_QUEUE)  # the page, its history, /snapshot
-        # label -> threads whose CPU time is reported under it (the server adds its own)
-        self.cpu_threads: dict[str, list[threading.Thread]] = {}
-        self.otlp: Callable[[], Mapping[str, Any]] | None = None  # the OTLP pusher's status
-        self._reload: Callable[[], tuple[bool, float]] | None = None  # exporter.app.reload
+        self.telemetry = telemetry or Telemetry()  # the exporter's own threads, OTLP, reload
         # The process, platform and gc collectors (a throwaway registry: GCCollector
         # must register somewhere); each render puts them behind its own selection.
         scratch = CollectorRegistry()
@@ -250,13 +284,13 @@ class Renderer:
     def registry(self, snapshot: Snapshot, options: RenderOptions) -> CollectorRegistry:
         """One render's registry: the snapshot's collector bound to ``options``, and the
         process, platform and gc collectors behind its selection."""
-        threads = {**self.cpu_threads, "renderer": [
-            w.thread for w in (self.worker, self.pages) if w.thread is not None]}
-        status = self.otlp() if self.otlp is not None else None
+        threads = {**self.telemetry.threads.as_dict(), "renderer": tuple(
+            w.thread for w in (self.worker, self.pages) if w.thread is not None)}
+        status = self.telemetry.otlp_status()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(
             snapshot, options, threads, None if status is None else status["exports"],
-            self._reload() if self._reload is not None else None))
+            self.telemetry.reload_status()))
         for collector in self._python:
             registry.register(Filtered(collector, options.selection))
         return registry
@@ -270,10 +304,6 @@ class Renderer:
             self.options = options
             if self.current is not None:
                 self.current = Exposition(self.current.snapshot, options, self._render_bytes)
-
-    def reload_status(self, status: Callable[[], tuple[bool, float]]) -> None:
-        """Serve the configuration reload gauges from ``status`` (a serving daemon)."""
-        self._reload = status
 
     def _render_bytes(self, snapshot: Snapshot, options: RenderOptions,
                       openmetrics: bool) -> bytes:
@@ -304,14 +334,14 @@ class Renderer:
                 self.current = exposition
         return exposition
 
-    def body(self, variant: str) -> tuple[bytes, Snapshot]:
+    def body(self, variant: Variant) -> tuple[bytes, Snapshot]:
         """The current snapshot's bytes, rendered on the calling thread if not cached."""
         self._demand[variant].asked(time.monotonic())
         exposition = self.current
         assert exposition is not None, "Renderer.body() before the first snapshot"
         return exposition.body(variant), exposition.snapshot
 
-    async def body_async(self, variant: str) -> tuple[bytes, Snapshot]:
+    async def body_async(self, variant: Variant) -> tuple[bytes, Snapshot]:
         """As body(), for the event loop: a cold render runs on the renderer's thread."""
         self._demand[variant].asked(time.monotonic())
         exposition = self.current

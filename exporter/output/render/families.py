@@ -19,6 +19,7 @@ from prometheus_client.samples import Sample
 
 from exporter.collect import health
 from exporter.collect.state import Snapshot
+from exporter.core.config import MetricNames
 from exporter.core.fieldspec import Cadence, Kind, MetricSpec, Otlp, value_specs
 from exporter.core.model import DeviceSample, DeviceValues, PodRef, ProcessSample
 from exporter.output import dcgm
@@ -50,7 +51,7 @@ DEVICE_SPECS = value_specs(DeviceValues)
 PROCESS_SPECS = value_specs(ProcessSample)
 # The table split by shape once, so a render does no per-value type tests:
 # (field, spec) of scalars, of mappings keyed by label value(s), of one family per key.
-SCALARS = tuple((n, s) for n, s in DEVICE_SPECS if s.name and not s.labels and not s.per_key)
+SCALARS = tuple((n, s) for n, s in DEVICE_SPECS if s.served and not s.labels and not s.per_key)
 LABELLED = tuple((n, s) for n, s in DEVICE_SPECS if s.labels)
 PER_KEY = tuple((n, s) for n, s in DEVICE_SPECS if s.per_key)
 PROCESS_SCALARS = tuple((n, s) for n, s in PROCESS_SPECS if not s.labels)
@@ -61,7 +62,7 @@ def families_of(spec: MetricSpec) -> tuple[tuple[str, str], ...]:
     """(family name, help) of every family a spec serves: one, or one per key."""
     if spec.per_key:
         return tuple((spec.family(key), doc) for key, doc in spec.per_key.items())
-    return ((spec.name, spec.help),) if spec.name else ()
+    return ((spec.name, spec.help),) if spec.served else ()
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class RenderOptions:
 
     pod_labels: bool = False  # kubernetes attribution on: process series carry pod labels
     device_pod_labels: bool = False  # --kubernetes.device-labels
-    metric_names: str = "gpu"  # gpu, dcgm or both
+    metric_names: MetricNames = MetricNames.GPU
     hostname: str = dataclass_field(default_factory=dcgm.hostname)  # dcgm's Hostname label
     selection: Selection = dataclass_field(default_factory=Selection)  # what is served
 
@@ -229,11 +230,11 @@ def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
     walk(s, opts, f)
     ours = [f.by_name[n] for n in in_order(f.by_name)]
     ours += opts.selection.keep(health.families(s.health))
-    if opts.metric_names == "gpu":
+    if opts.metric_names is MetricNames.GPU:
         return ours
     # dcgm replaces the per-GPU families; per-process and health ones (dcgm-exporter has
     # no counterpart: docs/dcgm-compat.md) keep our names in every mode.
-    kept = ours if opts.metric_names == "both" else [
+    kept = ours if opts.metric_names is MetricNames.BOTH else [
         m for m in ours if m.name.startswith(("gpu_process_", "gpu_health_"))]
     fields = tuple(f for f in dcgm.FIELDS if opts.selection.allows_dcgm(f.name))
     return (kept + list(dcgm.dcgm_families(((g, d) for g, d in s.devices if d.up), opts.hostname,

@@ -18,6 +18,8 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
+from exporter.core.config import MetricNames
+
 
 def exposed_name(m: Metric) -> str:
     """A family's name as served and documented: prometheus-client drops a counter's _total."""
@@ -80,14 +82,14 @@ class Filtered:
         yield from self.selection.keep(self.collector.collect())
 
 
-def load_selection(include: str | None, exclude: str | None, metric_names: str,
+def load_selection(include: str | None, exclude: str | None, metric_names: MetricNames,
                    counters_file: str | None) -> Selection:
     """The operator's Selection. Reads ``--dcgm.counters`` (OSError where it cannot, a
     ValueError where it makes no sense) and says once, in one log line, which of its
     names we cannot fill and how many lines were not a field."""
     if counters_file is None:
         return Selection(include, exclude)
-    if metric_names == "gpu":
+    if metric_names is MetricNames.GPU:
         raise ValueError("--dcgm.counters needs --metric-names dcgm or both")
     import structlog
 

@@ -41,11 +41,6 @@ RELATIVE_PATH = Path("usr", "share", "libdrm", "amdgpu.ids")
 MAX_BYTES = 1 << 20  # the real table is ~25 KB; anything far larger is not it
 
 
-def default_path(sysfs_root: str) -> Path:
-    """``usr/share/libdrm/amdgpu.ids`` beside the sysfs root."""
-    return Path(sysfs_root).resolve().parent / RELATIVE_PATH
-
-
 def parse_amdgpu_ids(text: str) -> dict[tuple[int, int], str]:
     """(device_id, revision_id) -> product name. Lines that are not entries are skipped."""
     table: dict[tuple[int, int], str] = {}

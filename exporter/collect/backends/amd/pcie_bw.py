@@ -67,10 +67,6 @@ class PcieBwReader:
             errors, self._errors = self._errors, Counter()
             return errors
 
-    def wait_idle(self, timeout: float) -> bool:
-        """True once every requested read has completed (tests, bench)."""
-        return self._idle.wait(timeout)
-
     def forget(self, device_dir: str) -> None:
         """A card that went (or came back): its state goes, its file is tried again."""
         with self._lock:

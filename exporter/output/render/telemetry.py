@@ -1,0 +1,44 @@
+"""What the exporter reports about itself beside the snapshot: the threads whose CPU time
+it serves (``gpu_exporter_thread_cpu_seconds_total``), the OTLP pusher's status and the
+last configuration reload. The daemon builds one and hands it to the renderer and the
+server, which read it; nothing sets attributes on them from outside."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+OtlpStatus = Callable[[], Mapping[str, Any]]  # the pusher's endpoint, counts, last error
+ReloadStatus = Callable[[], tuple[bool, float]]  # (last reload succeeded, when it did)
+
+
+class ThreadTable:
+    """label -> the threads whose CPU time is reported under it; a part adds its own
+    threads as they start (the server its event loop's, the daemon the pusher's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: dict[str, tuple[threading.Thread, ...]] = {}
+
+    def add(self, label: str, thread: threading.Thread) -> None:
+        with self._lock:
+            self._threads[label] = (*self._threads.get(label, ()), thread)
+
+    def as_dict(self) -> dict[str, tuple[threading.Thread, ...]]:
+        with self._lock:
+            return dict(self._threads)
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    threads: ThreadTable = field(default_factory=ThreadTable)
+    otlp: OtlpStatus | None = None  # with --otlp.endpoint
+    reload: ReloadStatus | None = None  # when a reload can change something
+
+    def otlp_status(self) -> Mapping[str, Any] | None:
+        return self.otlp() if self.otlp is not None else None
+
+    def reload_status(self) -> tuple[bool, float] | None:
+        return self.reload() if self.reload is not None else None
