@@ -225,6 +225,7 @@ class PodRun:
         self.pod_ip = f"10.244.1.{10 + index}"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.cid = ""
+        self.pid = 0  # the container's process, as this machine numbers it
         self.receiver: Any = None
         self.tmux: list[str] = []
 
@@ -303,7 +304,7 @@ class PodRun:
         self.stdout, self.stderr = self.tmp / "stdout.log", self.tmp / "stderr.log"
         host_pid = spec.get("hostPID", False)
         unshare = ["unshare", "--mount", *([] if host_pid else ["--pid"]), "--fork",
-                   "--propagation", "private"]
+                   "--kill-child", "--propagation", "private"]
         with self.stdout.open("wb") as out, self.stderr.open("wb") as err:
             proc = subprocess.Popen([*unshare, sys.executable, str(INIT), "run", str(run_spec)],
                                     stdout=out, stderr=err)
@@ -413,6 +414,8 @@ class PodRun:
         if self.receiver is not None:
             self.receiver.server.shutdown()
             self.receiver.server.server_close()
+        if self.pid and self.procs[-1].poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.kill()
@@ -439,6 +442,10 @@ def journeys(built_image: BuiltImage,
             return run.run()
         except BaseException as e:  # noqa: BLE001 - reported by the scenario's tests
             run.journey.error = e
+            for stream in ("stdout", "stderr"):
+                log = run.tmp / f"{stream}.log"
+                if log.exists() and not getattr(run.journey, stream):
+                    setattr(run.journey, stream, log.read_text())
             return run.journey
         finally:
             run.close()
@@ -456,7 +463,8 @@ def journey_of(journeys: dict[str, Journey], name: str) -> Journey:
     if isinstance(j.error, pytest.skip.Exception):
         raise j.error
     if j.error is not None:
-        raise AssertionError(f"{name}: the journey failed") from j.error
+        raise AssertionError(f"{name}: the journey failed ({j.error!r}); the container "
+                             f"said:\n{(j.stdout + j.stderr)[-2000:]}") from j.error
     return j
 
 

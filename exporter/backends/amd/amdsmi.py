@@ -89,7 +89,8 @@ class AmdSmiBackend:
             import amdsmi  # the optional extra; it loads libamd_smi.so when imported
         except ImportError as e:
             raise BackendUnavailable(
-                f"amdsmi package not importable ({e}); install the amd extra") from None
+                f"amdsmi package not importable ({e}); install the amd extra: pip install "
+                "'.[amd]' in the gpu-exporter checkout") from None
         except OSError as e:  # the package is there, ROCm's library is not
             raise BackendUnavailable(f"libamd_smi.so not loadable: {e}") from None
         try:
