@@ -159,9 +159,9 @@ def in_netns(pid: int, fn: Callable[[], T]) -> T:
     return box["value"]  # type: ignore[no-any-return]
 
 
-def child_of(pid: int, timeout: float = 20.0, command: str = "") -> int:
-    """The process whose parent is ``pid`` (unshare --fork's child: the container's pid 1),
-    once its command line holds ``command``."""
+def container_process(pid: int, timeout: float = 20.0) -> int:
+    """The child of ``pid`` (unshare --fork's: the container's pid 1) once it has replaced
+    tests/container_init.py with the image's program."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for entry in Path("/proc").iterdir():
@@ -169,13 +169,13 @@ def child_of(pid: int, timeout: float = 20.0, command: str = "") -> int:
                 continue
             try:
                 stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and command in cmdline:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and INIT.name not in cmdline:
                 return int(entry.name)
         time.sleep(0.05)
-    raise AssertionError(f"no child of {pid} running {command!r} after {timeout}s")
+    raise AssertionError(f"the container of {pid} did not start in {timeout}s")
 
 
 def status_of(pid: int) -> dict[str, str]:
@@ -311,7 +311,7 @@ class PodRun:
         started = time.monotonic()
         self.procs.append(proc)
         self.container_proc = proc
-        self.pid = child_of(proc.pid, command="gpu-exporter")
+        self.pid = container_process(proc.pid)
         # the probe workers, from the container's start
         workers = [k.ProbeWorker("liveness", container["livenessProbe"]),
                    k.ProbeWorker("readiness", container["readinessProbe"])]
