@@ -561,6 +561,7 @@ def test_the_environment_is_the_kubelets(journeys: dict[str, Journey], name: str
 def test_the_stop_signal_ends_it_cleanly_within_the_grace_period(
         journeys: dict[str, Journey], name: str) -> None:
     j = journey_of(journeys, name)
+    print(name, f"stopped {j.stopped_after:.2f} s after {j.stop_signal}")
     assert j.stop_signal == "SIGTERM" and j.grace == 30
     assert not j.killed and j.exit_code == 0
     assert j.stopped_after < 10, j.stopped_after
