@@ -23,8 +23,9 @@ RUN python -m venv /opt/gpu-exporter
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
-# No extras: test tools stay out of the image.
-RUN /opt/gpu-exporter/bin/pip install . \
+# Every extra that needs no library of the host: otlp (--otlp.endpoint) and top
+# (`kubectl exec -it <pod> -- gpu-exporter top`). Not amd (ROCm's libamd_smi.so), not test.
+RUN /opt/gpu-exporter/bin/pip install '.[otlp,top]' \
  && find /opt/gpu-exporter -name '__pycache__' -prune -exec rm -rf {} +
 
 # ---- runtime: the venv only, no compiler, no pip cache, no sources ----

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import fake_nvml
+from tests.image_build import built_image  # noqa: F401  (the image, built once per run)
 
 TESTS = Path(__file__).resolve().parent
 # What starts a process: the harness (tests/daemon.py's running, test_server's run_cli),

@@ -146,7 +146,8 @@ def test_missing_package_and_forced_switch(monkeypatch: pytest.MonkeyPatch) -> N
     assert "amdsmi" not in names  # auto: absent package, no backend, no series
     forced = Config(collectors={**COLLECTORS, "amdsmi": True})
     (b,) = [b for b in build_backends(forced) if b.name == "amdsmi"]
-    with pytest.raises(BackendUnavailable, match="gpu-exporter\\[amd\\]"):
+    with pytest.raises(BackendUnavailable,
+                       match=r"pip install '\.\[amd\]' in the gpu-exporter checkout"):
         b.open()
 
 

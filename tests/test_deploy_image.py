@@ -2,13 +2,12 @@
 HEALTHCHECK (exporter/app/healthcheck.py) run against the real daemon the way the image runs
 it, with the listen address set on the command line, in the environment or in a file.
 
-The last test builds the image with podman (tests/image/build-image.sh, as root) and runs
-it by chroot as its USER."""
+The last test reads the image that tests/image_build.py builds once per run with podman
+(tests/image/build-image.sh, as root) and runs by chroot as its USER."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from test_server import _self_signed
 
 from exporter.app.healthcheck import exporter_args
 from tests.daemon import EMPTY_PROC, REPO, daemon_env, free_port, running
+from tests.image_build import FIXTURE, BuiltImage
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART_VALUES = ROOT / "helm" / "gpu-exporter" / "values.yaml"
@@ -94,9 +94,13 @@ def test_dockerfile_is_multistage_non_root_with_entrypoint_and_healthcheck() -> 
     labels = " ".join(rest for ins, rest in final if ins == "LABEL")
     for key in ("title", "description", "version", "licenses", "base.name"):
         assert f"org.opencontainers.image.{key}=" in labels
-    # Runtime dependencies only: the build installs the project without extras.
+    # The runtime dependencies and every extra that needs no library of the host: not amd
+    # (ROCm's libamd_smi.so), not the test tools.
     installs = " ".join(rest for ins, rest in steps if ins == "RUN" and "pip install" in rest)
-    assert "pip install ." in installs and "[" not in installs
+    (extras,) = re.findall(r"pip install '\.\[([\w,]+)\]'", installs)
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert sorted(extras.split(",")) == sorted(set(optional) - {"amd", "test"})
 
 
 def test_dockerignore_lets_in_what_the_build_copies() -> None:
@@ -224,32 +228,12 @@ def snapshot_devices(text: str) -> dict[str, list[dict[str, object]]]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0, reason="podman with chroot isolation needs root")
-def test_image_builds_runs_as_its_user_and_reads_a_fixture(tmp_path: Path) -> None:
+def test_image_builds_runs_as_its_user_and_reads_a_fixture(built_image: BuiltImage) -> None:
     """tests/image/build-image.sh: podman build of the Dockerfile (about 30 s with the base
     cached, 90 s on a fresh machine, docs/deploy.md), then the image run by chroot as its
     USER: --version, a snapshot of a fixture sysfs, and its HEALTHCHECK command."""
-    machine = ROOT / "tests" / "fixtures" / "amd-rdna3-rx7800xt"
-    out = subprocess.run(["bash", "tests/image/build-image.sh", "gpu-exporter:test"],
-                         cwd=ROOT, env={**os.environ, "SYSFS": str(machine / "sys"),
-                                        "PORT": str(free_port())},
-                         capture_output=True, text=True, timeout=900)
-    # Old builds left dangling by the re-tag; the last hour's stay as the layer cache.
-    subprocess.run(["podman", "image", "prune", "-f", "--filter", "until=1h"],
-                   capture_output=True, timeout=120)
-    if out.returncode != 0:
-        # Inside a container (a fresh Debian container running .ci/run) podman itself may
-        # not run, or not store a layer (it remounts /): then even the stand-in base image
-        # could not be made, before our Dockerfile was reached. That is the environment,
-        # not the Dockerfile; any failure after the base image exists fails the test.
-        info = subprocess.run(["podman", "info"], capture_output=True, text=True, timeout=120)
-        base = subprocess.run(["podman", "image", "exists",
-                               "docker.io/library/python:3.11-slim-bookworm"],
-                              capture_output=True, timeout=120)
-        if info.returncode != 0 or base.returncode != 0:
-            pytest.skip(f"podman cannot build here: {out.stderr.strip()[-300:]}")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    lines = out.stdout.splitlines()
+    machine = FIXTURE
+    lines = built_image.output.splitlines()
     lines = lines[next(i for i, line in enumerate(lines) if line.startswith("image ")):]
     assert lines[0].startswith("image gpu-exporter:test: user 10001:10001, entrypoint gpu-exporter")
     assert 'healthcheck: ["CMD","python","-m","exporter.app.healthcheck"]' in lines

@@ -60,7 +60,7 @@ def test_without_the_extra_otlp_endpoint_is_one_clear_error(tmp_path: Path) -> N
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "--otlp.endpoint needs the otlp extra" in lines[0]
-    assert "gpu-exporter[otlp]" in lines[0]
+    assert "pip install '.[otlp]' in the gpu-exporter checkout" in lines[0]
 
 
 def test_without_the_flag_nothing_of_opentelemetry_is_imported(tmp_path: Path) -> None:

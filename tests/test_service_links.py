@@ -1,60 +1,28 @@
 """The environment a kubelet gives the pod: Service-link variables are not flags.
 
-``kubelet_service_env`` models the kubelet's ``FromServices`` (kubernetes
-``pkg/kubelet/envvars/envvars.go``): for every Service of the pod's namespace with a
-cluster IP, ``<NAME>_SERVICE_HOST``, ``<NAME>_SERVICE_PORT`` (the first port),
-``<NAME>_SERVICE_PORT_<PORT NAME>`` for every named port, and the Docker-link set
-(``makeLinkVariables``): ``<NAME>_PORT`` for the first port, then per port
-``<NAME>_PORT_<port>_<PROTO>`` and its ``_PROTO``, ``_PORT``, ``_ADDR``; the name is the
-Service's upper-cased with ``-`` as ``_``, the protocol defaults to TCP, host and port are
-joined as Go's ``net.JoinHostPort`` does (IPv6 in brackets). The shipped chart and
-manifests create a Service named ``gpu-exporter`` beside the pod, so every pod of theirs
-gets ``GPU_EXPORTER_PORT=tcp://...``: before this, every such pod exited with status 2.
+``kubelet_service_env`` is tests/kubelet.py's model of the kubelet's ``FromServices``
+(kubernetes ``pkg/kubelet/envvars/envvars.go``): for every Service of the pod's namespace
+with a cluster IP, ``<NAME>_SERVICE_HOST``, ``<NAME>_SERVICE_PORT`` and the Docker-link
+set (``<NAME>_PORT=tcp://...`` and the rest). The shipped chart and manifests create a
+Service named ``gpu-exporter`` beside the pod, so every pod of theirs got
+``GPU_EXPORTER_PORT=tcp://...``: before this, every such pod exited with status 2.
+tests/test_deploy_pod_journey.py starts the built image under these variables.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from exporter.app.flags import COLLECTOR_KEYS, KEYS, env_name, is_service_link, load_config
 from tests.daemon import running, values_of
+from tests.kubelet import service_env
 from tests.test_cli import cli, one_line_error
 
 Port = tuple[int, str, str]  # (port, name, protocol); name "" only for a lone first port
-
-
-def _var(name: str) -> str:
-    return name.upper().replace("-", "_")
-
-
-def _join_host_port(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-
-
-def kubelet_service_env(service: str, cluster_ip: str, ports: Sequence[Port]) -> dict[str, str]:
-    """The variables the kubelet writes for one Service (envvars.go, FromServices)."""
-    env: dict[str, str] = {}
-    prefix = _var(service)
-    env[prefix + "_SERVICE_HOST"] = cluster_ip
-    env[prefix + "_SERVICE_PORT"] = str(ports[0][0])
-    for port, name, _ in ports:
-        if name:
-            env[f"{prefix}_SERVICE_PORT_{_var(name)}"] = str(port)
-    for i, (port, _, protocol) in enumerate(ports):
-        proto = (protocol or "TCP").lower()
-        url = f"{proto}://{_join_host_port(cluster_ip, port)}"
-        if i == 0:
-            env[prefix + "_PORT"] = url
-        port_prefix = f"{prefix}_PORT_{port}_{proto.upper()}"
-        env[port_prefix] = url
-        env[port_prefix + "_PROTO"] = proto
-        env[port_prefix + "_PORT"] = str(port)
-        env[port_prefix + "_ADDR"] = cluster_ip
-    return env
+kubelet_service_env = service_env  # the model lives in tests/kubelet.py, with the kubelet's
 
 
 SERVICES = [

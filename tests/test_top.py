@@ -211,7 +211,7 @@ def test_top_without_the_extra_says_how_to_get_it() -> None:
         capture_output=True, text=True, cwd=REPO, env=daemon_env(None), timeout=60)
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
     assert result.stderr.startswith("gpu-exporter: error: top needs the top extra: "
-                                    "pip install 'gpu-exporter[top]'")
+                                    "pip install '.[top]' in the gpu-exporter checkout")
 
 
 def _reply(backend: Scripted, now: float = 100.0) -> dict[str, object]:

@@ -94,7 +94,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         try:
             from exporter.client.top import main as top
         except ImportError as e:
-            return _fail(f"top needs the top extra: pip install 'gpu-exporter[top]' ({e})")
+            return _fail(f"top needs the top extra: pip install '.[top]' in the "
+                         f"gpu-exporter checkout ({e})")
         return top(source or "http://127.0.0.1:9445", ca_file=ca_file, insecure=insecure)
     # structlog imports rich where it is installed (the top extra) for its console
     # tracebacks, about 5 MiB the daemon has no use for (its logs are logfmt or JSON).
@@ -115,8 +116,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         try:  # the otlp extra: fail now, in one line, not at the first push
             import exporter.output.otlp  # noqa: F401
         except ImportError as e:
-            return _fail(f"--otlp.endpoint needs the otlp extra: pip install "
-                         f"'gpu-exporter[otlp]' ({e})")
+            return _fail(f"--otlp.endpoint needs the otlp extra: pip install '.[otlp]' in "
+                         f"the gpu-exporter checkout ({e})")
     if source is not None:
         from exporter.client.fetch import fetch_snapshot, redact_url
 

@@ -51,7 +51,7 @@ USAGE_EPILOG = """commands:
               its view of the host differs from a fresh process's)
   top         a full-screen terminal dashboard of a running daemon (--from URL, default
               http://127.0.0.1:9445), refreshed from its /api/v1/history; needs the top
-              extra: pip install 'gpu-exporter[top]'
+              extra: pip install '.[top]' in the gpu-exporter checkout (the image has it)
 
 Every flag can also be set with GPU_EXPORTER_<NAME> (dots and dashes become underscores,
 e.g. GPU_EXPORTER_WEB_LISTEN_ADDRESS=:9445) or in --config.file (YAML, same keys).

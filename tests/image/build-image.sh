@@ -4,6 +4,8 @@
 # three additions: the docker image format (OCI drops HEALTHCHECK), the image's size, and the
 # image's own HEALTHCHECK command run against the exporter started inside it.
 #   bash tests/image/build-image.sh [TAG]      (from the project root, as root)
+# IIDFILE=path: write the built image's id there, and run that image (not whatever the tag
+# names by then: another build may have moved it).
 # podman builds with chroot isolation; the python:<ver>-slim-bookworm base is replaced by a local
 # stand-in bootstrapped from Debian bookworm (python3 3.11 + venv) under the same name, so the
 # Dockerfile builds unchanged. The image cannot be started by crun here (rlimits), so it is run by
@@ -11,6 +13,7 @@
 set -euo pipefail
 TAG=${1:-gpu-exporter:local}
 SYSFS=${SYSFS:-}   # a fixture machine's sys/ to serve from inside the image (optional)
+IIDFILE=${IIDFILE:-}
 command -v podman >/dev/null && command -v mmdebstrap >/dev/null || {
   apt-get update -qq && apt-get install -y -qq podman mmdebstrap uidmap fuse-overlayfs >/dev/null; }
 BASE=docker.io/library/python:3.11-slim-bookworm
@@ -26,16 +29,18 @@ fi
 vols=(-v /etc/ssl/certs:/etc/ssl/certs:ro)
 [ -f /etc/pip.conf ] && vols+=(-v /etc/pip.conf:/etc/pip.conf:ro)
 [ -d /etc/xdg/pip ] && vols+=(-v /etc/xdg/pip:/etc/xdg/pip:ro)
-podman build --format docker --isolation=chroot --network=host --pull=never "${vols[@]}" -t "$TAG" .
-cid=$(podman create "$TAG"); mnt=$(podman mount "$cid")
-user=$(podman image inspect "$TAG" --format '{{.Config.User}}')
-entry=$(podman image inspect "$TAG" --format '{{index .Config.Entrypoint 0}}')
+podman build --format docker --isolation=chroot --network=host --pull=never "${vols[@]}" \
+  ${IIDFILE:+--iidfile "$IIDFILE"} -t "$TAG" .
+ref=$TAG; [ -n "$IIDFILE" ] && ref=$(cat "$IIDFILE")
+cid=$(podman create "$ref"); mnt=$(podman mount "$cid")
+user=$(podman image inspect "$ref" --format '{{.Config.User}}')
+entry=$(podman image inspect "$ref" --format '{{index .Config.Entrypoint 0}}')
 pid=""
 # The daemon keeps sysfs attributes open: wait for it to exit before unmounting /host.
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; umount "$mnt/proc" "$mnt/host" 2>/dev/null; podman umount "$cid" >/dev/null; podman rm "$cid" >/dev/null 2>&1' EXIT
-echo "image $TAG: user $user, entrypoint $entry, size $(podman image inspect "$TAG" --format '{{.Size}}') bytes"
-echo "healthcheck: $(podman image inspect "$TAG" --format '{{json .Config.Healthcheck.Test}}')"
-echo "base: $(podman image inspect "$TAG" --format '{{index .Config.Labels "org.opencontainers.image.base.name"}}')"
+echo "image $TAG: user $user, entrypoint $entry, size $(podman image inspect "$ref" --format '{{.Size}}') bytes"
+echo "healthcheck: $(podman image inspect "$ref" --format '{{json .Config.Healthcheck.Test}}')"
+echo "base: $(podman image inspect "$ref" --format '{{index .Config.Labels "org.opencontainers.image.base.name"}}')"
 in_image=(chroot --userspec="$user" "$mnt" env PATH=/opt/gpu-exporter/bin:/usr/bin MALLOC_ARENA_MAX=2)
 "${in_image[@]}" "$entry" --version
 if [ -n "$SYSFS" ]; then

@@ -6,7 +6,7 @@ per-process VRAM and engine time without ptrace. Source ``amdsmi``, priority LIB
 the collector's merge makes its values primary for the GPUs it shares (by PCI bus id)
 with the sysfs backend, and sysfs fills the rest.
 
-The package is optional (``pip install gpu-exporter[amd]``); ``build_backends`` adds
+The package is optional (``pip install '.[amd]'`` from the checkout); ``build_backends`` adds
 this backend only when it is importable or ``--collector.amdsmi`` forces it on, so a
 machine without it has no ``backend="amdsmi"`` series at all. ``amdsmi_init`` runs once
 per open (AMD GPUs only); the collector's re-open after ``BackendFailed`` shuts it down
@@ -90,7 +90,8 @@ class AmdSmiBackend:
             import amdsmi  # the optional extra; it loads libamd_smi.so when imported
         except ImportError as e:
             raise BackendUnavailable(
-                f"amdsmi package not importable ({e}); install gpu-exporter[amd]") from None
+                f"amdsmi package not importable ({e}); install the amd extra: pip install "
+                "'.[amd]' in the gpu-exporter checkout") from None
         except OSError as e:  # the package is there, ROCm's library is not
             raise BackendUnavailable(f"libamd_smi.so not loadable: {e}") from None
         try:
