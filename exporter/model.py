@@ -174,6 +174,13 @@ class ProcessSample:
         unit="bytes",
         cadence=SLOW,
         otlp=Otlp("gpu.process.host_memory.usage"))
+    contexts: Mapping[str, bool] = mapping(  # ProcessContext -> True, where the source lists
+        "gpu_process_context_info",
+        "1 for each kind of GPU context the process holds: compute, graphics, or mps_client "
+        "(a client of the CUDA MPS server, whose work runs in the server's context).",
+        "context",
+        note="NVIDIA only (NVML's compute, graphics and MPS client process lists).",
+        otlp=Otlp("gpu.process.context"))
     # Filled after the merge by exporter.energy_split, never by a backend.
     energy_joules: float | None = value(
         "gpu_process_energy_joules_total",
