@@ -316,3 +316,16 @@ def test_xe_pmu_utilisation_matches_the_fake_ticks(scrapes: dict[str, str]) -> N
     for label, values in shares.items():
         assert value(text, "gpu_engine_utilization_ratio", engine=label,
                      source="pmu") == pytest.approx(sum(values) / len(values))
+
+
+def test_mps_clients_are_served_with_their_memory_and_context(scrapes: dict[str, str]) -> None:
+    text = scrapes["nvidia-h100-mps"]
+    config = json.loads((FIXTURES / "nvidia-h100-mps" / "nvml.json").read_text())
+    procs = config["gpus"][0]["processes"]
+    assert sum(bool(p.get("mps")) for p in procs) == 2
+    for proc in procs:
+        pid = str(proc["pid"])
+        assert value(text, "gpu_process_memory_used_bytes", pid=pid) == proc["used_memory_bytes"]
+        context = "mps_client" if proc.get("mps") else "compute"
+        assert value(text, "gpu_process_context_info", pid=pid) == 1
+        assert value(text, "gpu_process_context_info", pid=pid, context=context) == 1
