@@ -378,6 +378,13 @@ class DeviceValues:
         "gpu_xid_errors_total", "NVIDIA XID error events by code.", "xid", kind=Kind.COUNTER,
         unit="count",
         otlp=Otlp("gpu.xid.errors", "{error}"))
+    xid_info: Mapping[tuple[int, str], bool] = mapping(  # (XID code, its meaning) -> True
+        "gpu_xid_info",
+        "1 for each XID code counted on this GPU, with its meaning in NVIDIA's XID catalogue "
+        "(unknown for a code the exporter's table does not list).", "xid", "meaning",
+        note="Join on `xid` with `gpu_xid_errors_total`; no series for the `xid=\"0\"` "
+        "marker.",
+        otlp=Otlp("gpu.xid.info"))
     memory_bandwidth_bytes_per_second: Mapping[str, float] = mapping(  # read / write
         "gpu_memory_bandwidth_bytes_per_second",
         "Device memory bandwidth, where the source measures it.", "direction",

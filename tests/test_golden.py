@@ -329,3 +329,14 @@ def test_mps_clients_are_served_with_their_memory_and_context(scrapes: dict[str,
         context = "mps_client" if proc.get("mps") else "compute"
         assert value(text, "gpu_process_context_info", pid=pid) == 1
         assert value(text, "gpu_process_context_info", pid=pid, context=context) == 1
+
+
+def test_each_counted_xid_is_named_by_the_catalogue(scrapes: dict[str, str]) -> None:
+    config = json.loads((FIXTURES / "nvidia-h100x2" / "nvml.json").read_text())
+    assert sorted(set(config["gpus"][0]["xids"])) == [13, 79]
+    info = {(dict(ls)["xid"], dict(ls)["meaning"]): v
+            for (n, ls), v in parse_samples(scrapes["nvidia-h100x2"]).items()
+            if n == "gpu_xid_info"}
+    # NVIDIA's catalogue: 79 "GPU has fallen off the bus", 13 "Graphics Engine Exception"
+    assert info == {("79", "GPU has fallen off the bus"): 1.0,
+                    ("13", "graphics engine exception"): 1.0}
