@@ -138,12 +138,14 @@ def mps(tmp_path: Path) -> Iterator[Mps]:
     py = client_python()
     if py is None:
         pytest.skip("no python3 with torch and CUDA for the clients")
-    index, uuid, mode = [c.strip() for c in run(
-        ["nvidia-smi", "--query-gpu=index,uuid,compute_mode", "--format=csv,noheader",
-         "-i", "0"]).strip().split(",")]
-    print(f"GPU {index} {uuid}, compute mode {mode}")
+    index, uuid, mode, mig = [c.strip() for c in run(
+        ["nvidia-smi", "--query-gpu=index,uuid,compute_mode,mig.mode.current",
+         "--format=csv,noheader", "-i", "0"]).strip().split(",")]
+    print(f"GPU {index} {uuid}, compute mode {mode}, MIG {mig}")
     if mode.replace(" ", "_").lower() == "prohibited":
         pytest.skip("compute mode Prohibited: no CUDA context can be made (left as it is)")
+    if mig.lower() == "enabled":
+        pytest.skip("MIG is on: MPS would need a MIG instance (left as it is)")
     if "nvidia-cuda-mps-server" in run(["nvidia-smi", "--query-compute-apps=process_name",
                                         "--format=csv,noheader"]):
         pytest.skip("an MPS server of someone else already runs on this machine")
