@@ -65,6 +65,8 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *c, proc_t *p) {
     (void)h; return procs(c, p); }
 int nvmlDeviceGetGraphicsRunningProcesses_v3(void *h, unsigned *c, proc_t *p) {
     (void)h; *c = 0; (void)p; return 0; }
+int nvmlDeviceGetMPSComputeRunningProcesses_v3(void *h, unsigned *c, proc_t *p) {
+    (void)h; *c = 0; (void)p; return 0; }
 int nvmlDeviceGetProcessUtilization(void *h, void *s, unsigned *c, unsigned long long t) {
     (void)h; (void)s; (void)c; (void)t; return 6; }
 int nvmlEventSetWait_v2(void *s, void *d, unsigned ms) { (void)s; (void)d; (void)ms; return 10; }

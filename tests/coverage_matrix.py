@@ -41,6 +41,7 @@ FREE = {
     "gpu_instance_id": "MIG GPU instance id", "compute_instance_id": "MIG compute instance id",
     "partition_id": "AMD partition index", "remote": "the GPU or switch at a link's far end",
     "xid": "NVIDIA XID number", "fan": "fan index",
+    "meaning": "what the XID means in NVIDIA's catalogue, or `unknown` (vendors-nvidia.md)",
 }
 FREE_PREFIX = ("label_",)  # pod labels, named by --kubernetes.pod-labels
 
@@ -134,6 +135,19 @@ other data to a GPU (health verdicts, Kubernetes, Slurm). `gpu_exporter_*` self-
 are left out: every backend has them. The series are documented in [metrics.md](metrics.md).
 
 {matrix()}
+
+## Profiling (the `nvml_gpm` column)
+
+`gpu_sm_active_ratio`, `gpu_sm_occupancy_ratio`, `gpu_tensor_active_ratio`,
+`gpu_dram_active_ratio`, `gpu_graphics_engine_active_ratio` and the `gpu_fp*_active_ratio`
+families come from NVML's GPM, which NVIDIA GPUs have from Hopper on. On Volta to Ada these
+counters exist only through DCGM's profiling module (the `DCGM_FI_PROF_*` fields of
+dcgm-exporter, read by NVIDIA's host engine), which this exporter does not use: there is no
+series for them on those GPUs, and none on AMD, Intel or Apple. What is served instead:
+`gpu_utilization_ratio` (the time a kernel ran), `gpu_memory_utilization_ratio` (the
+memory controller's busy time), `gpu_engine_utilization_ratio` and the per-process SM
+utilisation; in dcgm mode `DCGM_FI_PROF_GR_ENGINE_ACTIVE` is filled from the closest of
+them, labelled with its `source` ([dcgm-compat.md](dcgm-compat.md)).
 
 ## Engines
 

@@ -181,12 +181,14 @@ NVIDIA: dict[str, Move] = {
     "profiling_ratio": _item("gpm", "sm_util", 50.0),
     PROC + "memory_used_bytes": lambda g: _set(used_memory_bytes=3 << 30)(g.processes[0]),
     PROC + "utilization_ratio": lambda g: _set(sm_util=80)(g.processes[0]),
+    PROC + "contexts": lambda g: _set(mps=True)(g.processes[0]),  # now an MPS client
 }
 # An XID event re-reads the rare tier and the link state on the next cycle (by design):
 # moved on its own, so that it does not move the other fields' reads.
 NVIDIA_XID: dict[str, Move] = {
     name: (lambda g: g.xids.append(31))
-    for name in ("xid_errors", "xid_last", "xid_last_timestamp_seconds", "xid_seen_seconds")}
+    for name in ("xid_errors", "xid_info", "xid_last", "xid_last_timestamp_seconds",
+                 "xid_seen_seconds")}
 
 
 def nvidia(moved: dict[str, Move]) -> Seen:

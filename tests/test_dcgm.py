@@ -191,6 +191,69 @@ def test_amd_and_intel_fill_the_same_names_where_the_meaning_is_the_same() -> No
                           "device": "card1", "Hostname": HOST}
 
 
+def test_gr_engine_active_is_the_closest_measure_of_each_vendor_and_says_its_source() -> None:
+    """GPM's graphics activity where there is GPM; AMD's GFX engine; Intel's busier of
+    render and compute; else the device's busy fraction (NVML before Hopper)."""
+    def info(vendor: str, bus: str) -> DeviceInfo:
+        return DeviceInfo(vendor=vendor, pci_bus_id=bus, uuid=f"pci-{bus}")
+
+    hopper = DeviceSample(info=H100, source="nvml", utilization_ratio=1.0,
+                          profiling_ratio={"graphics_engine_active": 0.995},
+                          field_sources={"profiling_ratio": "nvml_gpm"})
+    ada = DeviceSample(info=info("nvidia", "0000:05:00.0"), source="nvml",
+                       utilization_ratio=0.4, engine_utilization_ratio={"encoder": 0.9})
+    amd = DeviceSample(info=info("amd", "0000:03:00.0"), source="sysfs", utilization_ratio=0.02,
+                       engine_utilization_ratio={"gfx": 0.24, "video": 0.5})
+    intel = DeviceSample(info=info("intel", "0000:09:00.0"), source="pmu",
+                         utilization_ratio=0.9,  # the busiest engine of all: video here
+                         engine_utilization_ratio={"render": 0.25, "compute": 0.5,
+                                                   "video": 0.9})
+    apple = DeviceSample(info=info("apple", "soc0"), source="macmon", utilization_ratio=0.31)
+    found = series([("0", hopper), ("1", ada), ("2", amd), ("3", intel), ("4", apple)])
+    got = {dict(ls)["gpu"]: (v, dict(ls)["source"]) for (n, ls), v in found.items()
+           if n == "DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+    assert got == {"0": (0.995, "nvml_gpm"), "1": (0.4, "nvml"), "2": (0.24, "sysfs"),
+                   "3": (0.5, "pmu"), "4": (0.31, "macmon")}
+    # Only this family carries source: the others keep dcgm-exporter's label set.
+    assert {n for (n, ls) in found if "source" in dict(ls)} == {"DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+
+
+def test_a_gpu_without_memory_of_its_own_shows_the_memory_it_maps_as_framebuffer() -> None:
+    """An APU's (or Apple's) framebuffer is system memory: FB_USED is what it maps, FB_FREE
+    derived as total - used; a GPU with device memory never reads its GTT as framebuffer."""
+    apu = DeviceSample(info=DeviceInfo(vendor="amd", pci_bus_id="0000:64:00.0", uuid="apu"),
+                       source="sysfs", shared_memory_total_bytes=34074 * MIB,
+                       shared_memory_used_bytes=1415.5 * MIB)
+    dgpu = DeviceSample(info=DeviceInfo(vendor="amd", pci_bus_id="0000:03:00.0", uuid="dgpu"),
+                        source="sysfs", memory_total_bytes=16368 * MIB,
+                        memory_used_bytes=14569 * MIB, memory_free_bytes=1799 * MIB,
+                        shared_memory_total_bytes=32000 * MIB, shared_memory_used_bytes=MIB)
+    total_only = DeviceSample(info=DeviceInfo(vendor="intel", pci_bus_id="0000:09:00.0",
+                                              uuid="x"), source="sysfs",
+                              memory_total_bytes=12288 * MIB,
+                              shared_memory_total_bytes=32000 * MIB,
+                              shared_memory_used_bytes=MIB)
+    overfull = DeviceSample(info=DeviceInfo(vendor="apple", pci_bus_id="soc0", uuid="m1"),
+                            source="macmon", shared_memory_total_bytes=MIB,
+                            shared_memory_used_bytes=2 * MIB)
+    found = series([("0", apu), ("1", dgpu), ("2", total_only), ("3", overfull)])
+    assert only(found, "DCGM_FI_DEV_FB_USED", gpu="0") == 1415.5
+    assert only(found, "DCGM_FI_DEV_FB_FREE", gpu="0") == 34074 - 1415.5
+    assert only(found, "DCGM_FI_DEV_FB_USED", gpu="1") == 14569
+    assert only(found, "DCGM_FI_DEV_FB_FREE", gpu="1") == 1799
+    assert values(found, "DCGM_FI_DEV_FB_FREE", gpu="2") == []  # device memory, unknown use
+    assert values(found, "DCGM_FI_DEV_FB_USED", gpu="2") == []
+    assert values(found, "DCGM_FI_DEV_FB_FREE", gpu="3") == []  # used > total: no guess
+    assert only(found, "DCGM_FI_DEV_FB_USED", gpu="3") == 2
+
+
+def test_a_read_minus_a_field_of_another_unit_fails_at_import() -> None:
+    with pytest.raises(ValueError, match="two units"):
+        Field("DCGM_X", "x", "MiB", (Read("memory_total_bytes", minus="power_watts"),))
+    with pytest.raises(ValueError, match="no field memory_totl"):
+        Field("DCGM_X", "x", "MiB", (Read("memory_used_bytes", unless="memory_totl"),))
+
+
 def test_a_value_the_source_does_not_expose_is_no_series_never_zero() -> None:
     d = DeviceSample(info=H100, source="nvml", power_watts=70.0)
     assert {n for (n, _) in series([("0", d)])} == {"DCGM_FI_DEV_POWER_USAGE"}

@@ -316,3 +316,27 @@ def test_xe_pmu_utilisation_matches_the_fake_ticks(scrapes: dict[str, str]) -> N
     for label, values in shares.items():
         assert value(text, "gpu_engine_utilization_ratio", engine=label,
                      source="pmu") == pytest.approx(sum(values) / len(values))
+
+
+def test_mps_clients_are_served_with_their_memory_and_context(scrapes: dict[str, str]) -> None:
+    text = scrapes["nvidia-h100-mps"]
+    config = json.loads((FIXTURES / "nvidia-h100-mps" / "nvml.json").read_text())
+    procs = config["gpus"][0]["processes"]
+    assert sum(bool(p.get("mps")) for p in procs) == 2
+    for proc in procs:
+        pid = str(proc["pid"])
+        assert value(text, "gpu_process_memory_used_bytes", pid=pid) == proc["used_memory_bytes"]
+        context = "mps_client" if proc.get("mps") else "compute"
+        assert value(text, "gpu_process_context_info", pid=pid) == 1
+        assert value(text, "gpu_process_context_info", pid=pid, context=context) == 1
+
+
+def test_each_counted_xid_is_named_by_the_catalogue(scrapes: dict[str, str]) -> None:
+    config = json.loads((FIXTURES / "nvidia-h100x2" / "nvml.json").read_text())
+    assert sorted(set(config["gpus"][0]["xids"])) == [13, 79]
+    info = {(dict(ls)["xid"], dict(ls)["meaning"]): v
+            for (n, ls), v in parse_samples(scrapes["nvidia-h100x2"]).items()
+            if n == "gpu_xid_info"}
+    # NVIDIA's catalogue: 79 "GPU has fallen off the bus", 13 "Graphics Engine Exception"
+    assert info == {("79", "GPU has fallen off the bus"): 1.0,
+                    ("13", "graphics engine exception"): 1.0}

@@ -71,7 +71,7 @@ def test_application_xids_alone_never_degrade_a_gpu(xids: list[int]) -> None:
     (79, "pcie", FAILED), (48, "memory", FAILED), (95, "memory", FAILED),
     (64, "memory", FAILED), (119, "xid", FAILED), (74, "interconnect", FAILED),
     (63, "memory", DEGRADED), (94, "memory", DEGRADED), (92, "memory", DEGRADED),
-    (150, "xid", DEGRADED),  # not in the catalogue table: look at it, don't drain for it
+    (150, "xid", DEGRADED),  # not classified by the health rules: look at it, no drain
 ])
 def test_xids_by_class(xid: int, check: str, status: int) -> None:
     v = verdict(FakeGPU(xids=[13, xid]))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
+from exporter.collect.backends.nvidia.xid import meaning as xid_meaning
 from exporter.core.fieldspec import MetricSpec, Otlp
 from exporter.core.labels import Check, FindingCode
 from exporter.core.model import DeviceSample
@@ -31,30 +32,22 @@ CHECKS = tuple(Check)
 SOURCE = "health"  # the `source` of both families: a verdict over every source's values
 DEFAULT_XID_WINDOW = 3600.0  # seconds an XID counts towards the verdict (--health.xid-window)
 
-# NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors, "Analyzing Xid Errors with the
-# Xid Catalog", Resolution Bucket): code -> (check, status, what it means). RESTART_APP
-# codes that say nothing about the GPU (13, 31, 43, 45) are listed as HEALTHY so that an
-# application fault never degrades a GPU; RESET_GPU / RESTART_BM codes fail it; codes
-# the catalogue sends to investigation (63 row-remap recorded, 92 high SBE rate, 94 a
-# contained ECC error) degrade it. A code not listed here degrades it (unknown: look).
-XIDS: Mapping[int, tuple[Check, int, str]] = {
-    13: (Check.XID, HEALTHY, "graphics engine exception (application)"),
-    31: (Check.XID, HEALTHY, "GPU memory page fault (application)"),
-    43: (Check.XID, HEALTHY, "GPU stopped processing a channel (application)"),
-    45: (Check.XID, HEALTHY, "preemptive cleanup after an earlier error (application)"),
-    48: (Check.MEMORY, FAILED, "double-bit ECC error"),
-    61: (Check.XID, FAILED, "internal micro-controller breakpoint"),
-    62: (Check.XID, FAILED, "internal micro-controller halt"),
-    63: (Check.MEMORY, DEGRADED, "row remapping or page retirement recorded; reset to apply"),
-    64: (Check.MEMORY, FAILED, "row remapping or page retirement failed"),
-    74: (Check.INTERCONNECT, FAILED, "NVLink error"),
-    79: (Check.PCIE, FAILED, "GPU has fallen off the bus"),
-    92: (Check.MEMORY, DEGRADED, "high single-bit ECC error rate"),
-    94: (Check.MEMORY, DEGRADED, "contained ECC error"),
-    95: (Check.MEMORY, FAILED, "uncontained ECC error"),
-    119: (Check.XID, FAILED, "GSP RPC timeout"),
-    120: (Check.XID, FAILED, "GSP error"),
-    140: (Check.MEMORY, FAILED, "unrecovered ECC error"),
+# What an XID says about the GPU, by NVIDIA's XID catalogue (docs.nvidia.com/deploy/
+# xid-errors, "Analyzing Xid Errors with the Xid Catalog", Resolution Bucket): code ->
+# (check, status). RESTART_APP codes that say nothing about the GPU (13, 31, 43, 45) are
+# HEALTHY so that an application fault never degrades a GPU; RESET_GPU / RESTART_BM
+# codes fail it; codes the catalogue sends to investigation (63 row-remap recorded, 92
+# high SBE rate, 94 a contained ECC error) degrade it. A code not listed here degrades it
+# (look). The reason says what the code means (exporter.collect.backends.nvidia.xid: its
+# catalogue meaning, or "unknown").
+XIDS: Mapping[int, tuple[Check, int]] = {
+    13: (Check.XID, HEALTHY), 31: (Check.XID, HEALTHY), 43: (Check.XID, HEALTHY),
+    45: (Check.XID, HEALTHY),
+    48: (Check.MEMORY, FAILED), 61: (Check.XID, FAILED), 62: (Check.XID, FAILED),
+    63: (Check.MEMORY, DEGRADED), 64: (Check.MEMORY, FAILED),
+    74: (Check.INTERCONNECT, FAILED), 79: (Check.PCIE, FAILED),
+    92: (Check.MEMORY, DEGRADED), 94: (Check.MEMORY, DEGRADED), 95: (Check.MEMORY, FAILED),
+    119: (Check.XID, FAILED), 120: (Check.XID, FAILED), 140: (Check.MEMORY, FAILED),
 }
 # nvml.h nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the
 # backend names it: what the driver says must happen before the GPU is usable again.
@@ -121,10 +114,9 @@ def _xid(d: DeviceSample, now: float, window: float) -> Iterable[Finding]:
         seen = d.xid_seen_seconds.get(code)
         if count <= 0 or seen is None or now - seen > window:
             continue
-        check, status, text = XIDS.get(code,
-                                       (Check.XID, DEGRADED, "not in NVIDIA's catalogue"))
+        check, status = XIDS.get(code, (Check.XID, DEGRADED))
         if status:
-            yield Finding(check, status, f"XID {code}: {text}", FindingCode.XID)
+            yield Finding(check, status, f"XID {code}: {xid_meaning(code)}", FindingCode.XID)
 
 
 def _memory(d: DeviceSample) -> Iterable[Finding]:

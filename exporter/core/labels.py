@@ -146,6 +146,15 @@ class Profiling(Vocabulary):
     FP64_ACTIVE = "fp64_active"
 
 
+class ProcessContext(Vocabulary):
+    """``gpu_process_context_info{context}``: the kinds of GPU context NVML lists a process
+    under (its compute, graphics and MPS client process lists)."""
+
+    COMPUTE = "compute"
+    GRAPHICS = "graphics"
+    MPS_CLIENT = "mps_client"  # a client of the CUDA MPS server: its work runs in the server's
+
+
 class Check(Vocabulary):
     """``gpu_health_check_status{check}``: the health checks (exporter.collect.health), in the
     order served."""
@@ -224,5 +233,5 @@ class ErrorReason(Vocabulary):
 VOCABULARIES: dict[str, type[Vocabulary]] = {
     "sensor": Sensor, "threshold": Threshold, "clock": Clock, "reason": ThrottleReason,
     "direction": Direction, "severity": Severity, "cause": RetireCause, "type": NvLinkError,
-    "remote": Remote, "check": Check,
+    "remote": Remote, "check": Check, "context": ProcessContext,
 }

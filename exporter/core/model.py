@@ -176,6 +176,13 @@ class ProcessSample:
         unit="bytes",
         cadence=SLOW,
         otlp=Otlp("gpu.process.host_memory.usage"))
+    contexts: Mapping[str, bool] = mapping(  # ProcessContext -> True, where the source lists
+        "gpu_process_context_info",
+        "1 for each kind of GPU context the process holds: compute, graphics, or mps_client "
+        "(a client of the CUDA MPS server, whose work runs in the server's context).",
+        "context",
+        note="NVIDIA only (NVML's compute, graphics and MPS client process lists).",
+        otlp=Otlp("gpu.process.context"))
     # Filled after the merge by exporter.collect.energy_split, never by a backend.
     energy_joules: float | None = value(
         "gpu_process_energy_joules_total",
@@ -374,6 +381,13 @@ class DeviceValues:
         "gpu_xid_errors_total", "NVIDIA XID error events by code.", "xid", kind=Kind.COUNTER,
         unit="count",
         otlp=Otlp("gpu.xid.errors", "{error}"))
+    xid_info: Mapping[tuple[int, str], bool] = mapping(  # (XID code, its meaning) -> True
+        "gpu_xid_info",
+        "1 for each XID code counted on this GPU, with its meaning in NVIDIA's XID catalogue "
+        "(unknown for a code the exporter's table does not list).", "xid", "meaning",
+        note="Join on `xid` with `gpu_xid_errors_total`; no series for the `xid=\"0\"` "
+        "marker.",
+        otlp=Otlp("gpu.xid.info"))
     memory_bandwidth_bytes_per_second: Mapping[str, float] = mapping(  # read / write
         "gpu_memory_bandwidth_bytes_per_second",
         "Device memory bandwidth, where the source measures it.", "direction",

@@ -61,22 +61,44 @@ UNITS = {name: spec.unit for name, spec in value_specs(DeviceValues)}
 class Read:
     """Where a dcgm value comes from: one DeviceValues field (by its name in the field table).
 
-    A scalar field is read as is. A mapping gives the value of the first of ``keys`` it has,
-    or with ``total`` the sum of its values (of ``keys`` only, where given; of the tuple keys
-    whose last element is ``last``, where given). None where the device has none of it.
+    A scalar field is read as is; with ``minus``, less that other scalar field of the same
+    unit (both must be there, and the result not negative: free memory derived from total
+    and used). A mapping gives the value of the first of ``keys`` it has (with
+    ``largest``, the largest of them), or with ``total`` the sum of its values (of ``keys``
+    only, where given; of the tuple keys whose last element is ``last``, where given).
+    ``unless``: a field whose presence rules this read out (a device that has device
+    memory of its own never reads its shared pool as framebuffer). None where the device
+    has none of it.
     """
 
     field: str
     keys: tuple[str, ...] = ()
     total: bool = False
     last: str = ""
+    largest: bool = False
+    minus: str = ""
+    unless: str = ""
 
-    def value(self, d: DeviceValues) -> float | None:
+    def reading(self, d: DeviceValues) -> tuple[float, str | None] | None:
+        """(value, the mapping key it came from: None for a scalar or a sum), or None."""
+        if self.unless and getattr(d, self.unless) is not None:
+            return None
         value = getattr(d, self.field)
         if not self.keys and not self.total:  # a scalar field
-            return None if value is None else float(value)
+            if value is None:
+                return None
+            if self.minus:
+                other = getattr(d, self.minus)
+                if other is None or other > value:
+                    return None
+                return float(value - other), None
+            return float(value), None
         if not self.total:
-            return next((float(value[k]) for k in self.keys if k in value), None)
+            present = [k for k in self.keys if k in value]
+            if not present:
+                return None
+            key = max(present, key=lambda k: value[k]) if self.largest else present[0]
+            return float(value[key]), key
         if self.last:
             last = self.last
             items = [v for k, v in value.items() if k[-1] == last]
@@ -84,7 +106,11 @@ class Read:
             items = [value[k] for k in self.keys if k in value]
         else:
             items = list(value.values())
-        return float(sum(items)) if items else None  # never a made-up 0
+        return (float(sum(items)), None) if items else None  # never a made-up 0
+
+    def value(self, d: DeviceValues) -> float | None:
+        found = self.reading(d)
+        return None if found is None else found[0]
 
 
 @dataclass(frozen=True)
@@ -100,6 +126,10 @@ class Field:
     # counter family of prometheus-client (and of OpenMetrics) must name its samples
     # ``<name>_total``, and dashboards query the bare DCGM name. rate() works on either.
     counter: bool = False
+    # Series carry ``source``: the source of the value read (the reads are measures of
+    # different definitions; docs/dcgm-compat.md). Off for fields that queries add up with
+    # others (FB_USED + FB_FREE), where an extra label would break the match.
+    sourced: bool = False
 
     # (read, factor from the table's unit into ``unit``), computed once
     plan: tuple[tuple[Read, float], ...] = field(init=False, repr=False)
@@ -111,14 +141,24 @@ class Field:
             if factor is None:
                 raise ValueError(f"{self.name}: no {r.field} in {UNITS.get(r.field)} -> "
                                  f"{self.unit}")
+            for other in (r.minus, r.unless):
+                if other and other not in UNITS:
+                    raise ValueError(f"{self.name}: no field {other}")
+            if r.minus and UNITS[r.minus] != UNITS[r.field]:
+                raise ValueError(f"{self.name}: {r.field} - {r.minus} in two units")
             plan.append((r, factor))
         object.__setattr__(self, "plan", tuple(plan))
 
     def value(self, d: DeviceValues) -> float | None:
+        found = self.reading(d)
+        return None if found is None else found[0]
+
+    def reading(self, d: DeviceValues) -> tuple[float, Read, str | None] | None:
+        """(value in ``unit``, the read that gave it, the mapping key it came from)."""
         for r, factor in self.plan:
-            value = r.value(d)
-            if value is not None:
-                return _tidy(value * factor)
+            found = r.reading(d)
+            if found is not None:
+                return _tidy(found[0] * factor), r, found[1]
         return None
 
 
@@ -166,8 +206,16 @@ FIELDS: tuple[Field, ...] = (
          Engine.DECODER),
     _one("DCGM_FI_DEV_XID_ERRORS", "Code of the last XID error (0: none since start).", "code",
          "xid_last"),
-    _one("DCGM_FI_DEV_FB_FREE", "Device memory free (MiB).", "MiB", "memory_free_bytes"),
-    _one("DCGM_FI_DEV_FB_USED", "Device memory used (MiB).", "MiB", "memory_used_bytes"),
+    # Device memory as the source reports it (every backend that reads total and used
+    # serves free); a GPU with no memory of its own (an APU, Apple) has the system memory
+    # it maps as its framebuffer, free derived as total - used (docs/dcgm-compat.md).
+    Field("DCGM_FI_DEV_FB_FREE", "Device memory free (MiB).", "MiB",
+          (Read("memory_free_bytes"),
+           Read("shared_memory_total_bytes", minus="shared_memory_used_bytes",
+                unless="memory_total_bytes"))),
+    Field("DCGM_FI_DEV_FB_USED", "Device memory used (MiB).", "MiB",
+          (Read("memory_used_bytes"),
+           Read("shared_memory_used_bytes", unless="memory_total_bytes"))),
     _one("DCGM_FI_DEV_FB_RESERVED", "Device memory reserved by the driver (MiB).", "MiB",
          "memory_reserved_bytes"),
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "NVLink throughput, all links, tx+rx (~MB/s).",
@@ -178,10 +226,17 @@ FIELDS: tuple[Field, ...] = (
          "count", "remapped_rows", Severity.CORRECTABLE, counter=True),
     _one("DCGM_FI_DEV_ROW_REMAP_FAILURE", "1 if a row remapping failed.", "0/1",
          "remap_failed"),
-    # GPM on NVIDIA; on AMD the GFX engine, which runs both graphics and compute queues.
+    # The closest measure each vendor has (docs/dcgm-compat.md compares them): NVIDIA's
+    # GPM graphics activity (DCGM's own counter, Hopper+); AMD's GFX engine, which runs
+    # both graphics and compute queues; Intel's busier of the render and compute engines;
+    # else the device's busy fraction (NVML's utilisation before Hopper). ``source`` says
+    # which: nvml_gpm, or the source of the fallback.
     Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics/compute engine is busy.",
           "ratio", (Read("profiling_ratio", (Profiling.GRAPHICS_ENGINE_ACTIVE,)),
-                    Read("engine_utilization_ratio", (Engine.GFX,)))),
+                    Read("engine_utilization_ratio", (Engine.GFX,)),
+                    Read("engine_utilization_ratio", (Engine.RENDER, Engine.COMPUTE),
+                         largest=True),
+                    Read("utilization_ratio")), sourced=True),
     _profiling("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor pipes are busy.",
                Profiling.TENSOR_ACTIVE),
     _profiling("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the memory interface is busy.",
@@ -323,21 +378,24 @@ def dcgm_families(devices: Iterable[tuple[str, DeviceSample]], host: str,
     seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     for gpu, d in devices:
         base = _labels(gpu, d.info, infos.get(d.info.parent_key, d.info), host)
-        values = [(f, f.value(d)) for f in fields]
+        values = [(f, f.reading(d)) for f in fields]
         for pod in _pods(d):
             labels = base if pod is None else {
                 **base, "container": pod.container, "namespace": pod.namespace, "pod": pod.pod}
-            for f, value in values:
+            for f, found in values:
                 key = (f.name, frozenset(labels.items()))
                 # A GPU instance split in compute instances is one dcgm entity: its first.
-                if value is None or key in seen:
+                if found is None or key in seen:
                     continue
                 seen.add(key)
                 family = families.get(f.name)
                 if family is None:
                     family = families[f.name] = Metric(
                         f.name, f.doc, "unknown" if f.counter else "gauge")
-                family.add_sample(f.name, labels, value)
+                value, read, mapping_key = found
+                series = {**labels, "source": d.source_of(read.field, mapping_key)} \
+                    if f.sourced else labels
+                family.add_sample(f.name, series, value)
     yield from (families[f.name] for f in fields if f.name in families)
 
 

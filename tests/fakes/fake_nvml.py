@@ -13,7 +13,8 @@ answer, as for a GPU that fell off after discovery), ``FakeGPU.not_supported`` (
 function names that raise NOT_SUPPORTED), ``FakeNVML.hang`` (a function that blocks
 once the fake has lived ``after_seconds``, until ``release_hang()``), ``no_gpu``
 (nvmlInit raises DRIVER_NOT_LOADED), ``FakeNVML.bad`` (every call raises UNINITIALIZED,
-like a driver unloaded under us). ``calls`` counts every function call by name.
+like a driver unloaded under us), ``FakeNVML.missing`` (versioned symbols an older driver
+lacks). ``calls`` counts every function call by name.
 
 NVLink, MIG (instances appear and vanish) and the health counters live in
 ``fake_nvml_links.py``; field values (``nvmlDeviceGetFieldValues``) take plain ids or
@@ -55,6 +56,13 @@ class FakeProcess:
     name: str = "python3"  # what nvmlSystemGetProcessName answers
     sm_util: int | None = None  # percent; None = no utilisation sample for it
     graphics: bool = False  # listed by GetGraphicsRunningProcesses instead of Compute
+    # A CUDA MPS client: listed by GetMPSComputeRunningProcesses instead of Compute (the
+    # MPS server, nvidia-cuda-mps-server, is a plain compute process of its own).
+    mps: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "mps" if self.mps else "graphics" if self.graphics else "compute"
 
 
 @dataclass
@@ -141,8 +149,12 @@ class FakeNVML(LinksAndMig):
     """Module-like object: ``fake.nvmlInit()``, ``fake.NVML_CLOCK_SM``, ``fake.NVMLError``..."""
 
     def __init__(self, gpus: list[FakeGPU] | None = None, driver_version: str = "550.127.05",
-                 no_gpu: bool = False, hang: dict[str, Any] | None = None) -> None:
+                 no_gpu: bool = False, hang: dict[str, Any] | None = None,
+                 missing: set[str] | None = None) -> None:
         self.gpus = gpus if gpus is not None else [FakeGPU()]
+        # Versioned functions this driver lacks (NVML_ERROR_FUNCTION_NOT_FOUND), such as
+        # "nvmlDeviceGetComputeRunningProcesses_v3" on a driver older than that symbol.
+        self.missing = set(missing or ())
         self.driver_version = driver_version
         self.no_gpu = no_gpu
         self.hang = hang  # {"function": name, "after_seconds": s, "gpu": index (optional)}
@@ -501,7 +513,18 @@ class FakeNVML(LinksAndMig):
         return h.gpu.remapped_rows
 
     # --- processes ----------------------------------------------------------------
-    def _procs(self, fn: str, h: FakeHandle, graphics: bool) -> list[Any]:
+    # nvidia-ml-py's getters (pynvml.py, nvidia-ml-py 13.615.71): ``<name>_v3`` and
+    # ``<name>_v2`` ask the driver for that symbol (NVML_ERROR_FUNCTION_NOT_FOUND on a
+    # driver without it) and return nvmlFriendlyObjects of c_nvmlProcessInfo_v3_t's fields
+    # (pid, usedGpuMemory, gpuInstanceId, computeInstanceId), usedGpuMemory None for
+    # NVML_VALUE_NOT_AVAILABLE; the unversioned name calls ``_v3`` and turns a missing
+    # symbol into NVMLLibraryMismatchError (@throwOnVersionMismatch), no NVMLError. NVML
+    # (nvml.h, nvmlDeviceGetMPSComputeRunningProcesses_v3): the MPS list holds the processes
+    # with an MPS compute context, on a device or a MIG device handle.
+    def _procs(self, fn: str, h: FakeHandle, kind: str, version: str = "_v3") -> list[Any]:
+        if fn + version in self.missing:
+            self.calls[fn + version] += 1
+            raise N.NVMLError(N.NVML_ERROR_FUNCTION_NOT_FOUND)
         self._enter(fn, h)
         g = h.gpu
         if h.mig is not None:  # a MIG handle lists its own instance's processes
@@ -512,7 +535,7 @@ class FakeNVML(LinksAndMig):
             listed = [(p, None) for p in g.processes]
         out = []
         for p, mig in listed:
-            if p.graphics == graphics:
+            if p.kind == kind:
                 # pynvml turns NVML_VALUE_NOT_AVAILABLE into None (nvmlStructToFriendlyObject)
                 out.append(N.nvmlFriendlyObject({
                     "pid": p.pid, "usedGpuMemory": p.used_memory_bytes,
@@ -520,11 +543,40 @@ class FakeNVML(LinksAndMig):
                     "computeInstanceId": 0xFFFFFFFF if mig is None else mig.compute_instance_id}))
         return out
 
+    def _unversioned(self, fn: str, h: FakeHandle, kind: str) -> list[Any]:
+        try:
+            return self._procs(fn, h, kind)
+        except N.NVMLError as e:
+            if e.value == N.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise N.NVMLLibraryMismatchError(f"{fn}: no _v3 in this driver") from e
+            raise
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, h: FakeHandle) -> list[Any]:
+        return self._procs("nvmlDeviceGetComputeRunningProcesses", h, "compute")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, h: FakeHandle) -> list[Any]:
+        return self._procs("nvmlDeviceGetComputeRunningProcesses", h, "compute", "_v2")
+
     def nvmlDeviceGetComputeRunningProcesses(self, h: FakeHandle) -> list[Any]:
-        return self._procs("nvmlDeviceGetComputeRunningProcesses", h, graphics=False)
+        return self._unversioned("nvmlDeviceGetComputeRunningProcesses", h, "compute")
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v3(self, h: FakeHandle) -> list[Any]:
+        return self._procs("nvmlDeviceGetGraphicsRunningProcesses", h, "graphics")
+
+    def nvmlDeviceGetGraphicsRunningProcesses_v2(self, h: FakeHandle) -> list[Any]:
+        return self._procs("nvmlDeviceGetGraphicsRunningProcesses", h, "graphics", "_v2")
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, h: FakeHandle) -> list[Any]:
-        return self._procs("nvmlDeviceGetGraphicsRunningProcesses", h, graphics=True)
+        return self._unversioned("nvmlDeviceGetGraphicsRunningProcesses", h, "graphics")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, h: FakeHandle) -> list[Any]:
+        return self._procs("nvmlDeviceGetMPSComputeRunningProcesses", h, "mps")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, h: FakeHandle) -> list[Any]:
+        return self._procs("nvmlDeviceGetMPSComputeRunningProcesses", h, "mps", "_v2")
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h: FakeHandle) -> list[Any]:
+        return self._unversioned("nvmlDeviceGetMPSComputeRunningProcesses", h, "mps")
 
     def nvmlDeviceGetProcessUtilization(self, h: FakeHandle, since_us: int) -> list[Any]:
         self._enter("nvmlDeviceGetProcessUtilization", h)

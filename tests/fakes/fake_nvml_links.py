@@ -46,7 +46,8 @@ LOCATIONS = {N.NVML_MEMORY_LOCATION_L1_CACHE: "l1_cache",
 MIG_HANDLE_CALLS = frozenset({
     "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetGpuInstanceId",
     "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"})
+    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses"})
 # What the parent refuses while MIG is on.
 MIG_MODE_REFUSED = frozenset({
     "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetEncoderUtilization",

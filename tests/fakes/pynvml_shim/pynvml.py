@@ -31,7 +31,8 @@ JSON format (every key optional)::
          "gpm": {"sm_util": 0.0, ...},       # percent by NVML_GPM_METRIC_<NAME> lower-cased
          "xids": [79],                       # XID events delivered on the first drain
          "processes": [{"pid": 4242, "used_memory_bytes": 1073741824,
-                        "name": "python3", "sm_util": 35, "graphics": false}],
+                        "name": "python3", "sm_util": 35, "graphics": false,
+                        "mps": false}],              # mps: a CUDA MPS client
          # Off unless given (fake_nvml_links.py has the behaviour):
          "power_instant_mw": 69620,
          "violation_ns": {"power": 0, "thermal": 0, "sync_boost": 0},
@@ -50,7 +51,8 @@ JSON format (every key optional)::
       "faults": {
         "lost_gpus": [1],                    # telemetry raises GPU_IS_LOST (identity answers)
         "not_supported": {"0": ["nvmlDeviceGetFanSpeed_v2", "nvmlDeviceGetPowerUsage"]},
-        "hang": {"function": "nvmlDeviceGetPowerUsage", "after_seconds": 2.0, "gpu": 0}
+        "hang": {"function": "nvmlDeviceGetPowerUsage", "after_seconds": 2.0, "gpu": 0},
+        "missing": ["nvmlDeviceGetMPSComputeRunningProcesses_v3"]  # symbols the driver lacks
       }
     }
 
@@ -130,7 +132,8 @@ def build(config: dict[str, Any]) -> Any:
     for i, names in faults.get("not_supported", {}).items():
         gpus[int(i)].not_supported.update(names)
     return _fake.FakeNVML(gpus, driver_version=config.get("driver_version", "550.127.05"),
-                          no_gpu=bool(config.get("no_gpu", False)), hang=faults.get("hang"))
+                          no_gpu=bool(config.get("no_gpu", False)), hang=faults.get("hang"),
+                          missing=set(faults.get("missing", ())))
 
 
 def _load() -> Any:

@@ -13,7 +13,8 @@ cycle with the code 0 at 0 (NVIDIA's XID catalogue has no code 0, so it is never
 counted): the marker that XID counting is on for that GPU, and the series that makes
 the per-GPU sum exist before the first event, so ``increase()`` over the sum sees the
 first XID. Each real code counts from 1; ``xid_last_timestamp_seconds`` is the wall
-clock of the newest event (the exporter's, taken when the cycle drained the set).
+clock of the newest event (the exporter's, taken when the cycle drained the set), and
+``xid_info`` says what each counted code means (exporter.collect.backends.nvidia.xid).
 
 Tiers: see TIERS below, measured with bench/nvml_calls.py.
 """
@@ -35,6 +36,7 @@ from exporter.collect.backends.nvidia.events import XidEvents
 from exporter.collect.backends.nvidia.gpm import GpmSampler, GpmUnsupported
 from exporter.collect.backends.nvidia.mig import MigReader
 from exporter.collect.backends.nvidia.processes import ProcessReader
+from exporter.collect.backends.nvidia.xid import meaning as xid_meaning
 from exporter.core.config import Config
 from exporter.core.fs import ProcFS
 from exporter.core.labels import ErrorReason
@@ -231,6 +233,8 @@ class NvidiaBackend:
         xids = self._xids.get(info.uuid)
         xid = DeviceValues(
             xid_errors={} if xids is None else dict(xids),
+            xid_info={} if xids is None else {(code, xid_meaning(code)): True
+                                              for code in xids if code != XID_MARKER},
             xid_last_timestamp_seconds=self._xid_last_at.get(info.uuid),
             xid_last=self._xid_last.get(info.uuid, 0 if xids is not None else None),
             xid_seen_seconds=dict(self._xid_seen.get(info.uuid, {})))

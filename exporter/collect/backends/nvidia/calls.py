@@ -72,6 +72,7 @@ class Nvml(str, Enum):
     DEVICE_GET_MIG_DEVICE_HANDLE_BY_INDEX = "nvmlDeviceGetMigDeviceHandleByIndex"
     DEVICE_GET_MIG_MODE = "nvmlDeviceGetMigMode"
     DEVICE_GET_MINOR_NUMBER = "nvmlDeviceGetMinorNumber"
+    DEVICE_GET_MPS_COMPUTE_RUNNING_PROCESSES = "nvmlDeviceGetMPSComputeRunningProcesses"
     DEVICE_GET_NAME = "nvmlDeviceGetName"
     DEVICE_GET_NUM_FANS = "nvmlDeviceGetNumFans"
     DEVICE_GET_NV_LINK_ERROR_COUNTER = "nvmlDeviceGetNvLinkErrorCounter"

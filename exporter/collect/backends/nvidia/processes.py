@@ -1,4 +1,15 @@
-"""The processes on one NVIDIA GPU (or MIG device): NVML's compute and graphics lists plus /proc.
+"""The processes on one NVIDIA GPU (or MIG device): NVML's process lists plus /proc.
+
+NVML lists processes by the kind of context they hold, in three lists of the same
+``nvmlProcessInfo_t`` (pid, usedGpuMemory, gpuInstanceId, computeInstanceId): compute,
+graphics, and MPS compute (``nvmlDeviceGetMPSComputeRunningProcesses_v3``). A client of
+the CUDA Multi-Process Service is in the third list only (its work runs in the MPS
+server's context; the server, ``nvidia-cuda-mps-server``, is in the compute list), so an
+exporter that reads the first two never sees it. Each process is served once, with the
+kinds of list it was found in (``contexts``: compute, graphics, mps_client) and the
+largest memory any list gave it. ``nvmlDeviceGetRunningProcessDetailList`` (R550+) gives
+the same three lists again (plus the memory a confidential-computing GPU protects); it
+is not read: it adds no process and no memory the lists above do not give.
 
 Memory per process comes from NVML (fast tier: the list getters cost microseconds);
 SM utilisation per process from ``nvmlDeviceGetProcessUtilization`` (slow tier:
@@ -19,17 +30,41 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from exporter.collect.backends.nvidia.calls import Caller, Nvml, text, u32, u64
 from exporter.core.fs import ProcFS
-from exporter.core.labels import ErrorReason
+from exporter.core.labels import ErrorReason, ProcessContext
 from exporter.core.model import ProcessSample
 from exporter.core.units import parse_rss, parse_start_time, process_name
 from exporter.core.units import ratio_from_percent as ratio
 
-PROCESS_LISTS = (Nvml.DEVICE_GET_COMPUTE_RUNNING_PROCESSES,
-                 Nvml.DEVICE_GET_GRAPHICS_RUNNING_PROCESSES)
+# Each list NVML keeps and the context it stands for.
+PROCESS_LISTS = ((Nvml.DEVICE_GET_COMPUTE_RUNNING_PROCESSES, ProcessContext.COMPUTE),
+                 (Nvml.DEVICE_GET_GRAPHICS_RUNNING_PROCESSES, ProcessContext.GRAPHICS),
+                 (Nvml.DEVICE_GET_MPS_COMPUTE_RUNNING_PROCESSES, ProcessContext.MPS_CLIENT))
+
+
+def newest(nvml: Any, fn: Nvml) -> Callable[[Any], Any]:
+    """``fn``'s newest version this driver has: pynvml's unversioned process getters call
+    the ``_v3`` symbol and turn a driver without it into ``NVMLLibraryMismatchError``, which
+    is no ``NVMLError`` (the guard would not see it). This asks for ``_v3`` and, once the
+    driver says it has no such function, for ``_v2`` from then on (same struct fields)."""
+    v3, v2 = getattr(nvml, f"{fn.value}_v3", None), getattr(nvml, f"{fn.value}_v2", None)
+    not_found = getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
+    chosen: list[Any] = [v3 or v2 or getattr(nvml, fn.value)]
+
+    def call(handle: Any) -> Any:
+        try:
+            return chosen[0](handle)
+        except nvml.NVMLError as e:
+            if chosen[0] is not v3 or v2 is None or getattr(e, "value", None) != not_found:
+                raise
+            chosen[0] = v2
+            return v2(handle)
+
+    return call
 
 
 class ProcessReader:
@@ -44,20 +79,24 @@ class ProcessReader:
         self._started: dict[int, int | None] = {}  # pid -> start time, read with the RSS
         self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
         self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
+        self._lists = [(fn, context, newest(nvml, fn)) for fn, context in PROCESS_LISTS]
 
     def read(self, errors: Counter[ErrorReason], slow: bool = True) -> tuple[ProcessSample, ...]:
-        """Union of compute and graphics processes; a pid in both is reported once.
-        ``slow``: re-read every process's resident set (else only new pids')."""
+        """Union of the compute, graphics and MPS client lists; a pid in several is
+        reported once, with each context it holds. ``slow``: re-read every process's
+        resident set (else only new pids')."""
         memory: dict[int, int | None] = {}
-        for fn in PROCESS_LISTS:
-            for p in self.call.get(errors, fn) or ():
+        contexts: dict[int, dict[str, bool]] = {}
+        for fn, context, getter in self._lists:
+            for p in self.call.get_with(errors, fn, getter) or ():
                 pid = u32(p.pid)
                 if pid is None:
                     continue
                 used = u64(p.usedGpuMemory)  # pynvml gives None for NVML_VALUE_NOT_AVAILABLE
                 if pid in memory and memory[pid] is not None:
-                    used = max(used or 0, memory[pid] or 0)  # same pid, both contexts
+                    used = max(used or 0, memory[pid] or 0)  # same pid, several contexts
                 memory[pid] = used
+                contexts.setdefault(pid, {})[context] = True
         self._names = {pid: n for pid, n in self._names.items() if pid in memory}
         self._rss = {pid: r for pid, r in self._rss.items() if pid in memory}
         self._started = {pid: t for pid, t in self._started.items() if pid in memory}
@@ -73,6 +112,7 @@ class ProcessReader:
                 memory_used_bytes=None if used is None else float(used),
                 utilization_ratio={} if util is None else {"sm": util},
                 host_memory_bytes=self._rss[pid],
+                contexts=contexts[pid],
             ))
         out.sort(key=lambda s: (-(s.memory_used_bytes or 0.0), s.pid))
         return tuple(out)
