@@ -18,6 +18,7 @@ from exporter.core.config import Config
 from exporter.core.model import ProcessSample
 from exporter.serve.history import History
 from exporter.serve.landing import chart_path
+from exporter.serve.view import Processes, State
 from tests.cdp import Browser
 from tests.daemon import FIXTURES, machine_args, running
 from tests.fakes.fake_nvml import FakeGPU
@@ -207,9 +208,11 @@ def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> 
     # Top processes of the latest recorded snapshot, whatever ``since``: the NVIDIA card's
     # one process (nvml.json: pid 3310, 2 GiB; its comm in the fixture's procfs) ...
     comm = (MIXED / "proc" / "3310" / "comm").read_text().strip()
+    sm = card["processes"][0]["sm_util"] / 100
     assert history["processes"]["1"] == later["processes"]["1"] == {"rows": [
         {"pid": 3310, "process": comm, "memory_bytes": float(2 << 30), "pod": "",
-         "container": "", "utilization": card["processes"][0]["sm_util"] / 100}], "more": 0}
+         "container": "", "utilization": sm, "user": "", "command": "",
+         "shared_memory_bytes": None, "engines": {"sm": sm}}], "more": 0}
     # ... and the AMD card's from fdinfo: gnome-shell's two clients, 16384 + 412672 KiB of
     # VRAM (proc/1874/fdinfo/14 and 15), vkcube's 98304 KiB (proc/5120/fdinfo/5).
     amd = {r["pid"]: r for r in history["processes"]["0"]["rows"]}
@@ -287,7 +290,7 @@ def test_a_down_gpu_reads_down_as_a_word_and_a_class() -> None:
     backend.up = False
     snapshot = hub.collect_once()
     devices, backends = current(snapshot)
-    assert devices[0]["state"] == "down" and backends[0]["state"] == "up"
+    assert devices[0].state is State.DOWN and backends[0].state is State.UP
     page = landing.page(snapshot, History(900.0, 1.0), "/metrics")
     row = gpu_rows(page)["0"]
     assert row["state"] == "✖ down"
@@ -322,19 +325,19 @@ def test_history_processes_follow_the_latest_recorded_snapshot() -> None:
                          ProcessSample(pid=11, process="eval", memory_used_bytes=None))
     history = History(window=60.0, interval=1.0)
     history.add(hub.collect_once(), now=100.0)
+    none = {"pod": "", "container": "", "utilization": None, "user": "", "command": "",
+            "shared_memory_bytes": None, "engines": {}}
     assert history.as_json(since=1e12)["processes"] == {"0": {"more": 0, "rows": [
-        {"pid": 10, "process": "trainer", "memory_bytes": 3e9, "pod": "", "container": "",
-         "utilization": None},
-        {"pid": 11, "process": "eval", "memory_bytes": None, "pod": "", "container": "",
-         "utilization": None}]}}
+        {"pid": 10, "process": "trainer", "memory_bytes": 3e9, **none},
+        {"pid": 11, "process": "eval", "memory_bytes": None, **none}]}}
     backend.processes = backend.processes[:1]  # pid 11 exits
     history.add(hub.collect_once(), now=100.5)  # same interval: not recorded
-    assert [r["pid"] for r in history.processes()["0"]["rows"]] == [10, 11]
+    assert [r.pid for r in history.processes()["0"].rows] == [10, 11]
     history.add(hub.collect_once(), now=101.0)
     assert [r["pid"] for r in history.as_json()["processes"]["0"]["rows"]] == [10]
     backend.processes = ()
     history.add(hub.collect_once(), now=102.0)
-    assert history.processes() == {"0": {"rows": [], "more": 0}}
+    assert history.processes() == {"0": Processes((), 0)}
 
 
 def test_app_js_puts_process_names_in_as_text() -> None:
