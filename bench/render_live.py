@@ -1,8 +1,8 @@
 """Render cost of the live views for 8 GPUs: the page ``/``, the ``/api/v1/history`` body
 and one ``gpu-exporter top`` frame.
 
-    python bench/render_live.py [--gpus 8] [--processes 8] [--window 900] [--interval 1]
-                                [--n 50] [--width 200]
+    python bench/render_live.py [--gpus 8] [--processes 64] [--window 900] [--interval 1]
+                                [--n 50] [--width 200] [--height 60]
 
 A snapshot of ``--gpus`` H100 samples (bench/dcgm_render.py's, with a power limit, fans,
 PCIe link and thresholds added) with ``--processes`` processes each in pods, and a
@@ -11,8 +11,10 @@ change from sample to sample). CPU times of this thread, as medians of ``--n`` r
 - the page: ``exporter.serve.landing.page`` (what ``/`` renders on the renderer's thread);
 - the history JSON, full (a page's first poll) and incremental (``?since=``, every poll
   after), ``History.as_json`` plus ``json.dumps`` as ``/api/v1/history`` does;
-- one top frame: merging a history reply and drawing the screen with rich into a
-  ``--width`` column console (needs the top extra: pip install 'gpu-exporter[top]');
+- one top frame: decoding and merging a history reply (``?since=``: the tables and
+  every process row, the newest samples) and drawing the screen with rich, at
+  ``--width`` x ``--height`` and at 80 x 24 (needs the top extra: pip install
+  'gpu-exporter[top]');
 - ``History.add``, the one cost on the collector's thread (once per interval).
 The seed's target is a dashboard render under 10 ms.
 """
@@ -59,18 +61,20 @@ def median_ms(fn: Callable[[], object], n: int, name: str = "") -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--processes", type=int, default=8, help="per GPU")
+    ap.add_argument("--processes", type=int, default=64, help="per GPU")
     ap.add_argument("--window", type=float, default=900.0)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--width", type=int, default=200, help="top's terminal columns")
+    ap.add_argument("--height", type=int, default=60, help="top's terminal lines")
     args = ap.parse_args()
     from dcgm_render import sample  # type: ignore[import-not-found]
 
     processes = tuple(ProcessSample(pid=1000 + p, process=f"python3-{p}",
-                                    memory_used_bytes=float((p + 1) << 30),
-                                    utilization_ratio={"sm": 0.1 * p},
-                                    namespace="ml", pod=f"trainer-{p}", container="main")
+                                    memory_used_bytes=float((p + 1) << 28),
+                                    utilization_ratio={"sm": p % 10 / 10},
+                                    namespace="ml", pod=f"trainer-{p}", container="main",
+                                    user="alice", command=f"python3 train.py --rank {p}")
                       for p in range(args.processes))
 
     def devices(step: int) -> tuple[tuple[str, Any], ...]:
@@ -124,6 +128,7 @@ def main() -> None:
           "(collector thread, once per interval)")
     try:
         from rich.console import Console
+        from rich.live import Live
 
         from exporter.client import top
     except ImportError:
@@ -134,15 +139,26 @@ def main() -> None:
     model, view = top.Model(), top.View()
     model.merge(reply)
 
-    def frame() -> None:
-        model.merge(incremental)
-        console = Console(file=io.StringIO(), width=args.width, height=120,
+    def frame(width: int, height: int) -> Callable[[], None]:
+        """As top draws: rich's Live on the alternate screen, a refresh per frame."""
+        console = Console(file=io.StringIO(), width=width, height=height,
                           color_system="truecolor", force_terminal=True)
-        console.print(top.frame(model, view, "http://127.0.0.1:9445", args.width))
+        live = Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
+                    redirect_stderr=False)
+        live.start()
 
-    frame_ms = median_ms(frame, args.n, "top")
-    print(f"top frame ({args.width} columns)   {frame_ms:7.2f} ms  (min {MINIMA['top']:.2f} ms; "
-          "merge a reply and draw the screen)")
+        def run() -> None:
+            model.merge(incremental)
+            console.file = io.StringIO()
+            live.update(top.frame(model, view, "http://127.0.0.1:9445", width, height),
+                        refresh=True)
+        return run
+
+    for width, height in ((args.width, args.height), (80, 24)):
+        name = f"top {width}x{height}"
+        frame_ms = median_ms(frame(width, height), args.n, name)
+        print(f"{'top frame ' + str(width) + 'x' + str(height):<25} {frame_ms:7.2f} ms  "
+              f"(min {MINIMA[name]:.2f} ms; decode and merge a reply, draw the screen)")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from exporter.collect.state import BackendState, Snapshot
 from exporter.core.labels import Clock, HealthStatus, Sensor
 from exporter.core.model import DeviceSample, ProcessSample
 from exporter.serve import view
-from exporter.serve.view import NO_DATA, Heat, State
+from exporter.serve.view import MAX_ROWS, NO_DATA, Heat, State
 
 TOP_PROCESSES = 5  # the rows of a GPU's "Top processes" table on the page
 STATUS = tuple(HealthStatus)  # by Verdict.status (gpu_health_status's value)
@@ -308,8 +308,10 @@ class History:
         self.capacity = max(2, min(MAX_CAPACITY, math.ceil(window / interval)))
         self._rings: dict[str, _Ring] = {}
         self._names: dict[str, str] = {}
-        # per GPU: its processes (the view's rows), replaced on each sample
-        self._top: dict[str, view.Processes] = {}
+        # per GPU: the sample its processes are read from, replaced on each sample, and
+        # its process rows, made when first asked for (not on the collector's thread)
+        self._top: dict[str, DeviceSample] = {}
+        self._rows: dict[str, tuple[DeviceSample, view.Processes]] = {}
         # per GPU: the top of each autoscaled chart where the GPU has one (power limit,
         # critical temperature), the last known: kept while the GPU is lost
         self._scale: dict[str, dict[str, float]] = {}
@@ -344,7 +346,7 @@ class History:
                 if ring is None:
                     ring = self._rings[gpu] = _Ring(self.capacity)
                 self._names[gpu] = d.info.name
-                self._top[gpu] = top_processes(d)
+                self._top[gpu] = d
                 ring.append((round(now, 3), *(_finite(s.read(d)) for s in SERIES)))
                 scale = self._scale.setdefault(gpu, {})
                 for s in SCALED:
@@ -353,6 +355,7 @@ class History:
             for gpu in [g for g, t in self._last.items() if now - t > self.window]:
                 del self._rings[gpu], self._last[gpu], self._names[gpu], self._top[gpu]
                 self._scale.pop(gpu, None)
+                self._rows.pop(gpu, None)
 
     def points(self, since: float = 0.0, limit: int | None = MAX_POINTS
                ) -> Mapping[str, list[tuple[float | None, ...]]]:
@@ -361,11 +364,24 @@ class History:
         with self._lock:
             return {gpu: ring.samples(since, limit) for gpu, ring in self._rings.items()}
 
-    def processes(self) -> dict[str, view.Processes]:
-        """Per GPU, the processes of the latest recorded snapshot: shared, never changed
-        once stored."""
+    def processes(self, rows: int = MAX_ROWS) -> dict[str, view.Processes]:
+        """Per GPU, the processes of the latest recorded snapshot, at most ``rows`` of
+        them (the largest), made once per recorded snapshot and shared."""
         with self._lock:
-            return dict(self._top)
+            samples = dict(self._top)
+            made = dict(self._rows)
+        out = {}
+        for gpu, d in samples.items():
+            known = made.get(gpu)
+            if known is None or known[0] is not d:
+                known = (d, top_processes(d))
+                with self._lock:
+                    if self._top.get(gpu) is d:
+                        self._rows[gpu] = known
+            listed = known[1]
+            out[gpu] = listed if rows >= len(listed.rows) else view.Processes(
+                listed.rows[:rows], listed.more + len(listed.rows) - rows)
+        return out
 
     def tables(self) -> tuple[tuple[view.Device, ...] | None, tuple[view.Backend, ...] | None]:
         """The devices and backends of the latest recorded snapshot (``current``)."""
@@ -393,23 +409,26 @@ class History:
                                                             key=lambda kv: _gpu_order(kv[0])))
 
     def view(self, since: float = 0.0, now: float | None = None,
-             otlp: Mapping[str, Any] | None = None) -> view.HistoryView:
+             otlp: Mapping[str, Any] | None = None,
+             rows: int = MAX_ROWS) -> view.HistoryView:
         """What ``/api/v1/history`` serves: columns per GPU, None where unknown, the
         server's clock (``now``), which the page's charts are drawn against, and,
         whatever ``since`` (they replace what the page has), each GPU's processes, every
         whole GPU's current state (``devices``), every backend's (``backends``) and the
-        OTLP pusher's (``otlp``, where it runs)."""
+        OTLP pusher's (``otlp``, where it runs); ``rows``: process rows per GPU at most
+        (the page asks for the ones it shows)."""
         devices, backends = self.tables()
         return view.HistoryView(
             now=round(time.time() if now is None else now, 3), interval=self.interval,
             window=self.window, capacity=self.capacity, series=SERIES_VIEW,
-            gpus=self.columns(since), processes=self.processes(), devices=devices,
+            gpus=self.columns(since), processes=self.processes(rows), devices=devices,
             backends=backends, otlp=otlp_view(otlp))
 
     def as_json(self, since: float = 0.0, now: float | None = None,
-                otlp: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                otlp: Mapping[str, Any] | None = None,
+                rows: int = MAX_ROWS) -> dict[str, Any]:
         """The body of ``/api/v1/history`` (``view`` as JSON)."""
-        return self.view(since, now, otlp).to_json()
+        return self.view(since, now, otlp, rows).to_json()
 
 
 def otlp_view(otlp: Mapping[str, Any] | None) -> view.Otlp | None:

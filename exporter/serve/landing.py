@@ -15,8 +15,8 @@ from __future__ import annotations
 import bisect
 import html
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
 
 from exporter import __version__
 from exporter.collect.state import Snapshot
@@ -72,56 +72,73 @@ def chart_path(times: Sequence[float], values: Sequence[float | None], now: floa
     return path_of(runs(times, now, window), values, high)
 
 
-def runs(times: Sequence[float], now: float, window: float) -> list[tuple[int, int, int]]:
-    """(pixel column, first, end) of each run of samples that fall in the same pixel
-    column (``now - window`` is column 0, ``now`` column WIDTH), found by bisecting the
-    sorted times at each column's edge: computed once for a GPU's charts, which share
-    their times."""
+class Axis:
+    """A GPU's time axis, shared by its charts: (pixel column, first, end) of each run of
+    samples that fall in the same pixel column (``now - window`` is column 0, ``now``
+    column WIDTH), with each run's slice and path prefix made once."""
+
+    __slots__ = ("columns", "slices", "prefixes")
+
+    def __init__(self, columns: list[tuple[int, int, int]]) -> None:
+        self.columns = columns
+        self.slices = [slice(a, b) for _, a, b in columns]
+        self.prefixes = [_PREFIX[x] for x, _, _ in columns]
+
+
+_PREFIX = [f"L{x}," for x in range(int(WIDTH) + 1)]
+_Y = [str(y) for y in range(int(HEIGHT) + 1)]
+
+
+def runs(times: Sequence[float], now: float, window: float) -> Axis:
+    """The runs of ``times`` per pixel column, found by bisecting the sorted times at
+    each column's edge: computed once for a GPU's charts, which share their times."""
     out: list[tuple[int, int, int]] = []
     first, n, start = 0, len(times), now - window
     for column in range(1, int(WIDTH) + 1):
         if first == n:
-            return out
+            return Axis(out)
         end = bisect.bisect_left(times, start + column * window / WIDTH, first)
         if end > first:
             out.append((column - 1, first, end))
             first = end
     if first < n:
         out.append((int(WIDTH), first, n))
-    return out
+    return Axis(out)
 
 
-def path_of(columns: Sequence[tuple[int, int, int]], values: Sequence[float | None],
-            high: float | None) -> tuple[str, int]:
+def path_of(axis: Axis, values: Sequence[float | None], high: float | None) -> tuple[str, int]:
     """chart_path over ``runs``: a point per pixel column, the largest of its values; a
     gap (the pen lifted) at an unknown value."""
     scale_y = HEIGHT / scale_top(values, high)
-    if None not in values:  # the usual case: no gap, one comprehension
-        known: Sequence[float] = values  # type: ignore[assignment]
-        parts = [f"L{x},{int(HEIGHT + 0.5 - min(max(max(known[a:b]) * scale_y, 0.0), HEIGHT))}"
-                 for x, a, b in columns]
+    if None not in values:  # the usual case: no gap, the peaks and the ys in C loops
+        top = HEIGHT / scale_y
+        known = cast("list[float]", values)
+        peaks: Iterator[float] = map(max, map(known.__getitem__, axis.slices))
+        ys = [_Y[0 if p >= top else int(HEIGHT) if p <= 0 else int(HEIGHT + 0.5 - p * scale_y)]
+              for p in peaks]
+        parts = list(map(str.__add__, axis.prefixes, ys))
         if parts:
             parts[0] = "M" + parts[0][1:]
         return " ".join(parts), len(parts)
     parts = []
     pen = "M"
-    for x, first, end in columns:
+    for x, first, end in axis.columns:
         chunk = values[first:end]
         if None not in chunk:  # the usual case: one max() in C
             best: float = max(chunk)  # type: ignore[type-var,assignment]
             parts.append(f"{pen}{x},{_y(best, scale_y)}")
             pen = "L"
             continue
-        top: float | None = None
+        peak: float | None = None
         for v in chunk:
             if v is None:
-                if top is not None:
-                    parts.append(f"{pen}{x},{_y(top, scale_y)}")
-                pen, top = "M", None
-            elif top is None or v > top:
-                top = v
-        if top is not None:
-            parts.append(f"{pen}{x},{_y(top, scale_y)}")
+                if peak is not None:
+                    parts.append(f"{pen}{x},{_y(peak, scale_y)}")
+                pen, peak = "M", None
+            elif peak is None or v > peak:
+                peak = v
+        if peak is not None:
+            parts.append(f"{pen}{x},{_y(peak, scale_y)}")
             pen = "L"
     return " ".join(parts), len(parts)
 
@@ -147,8 +164,8 @@ def _sensor(gpu: str, s: Series, device: Device | None) -> str:
     return f" <span class=\"sensor\" data-gpu=\"{_e(gpu)}\" data-sensor=\"\">{_e(sensor)}</span>"
 
 
-def _chart(gpu: str, s: Series, column: GpuHistory, device: Device | None,
-           xs: Sequence[tuple[int, int, int]], window: float) -> str:
+def _chart(gpu: str, s: Series, column: GpuHistory, device: Device | None, xs: Axis,
+           window: float) -> str:
     """One chart; its caption gives the newest value only while the GPU is up (a lost
     GPU's last reading is not its current one: "no data"); the scale's top is the
     series' fixed one, else the GPU's own (kept after it is lost), else autoscaled."""

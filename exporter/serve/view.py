@@ -487,19 +487,21 @@ class HistoryView:
                 "otlp": None if self.otlp is None else self.otlp.to_json()}
 
     @classmethod
-    def from_json(cls, value: Any) -> HistoryView:
-        """Whatever ``value`` is: what can be read of it, the rest "no data"."""
+    def from_json(cls, value: Any, processes: bool = True) -> HistoryView:
+        """Whatever ``value`` is: what can be read of it, the rest "no data".
+        ``processes=False``: the process tables are left for ``Processes.from_json`` of
+        the one GPU a reader shows (``top`` decodes 64 rows a frame, not 8 x 64)."""
         obj = _obj(value)
         series = _each(Series.from_json, obj.get("series"), 16)
         keys = tuple(s.key for s in series)
         gpus = tuple(g for g in (GpuHistory.from_json(v, keys)
                                  for v in _list(obj.get("gpus"))[:64]) if g is not None)
-        processes = {text(gpu, 16): Processes.from_json(p)
-                     for gpu, p in list(_obj(obj.get("processes")).items())[:64]}
+        tables = {text(gpu, 16): Processes.from_json(p)
+                  for gpu, p in list(_obj(obj.get("processes")).items())[:64]} if processes else {}
         devices, backends = obj.get("devices"), obj.get("backends")
         return cls(number(obj.get("now")) or 0.0, number(obj.get("interval")) or 0.0,
                    number(obj.get("window")) or 0.0, count(obj.get("capacity")) or 0,
-                   series, gpus, processes,
+                   series, gpus, tables,
                    None if not isinstance(devices, list) else _each(Device.from_json,
                                                                     devices, 64),
                    None if not isinstance(backends, list) else _each(Backend.from_json,

@@ -242,7 +242,8 @@ vendor-controlled text, so they go in through textContent, never as markup. */
 
   function refresh() {
     var live = document.getElementById("live");
-    fetch("/api/v1/history" + (since ? "?since=" + since : ""), {cache: "no-store"})
+    fetch("/api/v1/history?processes=" + TOP_PROCESSES + (since ? "&since=" + since : ""),
+          {cache: "no-store"})
       .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
       .then(function (reply) {
         merge(reply);
