@@ -3,6 +3,7 @@ in-process with a scripted backend, against the fixture daemon, and in headless 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from exporter.collect.backends.base import Cycle
 from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.model import ProcessSample
@@ -162,6 +164,8 @@ def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> 
         newest = max(history["gpus"][0]["t"])
         later = d.get(f"/api/v1/history?since={newest}").json()
         bad_since = [d.get(f"/api/v1/history?since={v}") for v in ("nan", "abc", "inf", "")]
+        one_row = d.get("/api/v1/history?processes=1").json()["processes"]["0"]
+        bad_rows = [d.get(f"/api/v1/history?processes={v}") for v in ("-1", "x", "257", "")]
         static = d.get("/static/app.js")
         missing = d.get("/static/other.js")
     assert r.status_code == 200
@@ -222,6 +226,10 @@ def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> 
     sizes = [r["memory_bytes"] or 0 for r in history["processes"]["0"]["rows"]]
     assert sizes == sorted(sizes, reverse=True)  # largest first, as the page's table
     assert [r.status_code for r in bad_since] == [400, 400, 400, 400]
+    # ?processes=N: the page asks for the rows it shows; the others are counted in "more"
+    assert [r["pid"] for r in one_row["rows"]] == [history["processes"]["0"]["rows"][0]["pid"]]
+    assert one_row["more"] == len(history["processes"]["0"]["rows"]) - 1
+    assert [r.status_code for r in bad_rows] == [400, 400, 400, 400]
     assert "since" in bad_since[1].text
     assert static.status_code == 200 and static.headers["content-type"].startswith(
         "text/javascript")
@@ -502,3 +510,81 @@ def test_history_is_fed_by_collection_not_by_requests(tmp_path: Path) -> None:
             assert d.get(path).status_code == 200
         body = d.get("/api/v1/history").json()
     assert [(g["gpu"], len(g["t"])) for g in body["gpus"]] == [("0", 1), ("1", 1), ("2", 1)]
+
+
+class Limited(Scripted):
+    """The Scripted backend with a power limit and a hottest sensor with its limit."""
+
+    def sample(self, slow: bool) -> Cycle:
+        cycle = super().sample(slow)
+        return Cycle([dataclasses.replace(d, power_limit_watts=300.0,
+                                          temperatures_celsius={"edge": 50.0},
+                                          temperature_thresholds_celsius={"slowdown": 90.0})
+                      for d in cycle.devices], cycle.errors)
+
+
+def test_a_lost_gpus_charts_keep_their_scale_and_say_no_data() -> None:
+    """A GPU that goes down keeps its recorded samples, but its captions no longer give
+    its last reading as a current one ("no data"), and its charts keep the scale it had
+    (0 to its power limit, to its sensor's limit) instead of jumping to autoscale: in
+    the server's render and in the JSON the page's script draws from."""
+    from exporter.serve import landing
+
+    backend = Limited("amd", ["0000:03:00.0"])
+    hub = Hub(Config(), [backend])
+    history = History(60.0, 1.0)
+    for i in range(3):
+        history.add(hub.collect_once(), now=100.0 + i)
+    page = landing.page(hub.snapshot, history, "/metrics", now=102.5)
+    assert '<span data-gpu="0" data-last="power">10 W</span>' in page
+    assert 'data-key="power" data-max="300"' in page
+    backend.up = False  # lost: gpu_up 0, no value
+    for i in range(3, 5):
+        history.add(hub.collect_once(), now=100.0 + i)
+    page = landing.page(hub.snapshot, history, "/metrics", now=104.5)
+    assert gpu_rows(page)["0"]["state"] == "✖ down"
+    for key in ("power", "temperature", "utilization", "memory"):
+        assert f'<span data-gpu="0" data-last="{key}">no data</span>' in page, key
+    assert 'data-key="power" data-max="300"' in page
+    assert 'data-key="temperature" data-max="90"' in page
+    assert 'data-top="power">300 W</span>' in page
+    body = history.as_json(now=104.5)
+    assert body["gpus"][0]["max"] == {"power": 300.0, "temperature": 90.0}
+    assert body["gpus"][0]["power"] == [10.0, 10.0, 10.0]  # what was recorded stays
+    assert body["devices"][0]["state"] == "down"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
+                    "chromium): the page is not tried in a real browser")
+def test_a_long_reason_or_name_never_widens_the_page_at_420px(tmp_path: Path) -> None:
+    """A backend's reason (a library path), a process, pod and container name without a
+    break: at 420 px the page, with its own style sheet, is no wider than the screen."""
+    from exporter.serve import landing
+    from exporter.serve.landing_static import APP_CSS
+
+    assert CHROMIUM is not None
+    gpu = Scripted("amd", ["0000:03:00.0"])
+    gpu.processes = (ProcessSample(pid=7, process="p" * 60, memory_used_bytes=1e9,
+                                   pod="pod-" + "y" * 120, namespace="ns", container="c" * 60),)
+    down = Scripted("nvidia", [])
+    down.unavailable = ("NVML: libnvidia-ml.so.1: cannot open shared object file: "
+                        "/usr/lib/x86_64-linux-gnu/" + "z" * 120)
+    hub = Hub(Config(), [gpu, down])
+    snapshot = hub.collect_once()
+    history = History(900.0, 1.0)
+    history.add(snapshot)
+    page = landing.page(snapshot, history, "/metrics")
+    assert down.unavailable in page
+    (tmp_path / "index.html").write_text(page.replace(
+        '<script src="/static/app.js" defer></script>', "").replace("/static/app.css",
+                                                                     "app.css"))
+    (tmp_path / "app.css").write_text(APP_CSS)
+    browser = Browser(CHROMIUM, tmp_path / "profile")
+    try:
+        browser.size(420, 900)
+        browser.go(f"file://{tmp_path}/index.html")
+        browser.wait("document.readyState === 'complete' && document.styleSheets.length === 1")
+        width = browser.js("document.documentElement.scrollWidth")
+    finally:
+        browser.close()
+    assert width <= 420

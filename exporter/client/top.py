@@ -66,6 +66,7 @@ from exporter.core.units import printable
 from exporter.serve.view import (
     Backend,
     Device,
+    Heat,
     HistoryView,
     Process,
     Processes,
@@ -79,8 +80,8 @@ MAX_REPLY = 16 << 20  # bytes of one /api/v1/history reply: 8 GPUs' full history
 SPARKS = "▁▂▃▄▅▆▇█"
 SORTS = ("memory", "utilisation", "pid", "user", "command")
 LAYOUTS = ("auto", "compact", "panels")
-HEAT_STYLE = {"cool": "green", "warm": "yellow", "hot": "bold dark_orange",
-              "critical": "bold white on red"}
+HEAT_STYLE: dict[str, str] = {Heat.COOL: "green", Heat.WARM: "yellow",
+                              Heat.HOT: "bold dark_orange", Heat.CRITICAL: "bold white on red"}
 HEALTH_STYLE = {HealthStatus.HEALTHY: "green", HealthStatus.DEGRADED: "bold yellow",
                 HealthStatus.FAILED: "bold white on red"}
 STATE_STYLE = {State.UP: "green", State.DOWN: "bold red", State.STALE: "bold yellow"}

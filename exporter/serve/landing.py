@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from exporter import __version__
 from exporter.collect.state import Snapshot
+from exporter.core.labels import HealthStatus
 from exporter.serve.history import (
     SERIES,
     TOP_PROCESSES,
@@ -233,7 +234,7 @@ def _health(devices: Sequence[Device]) -> str:
         f"({_e(d.name)}): {_e(mark(d.health.status))}: "
         + _e("; ".join(f"{r.check}: {r.reason}" for r in d.health.reasons))
         + "</li>" for d in devices
-        if d.health.status is not None and d.health.status != "healthy")
+        if d.health.status is not None and d.health.status is not HealthStatus.HEALTHY)
     return (f"<ul>{items}</ul>" if items else
             "<p class=\"none\">No health problem on any GPU.</p>" if devices else "")
 
@@ -261,7 +262,7 @@ def backend_rows(backends: Sequence[Backend], otlp: Otlp | None) -> str:
                   ("devices", str(b.devices), "")]) for b in backends]
     if otlp is not None:
         rows.append(_row([("backend", "otlp push", ""), ("state", mark(otlp.state),
-                          "state-" + ("up" if otlp.state is OtlpState.OK else "down")),
+                          f"state-{State.UP if otlp.state is OtlpState.OK else State.DOWN}"),
                           ("reason", otlp.detail, ""), ("devices", "", "")]))
     return "".join(rows)
 

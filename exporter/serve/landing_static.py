@@ -14,9 +14,12 @@ from __future__ import annotations
 import json
 from importlib import resources
 
+from exporter.core.labels import HealthStatus
 from exporter.serve.history import TOP_PROCESSES
 from exporter.serve.landing import BACKEND_COLUMNS, GPU_COLUMNS
-from exporter.serve.view import MARKS
+from exporter.serve.view import MARKS, OtlpState, State
+
+WORDS = {m.name: m.value for vocabulary in (State, HealthStatus, OtlpState) for m in vocabulary}
 
 
 def _read(name: str) -> str:
@@ -28,5 +31,6 @@ APP_JS = (_read("app.js")
                                            ensure_ascii=False))
           .replace("__GPU_COLUMNS__", json.dumps(GPU_COLUMNS))
           .replace("__BACKEND_COLUMNS__", json.dumps(BACKEND_COLUMNS))
-          .replace("__TOP_PROCESSES__", str(TOP_PROCESSES)))
+          .replace("__TOP_PROCESSES__", str(TOP_PROCESSES))
+          .replace("__WORDS__", json.dumps(WORDS)))
 APP_CSS = _read("app.css")

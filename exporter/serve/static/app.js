@@ -20,13 +20,14 @@ vendor-controlled text, so they go in through textContent, never as markup. */
   var MARKS = __MARKS__;
   var GPU_COLUMNS = __GPU_COLUMNS__, BACKEND_COLUMNS = __BACKEND_COLUMNS__;
   var TOP_PROCESSES = __TOP_PROCESSES__;
+  var WORDS = __WORDS__;  // view.State, HealthStatus, OtlpState: word by member name
   var body = document.body;
   var span = parseFloat(body.dataset.window), every = parseFloat(body.dataset.interval);
   var data = {}, units = {}, fixed = {}, scales = {}, devices = {}, since = 0, serverNow = 0;
 
   function mark(word) { return MARKS[word] || word || "no data"; }
 
-  function live(gpu) { return !!devices[gpu] && devices[gpu].state === "up"; }
+  function live(gpu) { return !!devices[gpu] && devices[gpu].state === WORDS.UP; }
 
   function top(values, high) {
     if (high > 0) return high;
@@ -185,7 +186,7 @@ vendor-controlled text, so they go in through textContent, never as markup. */
   function healthList(list) {  // landing._health
     var box = document.getElementById("health"), ul = document.createElement("ul");
     list.forEach(function (d) {
-      if (!d.health.status || d.health.status === "healthy") return;
+      if (!d.health.status || d.health.status === WORDS.HEALTHY) return;
       var li = document.createElement("li");
       li.className = "health-" + d.health.status;
       li.textContent = "GPU " + d.gpu + " (" + d.name + "): " + mark(d.health.status) + ": " +
@@ -208,7 +209,8 @@ vendor-controlled text, so they go in through textContent, never as markup. */
     });
     if (otlp) {
       row(rows, [["backend", "otlp push", ""],
-                 ["state", mark(otlp.state), "state-" + (otlp.state === "ok" ? "up" : "down")],
+                 ["state", mark(otlp.state),
+                  "state-" + (otlp.state === WORDS.OK ? WORDS.UP : WORDS.DOWN)],
                  ["reason", otlp.detail, ""], ["devices", "", ""]], "td");
     }
     tbody.replaceWith(rows);
