@@ -290,7 +290,7 @@ def test_a_down_gpu_reads_down_as_a_word_and_a_class() -> None:
     """State and verdict as words with a symbol (readable without colour) and a class
     (the colour); the reasons listed once, under "Health problems"."""
     from exporter.serve import landing
-    from exporter.serve.history import current
+    from exporter.serve.tables import current
 
     backend = Scripted("amd", ["0000:03:00.0"])
     hub = Hub(Config(), [backend])

@@ -162,6 +162,7 @@ def fetch_snapshot(address: str, timeout: float = 10.0, ca_file: str | None = No
     watchdog = threading.Timer(timeout, cut)
     watchdog.daemon = True
     watchdog.start()
+    response: http.client.HTTPResponse | None = None
     try:
         conn.request("GET", path, headers=headers)
         if conn.sock is not None:
@@ -182,6 +183,8 @@ def fetch_snapshot(address: str, timeout: float = 10.0, ca_file: str | None = No
         raise
     finally:
         watchdog.cancel()
+        if response is not None:
+            response.close()  # the socket goes with its last reader: this one, unread
         conn.close()
     if expired.is_set():  # cut while the last bytes came: not known to be whole
         raise ReplyTimeout(f"no complete reply within {timeout:g} s")

@@ -21,15 +21,8 @@ from typing import Any, cast
 from exporter import __version__
 from exporter.collect.state import Snapshot
 from exporter.core.labels import HealthStatus
-from exporter.serve.history import (
-    SERIES,
-    TOP_PROCESSES,
-    History,
-    Series,
-    current,
-    otlp_view,
-    top_processes,
-)
+from exporter.serve.history import SERIES, History, Series
+from exporter.serve.tables import TOP_PROCESSES, current, otlp_view, top_processes
 from exporter.serve.view import (
     MARKS,
     NO_DATA,
@@ -240,7 +233,7 @@ def _health(devices: Sequence[Device]) -> str:
 
 
 def processes_table(top: Processes, limit: int = TOP_PROCESSES) -> str:
-    """The top ``limit`` processes (exporter.serve.history.top_processes) of one GPU;
+    """The top ``limit`` processes (exporter.serve.tables.top_processes) of one GPU;
     pod and container columns only where a process has one (app.js: the same rule)."""
     rows = top.rows[:limit]
     if not rows:

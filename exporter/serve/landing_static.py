@@ -15,8 +15,8 @@ import json
 from importlib import resources
 
 from exporter.core.labels import HealthStatus
-from exporter.serve.history import TOP_PROCESSES
 from exporter.serve.landing import BACKEND_COLUMNS, GPU_COLUMNS
+from exporter.serve.tables import TOP_PROCESSES
 from exporter.serve.view import MARKS, OtlpState, State
 
 WORDS = {m.name: m.value for vocabulary in (State, HealthStatus, OtlpState) for m in vocabulary}

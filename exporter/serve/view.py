@@ -4,9 +4,8 @@ on the server, and ``static/app.js``, which refreshes it), its JSON (``/api/v1/h
 and ``gpu-exporter top`` (exporter.client.top, which decodes the JSON back into these
 same classes).
 
-The state and verdict words are defined here once (``State``, ``Heat``, ``OtlpState``;
-the health verdict is exporter.core.labels' ``HealthStatus``), with the marks the page
-and ``top`` write them with (``MARKS``). Each class writes its JSON (``to_json``) and
+Its words (``State``, ``Heat``, ``OtlpState``, ``HealthStatus``) and their marks are
+exporter.serve.words', defined once. Each class writes its JSON (``to_json``) and
 reads it back (``from_json``); reading never trusts the other end: a missing key, a
 value of the wrong type, a number that is not finite or a word outside its vocabulary
 becomes "no data" (``None``, an empty string, an empty table), never an exception, and
@@ -17,125 +16,22 @@ without the daemon.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from exporter.core.labels import HealthStatus, Vocabulary
-from exporter.core.units import printable
+from exporter.core.labels import HealthStatus
+from exporter.serve.untrusted import count, each, items, name_of, number, numbers, obj, text, word
+from exporter.serve.words import MARKS as MARKS
+from exporter.serve.words import NO_DATA as NO_DATA
+from exporter.serve.words import Heat as Heat
+from exporter.serve.words import OtlpState as OtlpState
+from exporter.serve.words import State as State
+from exporter.serve.words import mark as mark
+from exporter.serve.words import size as size
 
-NO_DATA = "no data"
-MAX_TEXT = 512  # characters of any one string read back (a health reason is the longest)
 MAX_ROWS = 256  # process rows per GPU in the JSON; the rest are counted in ``more``
 
-
-class State(Vocabulary):
-    """A GPU's or a backend's state: ``up``; ``down`` (the exporter saw it go, or the
-    backend failed); ``stale`` (its backend has not completed a collection within
-    ``--stale-after``: its values are not known to be current)."""
-
-    UP = "up"
-    DOWN = "down"
-    STALE = "stale"
-
-
-class Heat(Vocabulary):
-    """The hottest sensor against its critical limit: below 60 %, 85 %, 100 %, at or
-    above it (with no known limit: below 50 °C, 75 °C, above)."""
-
-    COOL = "cool"
-    WARM = "warm"
-    HOT = "hot"
-    CRITICAL = "critical"
-
-
-class OtlpState(Vocabulary):
-    OK = "ok"
-    FAILING = "failing"
-
-
-# What a state or verdict reads as, with a symbol, so that it is readable without colour.
-MARKS: dict[str, str] = {
-    State.UP: "● up", State.DOWN: "✖ down", State.STALE: "◌ stale",
-    HealthStatus.HEALTHY: "✔ healthy", HealthStatus.DEGRADED: "▲ degraded",
-    HealthStatus.FAILED: "✖ failed", OtlpState.OK: "● ok", OtlpState.FAILING: "✖ failing"}
-
-
-def mark(word: str | None) -> str:
-    """A state or verdict as the page and ``top`` write it; no word: "no data"."""
-    return MARKS.get(word or "", word or NO_DATA)
-
-
-def size(n: float | None) -> str:
-    """Bytes in the unit that reads best: ``2.0 MiB``, ``512 MiB``, ``3.00 GiB`` (never
-    ``0.00 GiB`` for two megabytes); None: "no data". static/app.js's ``size``: the same."""
-    if n is None:
-        return NO_DATA
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
-    return f"{n:.0f} B"
-
-
-# -- reading JSON that may be anything ------------------------------------------------------
-
-E = TypeVar("E", bound=Vocabulary)
-
-
-def text(value: Any, limit: int = MAX_TEXT) -> str:
-    """A string from the other end: printable characters only, at most ``limit``."""
-    return printable(value, limit) if isinstance(value, str) else ""
-
-
-def number(value: Any) -> float | None:
-    """A finite number, else None (a bool is not a number)."""
-    if type(value) is float:
-        return value if math.isfinite(value) else None
-    if type(value) is int:
-        return float(value)
-    return None
-
-
-def count(value: Any) -> int | None:
-    """A whole number >= 0, else None."""
-    return value if type(value) is int and value >= 0 else None
-
-
-def word(kind: type[E], value: Any) -> E | None:
-    """A member of the closed vocabulary ``kind``, else None."""
-    try:
-        return kind(value) if isinstance(value, str) else None
-    except ValueError:
-        return None
-
-
-def _obj(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _numbers(value: Any) -> dict[str, float]:
-    out = {}
-    for k, v in _obj(value).items():
-        n = number(v)
-        if n is not None and isinstance(k, str):
-            out[text(k, 64)] = n
-    return out
-
-
-def _word(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-# -- the view ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
 class Temperature:
@@ -148,16 +44,16 @@ class Temperature:
 
     def to_json(self) -> dict[str, Any]:
         return {"sensor": self.sensor, "celsius": self.celsius, "critical": self.critical,
-                "heat": _word(self.heat)}
+                "heat": name_of(self.heat)}
 
     @classmethod
     def from_json(cls, value: Any) -> Temperature | None:
-        obj = _obj(value)
-        celsius = number(obj.get("celsius"))
+        data = obj(value)
+        celsius = number(data.get("celsius"))
         if celsius is None:
             return None
-        return cls(text(obj.get("sensor"), 64), celsius, number(obj.get("critical")),
-                   word(Heat, obj.get("heat")))
+        return cls(text(data.get("sensor"), 64), celsius, number(data.get("critical")),
+                   word(Heat, data.get("heat")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +67,8 @@ class Clocks:
 
     @classmethod
     def from_json(cls, value: Any) -> Clocks:
-        obj = _obj(value)
-        return cls(number(obj.get("graphics")), number(obj.get("memory")), number(obj.get("sm")))
+        data = obj(value)
+        return cls(number(data.get("graphics")), number(data.get("memory")), number(data.get("sm")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,8 +87,8 @@ class Pcie:
 
     @classmethod
     def from_json(cls, value: Any) -> Pcie:
-        obj = _obj(value)
-        return cls(*(number(obj.get(k)) for k in ("generation", "width", "max_generation",
+        data = obj(value)
+        return cls(*(number(data.get(k)) for k in ("generation", "width", "max_generation",
                                                    "max_width", "tx", "rx")))
 
 
@@ -205,13 +101,13 @@ class Reason:
     reason: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"check": self.check, "status": _word(self.status), "reason": self.reason}
+        return {"check": self.check, "status": name_of(self.status), "reason": self.reason}
 
     @classmethod
     def from_json(cls, value: Any) -> Reason:
-        obj = _obj(value)
-        return cls(text(obj.get("check"), 64), word(HealthStatus, obj.get("status")),
-                   text(obj.get("reason")))
+        data = obj(value)
+        return cls(text(data.get("check"), 64), word(HealthStatus, data.get("status")),
+                   text(data.get("reason")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,14 +116,14 @@ class Health:
     reasons: tuple[Reason, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": _word(self.status) or "",
+        return {"status": name_of(self.status) or "",
                 "reasons": [r.to_json() for r in self.reasons]}
 
     @classmethod
     def from_json(cls, value: Any) -> Health:
-        obj = _obj(value)
-        return cls(word(HealthStatus, obj.get("status")),
-                   tuple(Reason.from_json(r) for r in _list(obj.get("reasons"))[:32]))
+        data = obj(value)
+        return cls(word(HealthStatus, data.get("status")),
+                   tuple(Reason.from_json(r) for r in items(data.get("reasons"))[:32]))
 
 
 CELLS = ("state", "utilization", "memory", "power", "temperature", "health")
@@ -250,8 +146,8 @@ class Cells:
 
     @classmethod
     def from_json(cls, value: Any) -> Cells:
-        obj = _obj(value)
-        return cls(*(text(obj.get(k), 128) or NO_DATA for k in CELLS))
+        data = obj(value)
+        return cls(*(text(data.get(k), 128) or NO_DATA for k in CELLS))
 
 
 _DEVICE_NUMBERS = ("utilization", "memory_utilization", "encoder", "decoder",
@@ -291,7 +187,7 @@ class Device:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"gpu": self.gpu, "name": self.name, "vendor": self.vendor,
-                               "uuid": self.uuid, "state": _word(self.state)}
+                               "uuid": self.uuid, "state": name_of(self.state)}
         for k in _DEVICE_NUMBERS:
             out[k] = getattr(self, k)
         out.update(temperature=None if self.temperature is None else self.temperature.to_json(),
@@ -302,19 +198,19 @@ class Device:
 
     @classmethod
     def from_json(cls, value: Any) -> Device | None:
-        obj = _obj(value)
-        gpu = text(obj.get("gpu"), 16)
+        data = obj(value)
+        gpu = text(data.get("gpu"), 16)
         if not gpu:
             return None  # a GPU without its label cannot be told apart: left out
-        values: dict[str, Any] = {k: number(obj.get(k)) for k in _DEVICE_NUMBERS}
-        return cls(gpu, text(obj.get("name"), 128), text(obj.get("vendor"), 32),
-                   text(obj.get("uuid"), 128), word(State, obj.get("state")), **values,
-                   temperature=Temperature.from_json(obj.get("temperature")),
-                   temperatures=_numbers(obj.get("temperatures")),
-                   clocks=Clocks.from_json(obj.get("clocks")),
-                   pcie=Pcie.from_json(obj.get("pcie")),
-                   health=Health.from_json(obj.get("health")),
-                   cells=Cells.from_json(obj.get("cells")))
+        values: dict[str, Any] = {k: number(data.get(k)) for k in _DEVICE_NUMBERS}
+        return cls(gpu, text(data.get("name"), 128), text(data.get("vendor"), 32),
+                   text(data.get("uuid"), 128), word(State, data.get("state")), **values,
+                   temperature=Temperature.from_json(data.get("temperature")),
+                   temperatures=numbers(data.get("temperatures")),
+                   clocks=Clocks.from_json(data.get("clocks")),
+                   pcie=Pcie.from_json(data.get("pcie")),
+                   health=Health.from_json(data.get("health")),
+                   cells=Cells.from_json(data.get("cells")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,15 +237,15 @@ class Process:
 
     @classmethod
     def from_json(cls, value: Any) -> Process | None:
-        obj = _obj(value)
-        pid = count(obj.get("pid"))
+        data = obj(value)
+        pid = count(data.get("pid"))
         if pid is None:
             return None
-        return cls(pid, text(obj.get("process"), 64), number(obj.get("memory_bytes")),
-                   text(obj.get("pod"), 256), text(obj.get("container"), 128),
-                   number(obj.get("utilization")), text(obj.get("user"), 32),
-                   text(obj.get("command"), 256), number(obj.get("shared_memory_bytes")),
-                   _numbers(obj.get("engines")))
+        return cls(pid, text(data.get("process"), 64), number(data.get("memory_bytes")),
+                   text(data.get("pod"), 256), text(data.get("container"), 128),
+                   number(data.get("utilization")), text(data.get("user"), 32),
+                   text(data.get("command"), 256), number(data.get("shared_memory_bytes")),
+                   numbers(data.get("engines")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,9 +260,9 @@ class Processes:
 
     @classmethod
     def from_json(cls, value: Any) -> Processes:
-        obj = _obj(value)
-        rows = (Process.from_json(p) for p in _list(obj.get("rows"))[:MAX_ROWS])
-        return cls(tuple(p for p in rows if p is not None), count(obj.get("more")) or 0)
+        data = obj(value)
+        rows = (Process.from_json(p) for p in items(data.get("rows"))[:MAX_ROWS])
+        return cls(tuple(p for p in rows if p is not None), count(data.get("more")) or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,15 +273,15 @@ class Backend:
     devices: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"backend": self.backend, "state": _word(self.state), "reason": self.reason,
+        return {"backend": self.backend, "state": name_of(self.state), "reason": self.reason,
                 "devices": self.devices}
 
     @classmethod
     def from_json(cls, value: Any) -> Backend | None:
-        obj = _obj(value)
-        name = text(obj.get("backend"), 64)
-        return None if not name else cls(name, word(State, obj.get("state")),
-                                         text(obj.get("reason")), count(obj.get("devices")) or 0)
+        data = obj(value)
+        name = text(data.get("backend"), 64)
+        return None if not name else cls(name, word(State, data.get("state")),
+                                         text(data.get("reason")), count(data.get("devices")) or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,13 +290,13 @@ class Otlp:
     detail: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"state": _word(self.state), "detail": self.detail}
+        return {"state": name_of(self.state), "detail": self.detail}
 
     @classmethod
     def from_json(cls, value: Any) -> Otlp | None:
-        obj = _obj(value)
-        return None if not obj else cls(word(OtlpState, obj.get("state")),
-                                        text(obj.get("detail")))
+        data = obj(value)
+        return None if not data else cls(word(OtlpState, data.get("state")),
+                                        text(data.get("detail")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,15 +313,15 @@ class Series:
 
     @classmethod
     def from_json(cls, value: Any) -> Series | None:
-        obj = _obj(value)
-        key = text(obj.get("key"), 32)
-        return None if not key else cls(key, text(obj.get("title"), 64),
-                                        text(obj.get("unit"), 16), number(obj.get("max")))
+        data = obj(value)
+        key = text(data.get("key"), 32)
+        return None if not key else cls(key, text(data.get("title"), 64),
+                                        text(data.get("unit"), 16), number(data.get("max")))
 
 
 def _samples(value: Any, n: int) -> list[float | None]:
     """A column of ``n`` samples: a number, or None (unknown, or not a number)."""
-    out = [v if type(v) is float and v == v else number(v) for v in _list(value)[:n]]
+    out = [v if type(v) is float and v == v else number(v) for v in items(value)[:n]]
     return out + [None] * (n - len(out))
 
 
@@ -448,14 +344,14 @@ class GpuHistory:
 
     @classmethod
     def from_json(cls, value: Any, keys: tuple[str, ...]) -> GpuHistory | None:
-        obj = _obj(value)
-        gpu = text(obj.get("gpu"), 16)
+        data = obj(value)
+        gpu = text(data.get("gpu"), 16)
         if not gpu:
             return None
-        times = [t for t in _list(obj.get("t")) if number(t) is not None]
-        n = len(times) if len(times) == len(_list(obj.get("t"))) else 0  # a hole: none
-        return cls(gpu, text(obj.get("name"), 128), [float(t) for t in times[:n]],
-                   {k: _samples(obj.get(k), n) for k in keys}, _numbers(obj.get("max")))
+        times = [t for t in items(data.get("t")) if number(t) is not None]
+        n = len(times) if len(times) == len(items(data.get("t"))) else 0  # a hole: none
+        return cls(gpu, text(data.get("name"), 128), [float(t) for t in times[:n]],
+                   {k: _samples(data.get(k), n) for k in keys}, numbers(data.get("max")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,26 +387,19 @@ class HistoryView:
         """Whatever ``value`` is: what can be read of it, the rest "no data".
         ``processes=False``: the process tables are left for ``Processes.from_json`` of
         the one GPU a reader shows (``top`` decodes 64 rows a frame, not 8 x 64)."""
-        obj = _obj(value)
-        series = _each(Series.from_json, obj.get("series"), 16)
+        data = obj(value)
+        series = each(Series.from_json, data.get("series"), 16)
         keys = tuple(s.key for s in series)
         gpus = tuple(g for g in (GpuHistory.from_json(v, keys)
-                                 for v in _list(obj.get("gpus"))[:64]) if g is not None)
+                                 for v in items(data.get("gpus"))[:64]) if g is not None)
         tables = {text(gpu, 16): Processes.from_json(p)
-                  for gpu, p in list(_obj(obj.get("processes")).items())[:64]} if processes else {}
-        devices, backends = obj.get("devices"), obj.get("backends")
-        return cls(number(obj.get("now")) or 0.0, number(obj.get("interval")) or 0.0,
-                   number(obj.get("window")) or 0.0, count(obj.get("capacity")) or 0,
+                  for gpu, p in list(obj(data.get("processes")).items())[:64]} if processes else {}
+        devices, backends = data.get("devices"), data.get("backends")
+        return cls(number(data.get("now")) or 0.0, number(data.get("interval")) or 0.0,
+                   number(data.get("window")) or 0.0, count(data.get("capacity")) or 0,
                    series, gpus, tables,
-                   None if not isinstance(devices, list) else _each(Device.from_json,
+                   None if not isinstance(devices, list) else each(Device.from_json,
                                                                     devices, 64),
-                   None if not isinstance(backends, list) else _each(Backend.from_json,
+                   None if not isinstance(backends, list) else each(Backend.from_json,
                                                                      backends, 64),
-                   Otlp.from_json(obj.get("otlp")))
-
-
-T = TypeVar("T")
-
-
-def _each(read: Callable[[Any], T | None], value: Any, limit: int) -> tuple[T, ...]:
-    return tuple(x for x in (read(v) for v in _list(value)[:limit]) if x is not None)
+                   Otlp.from_json(data.get("otlp")))
