@@ -9,8 +9,9 @@ PCIe link and thresholds added) with ``--processes`` processes each in pods, and
 History full to its capacity (``--window`` / ``--interval`` samples per GPU, values that
 change from sample to sample). CPU times of this thread, as medians of ``--n`` runs:
 - the page: ``exporter.serve.landing.page`` (what ``/`` renders on the renderer's thread);
-- the history JSON, full (a page's first poll) and incremental (``?since=``, every poll
-  after), ``History.as_json`` plus ``json.dumps`` as ``/api/v1/history`` does;
+- the history JSON, full (a first poll) and incremental (``?since=``, every poll after;
+  top asks for every process row, the page for the five it shows), ``History.as_json``
+  plus ``json.dumps`` as ``/api/v1/history`` does;
 - one top frame: decoding and merging a history reply (``?since=``: the tables and
   every process row, the newest samples) and drawing the screen with rich, at
   ``--width`` x ``--height`` and at 80 x 24 (needs the top extra: pip install
@@ -41,6 +42,8 @@ from exporter.collect.state import BackendState  # noqa: E402
 from exporter.core.model import ProcessSample  # noqa: E402
 from exporter.serve import landing  # noqa: E402
 from exporter.serve.history import History  # noqa: E402
+from exporter.serve.tables import TOP_PROCESSES  # noqa: E402
+from exporter.serve.view import MAX_ROWS  # noqa: E402
 
 MINIMA: dict[str, float] = {}
 
@@ -107,8 +110,9 @@ def main() -> None:
     now = 1e9 + history.capacity * args.interval
     snap = snaps[0]
 
-    def body(since: float = 0.0) -> bytes:
-        return json.dumps(history.as_json(since, now=now), separators=(",", ":")).encode()
+    def body(since: float = 0.0, rows: int = MAX_ROWS) -> bytes:
+        return json.dumps(history.as_json(since, now=now, rows=rows),
+                          separators=(",", ":")).encode()
 
     page_ms = median_ms(lambda: landing.page(snap, history, "/metrics", now=now),  # type: ignore[arg-type]
                         args.n, "page")
@@ -116,6 +120,8 @@ def main() -> None:
     full_ms, full_kib = median_ms(body, args.n, "full"), len(body()) / 1024
     last = now - args.interval * 1.5  # the page's next poll: the newest sample only
     inc_ms, inc_kib = median_ms(lambda: body(last), args.n, "since"), len(body(last)) / 1024
+    poll_ms = median_ms(lambda: body(last, TOP_PROCESSES), args.n, "poll")
+    poll_kib = len(body(last, TOP_PROCESSES)) / 1024
     print(f"{args.gpus} GPUs, {args.processes} processes each, {history.capacity} samples "
           f"per GPU; median CPU time of {args.n}")
     print(f"page /                    {page_ms:7.2f} ms  {page_kib:6.0f} KiB  "
@@ -123,7 +129,9 @@ def main() -> None:
     print(f"history JSON, full        {full_ms:7.2f} ms  {full_kib:6.0f} KiB  "
           f"(min {MINIMA['full']:.2f} ms)")
     print(f"history JSON, ?since=     {inc_ms:7.2f} ms  {inc_kib:6.0f} KiB  "
-          f"(min {MINIMA['since']:.2f} ms)")
+          f"(min {MINIMA['since']:.2f} ms; top's poll: every process row)")
+    print(f"  ... &processes={TOP_PROCESSES}      {poll_ms:7.2f} ms  {poll_kib:6.0f} KiB  "
+          f"(min {MINIMA['poll']:.2f} ms; the page's poll)")
     print(f"History.add               {statistics.median(adds) * 1e3:7.2f} ms  "
           "(collector thread, once per interval)")
     try:
