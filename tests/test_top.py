@@ -650,6 +650,28 @@ def test_process_rows_as_operators_read_them_and_an_apus_memory() -> None:
     assert re.search(r"MEM\[█+░+\] +3\.0/16\.0Gsh", compact)
 
 
+def test_an_apus_shared_memory_through_a_real_daemon(tmp_path: Path) -> None:
+    """The Phoenix APU (amd-apu-phoenix) has no memory of its own: the daemon serves its
+    shared memory, and top shows that as its memory, used and total as served, where it
+    read n/a."""
+    with running([*machine_args(FIXTURES / "amd-apu-phoenix"), "--collector.interval",
+                  "0.5s"], tmp_path) as d:
+        deadline = time.monotonic() + 20
+        while not (reply := json.loads(fetch_snapshot(d.base_url,
+                                                      endpoint="/api/v1/history")))["devices"]:
+            assert time.monotonic() < deadline, "nothing recorded"
+            time.sleep(0.2)
+    (dev,) = reply["devices"]
+    assert dev["memory_total_bytes"] is None and dev["shared_memory_used_bytes"] > 0
+    model = top.Model()
+    model.merge(reply)
+    text = _text(model, top.View(), width=120, height=40)
+    used, total = dev["shared_memory_used_bytes"], dev["shared_memory_total_bytes"]
+    assert ("Memory [█" in text or "Memory [░" in text) and (
+        f"{used / 2**30:.1f} / {total / 2**30:.1f} GiB, "
+        f"{(total - used) / 2**30:.1f} GiB free (shared)") in text
+
+
 def test_a_malformed_reply_is_no_data_never_an_exception() -> None:
     """Every key of a real reply taken away in turn, and every value replaced by one of
     the wrong type: the model takes what it can and the frame draws, at 80x24 and wide."""
