@@ -81,3 +81,20 @@ def test_the_words_are_defined_once() -> None:
     for path in ("exporter/serve/history.py", "exporter/serve/landing.py",
                  "exporter/serve/static/app.js", "exporter/client/top.py"):
         assert not literal.findall((ROOT / path).read_text()), path
+
+
+def test_a_client_imports_the_view_without_the_daemon() -> None:
+    """``top`` decodes with these classes: importing them loads no collector, server or
+    prometheus-client."""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, exporter.serve.view, exporter.client.topmodel; "
+         "print(' '.join(sorted(sys.modules)))"], capture_output=True, text=True, cwd=ROOT,
+        check=True, timeout=60).stdout.split()
+    assert "exporter.serve.view" in loaded
+    heavy = [m for m in loaded if m.startswith(("exporter.collect", "exporter.output",
+                                                "exporter.serve.server", "prometheus_client",
+                                                "starlette", "rich"))]
+    assert heavy == []

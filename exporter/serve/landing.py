@@ -5,7 +5,7 @@ reasons, the charts as inline SVG drawn here from the ring buffer (exporter.serv
 top processes with their pods and the backends. ``/static/app.js``
 (exporter.serve.landing_static) then keeps every one of them current from ``/api/v1/history``:
 the tables are rebuilt from its ``devices``, ``backends`` and ``processes``, whose table
-text (``cells``) is written by exporter.serve.history for both, so a refreshed cell reads as a
+text (``cells``) is written by exporter.serve.tables for both, so a refreshed cell reads as a
 reloaded page would. Nothing external: no fonts, scripts or CDNs, and the page's
 Content-Security-Policy allows only its own origin (no inline script or style).
 """

@@ -1,8 +1,8 @@
-"""The live view: the one typed contract between its producer (exporter.serve.history,
-from the merged snapshot) and its three readers: the page (exporter.serve.landing, drawn
-on the server, and ``static/app.js``, which refreshes it), its JSON (``/api/v1/history``)
-and ``gpu-exporter top`` (exporter.client.top, which decodes the JSON back into these
-same classes).
+"""The live view: the one typed contract between its producer (exporter.serve.history
+and exporter.serve.tables, from the merged snapshot) and its three readers: the page
+(exporter.serve.landing, drawn on the server, and ``static/app.js``, which refreshes
+it), its JSON (``/api/v1/history``) and ``gpu-exporter top`` (exporter.client.top, which
+decodes the JSON back into these same classes).
 
 Its words (``State``, ``Heat``, ``OtlpState``, ``HealthStatus``) and their marks are
 exporter.serve.words', defined once. Each class writes its JSON (``to_json``) and
@@ -10,8 +10,8 @@ reads it back (``from_json``); reading never trusts the other end: a missing key
 value of the wrong type, a number that is not finite or a word outside its vocabulary
 becomes "no data" (``None``, an empty string, an empty table), never an exception, and
 every string is stripped of control and escape characters (units.printable) and bounded
-before anything draws it. Standard library and exporter.core only: ``top`` imports this
-without the daemon.
+before anything draws it. Standard library, exporter.core, exporter.serve.words and
+exporter.serve.untrusted only: ``top`` imports this without the daemon.
 """
 
 from __future__ import annotations
