@@ -47,7 +47,7 @@ def main() -> None:
 
     class Snap:
         ready = True
-        backends = health = ()  # the page's tables (exporter.serve.history.current): none here
+        backends = health = ()  # the page's tables (exporter.serve.tables.current): none here
         devices = tuple((str(i), dataclasses.replace(sample(i, 0), processes=processes))
                         for i in range(args.gpus))
 

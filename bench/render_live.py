@@ -1,19 +1,22 @@
 """Render cost of the live views for 8 GPUs: the page ``/``, the ``/api/v1/history`` body
 and one ``gpu-exporter top`` frame.
 
-    python bench/render_live.py [--gpus 8] [--processes 8] [--window 900] [--interval 1]
-                                [--n 50] [--width 200]
+    python bench/render_live.py [--gpus 8] [--processes 64] [--window 900] [--interval 1]
+                                [--n 50] [--width 200] [--height 60]
 
 A snapshot of ``--gpus`` H100 samples (bench/dcgm_render.py's, with a power limit, fans,
 PCIe link and thresholds added) with ``--processes`` processes each in pods, and a
 History full to its capacity (``--window`` / ``--interval`` samples per GPU, values that
 change from sample to sample). CPU times of this thread, as medians of ``--n`` runs:
 - the page: ``exporter.serve.landing.page`` (what ``/`` renders on the renderer's thread);
-- the history JSON, full (a page's first poll) and incremental (``?since=``, every poll
-  after), ``History.as_json`` plus ``json.dumps`` as ``/api/v1/history`` does;
-- one top frame: merging a history reply and drawing the screen with rich into a
-  ``--width`` column console (needs the top extra: pip install 'gpu-exporter[top]');
-- ``History.add``, the one cost on the collector's thread (once per interval).
+- the history JSON, full (a first poll) and incremental (``?since=``, every poll after;
+  top asks for every process row, the page for the five it shows), ``History.as_json``
+  plus ``json.dumps`` as ``/api/v1/history`` does;
+- one top frame: decoding and merging a history reply (``?since=``: the tables and
+  every process row, the newest samples) and drawing the screen with rich, at
+  ``--width`` x ``--height`` and at 80 x 24 (needs the top extra: pip install
+  '.[top]' in the checkout);
+- ``History.add``, the one cost on the publishing thread (once per interval).
 The seed's target is a dashboard render under 10 ms.
 """
 
@@ -39,6 +42,8 @@ from exporter.collect.state import BackendState  # noqa: E402
 from exporter.core.model import ProcessSample  # noqa: E402
 from exporter.serve import landing  # noqa: E402
 from exporter.serve.history import History  # noqa: E402
+from exporter.serve.tables import TOP_PROCESSES  # noqa: E402
+from exporter.serve.view import MAX_ROWS  # noqa: E402
 
 MINIMA: dict[str, float] = {}
 
@@ -59,18 +64,20 @@ def median_ms(fn: Callable[[], object], n: int, name: str = "") -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--processes", type=int, default=8, help="per GPU")
+    ap.add_argument("--processes", type=int, default=64, help="per GPU")
     ap.add_argument("--window", type=float, default=900.0)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--width", type=int, default=200, help="top's terminal columns")
+    ap.add_argument("--height", type=int, default=60, help="top's terminal lines")
     args = ap.parse_args()
     from dcgm_render import sample  # type: ignore[import-not-found]
 
     processes = tuple(ProcessSample(pid=1000 + p, process=f"python3-{p}",
-                                    memory_used_bytes=float((p + 1) << 30),
-                                    utilization_ratio={"sm": 0.1 * p},
-                                    namespace="ml", pod=f"trainer-{p}", container="main")
+                                    memory_used_bytes=float((p + 1) << 28),
+                                    utilization_ratio={"sm": p % 10 / 10},
+                                    namespace="ml", pod=f"trainer-{p}", container="main",
+                                    user="alice", command=f"python3 train.py --rank {p}")
                       for p in range(args.processes))
 
     def devices(step: int) -> tuple[tuple[str, Any], ...]:
@@ -103,8 +110,9 @@ def main() -> None:
     now = 1e9 + history.capacity * args.interval
     snap = snaps[0]
 
-    def body(since: float = 0.0) -> bytes:
-        return json.dumps(history.as_json(since, now=now), separators=(",", ":")).encode()
+    def body(since: float = 0.0, rows: int = MAX_ROWS) -> bytes:
+        return json.dumps(history.as_json(since, now=now, rows=rows),
+                          separators=(",", ":")).encode()
 
     page_ms = median_ms(lambda: landing.page(snap, history, "/metrics", now=now),  # type: ignore[arg-type]
                         args.n, "page")
@@ -112,6 +120,8 @@ def main() -> None:
     full_ms, full_kib = median_ms(body, args.n, "full"), len(body()) / 1024
     last = now - args.interval * 1.5  # the page's next poll: the newest sample only
     inc_ms, inc_kib = median_ms(lambda: body(last), args.n, "since"), len(body(last)) / 1024
+    poll_ms = median_ms(lambda: body(last, TOP_PROCESSES), args.n, "poll")
+    poll_kib = len(body(last, TOP_PROCESSES)) / 1024
     print(f"{args.gpus} GPUs, {args.processes} processes each, {history.capacity} samples "
           f"per GPU; median CPU time of {args.n}")
     print(f"page /                    {page_ms:7.2f} ms  {page_kib:6.0f} KiB  "
@@ -119,30 +129,44 @@ def main() -> None:
     print(f"history JSON, full        {full_ms:7.2f} ms  {full_kib:6.0f} KiB  "
           f"(min {MINIMA['full']:.2f} ms)")
     print(f"history JSON, ?since=     {inc_ms:7.2f} ms  {inc_kib:6.0f} KiB  "
-          f"(min {MINIMA['since']:.2f} ms)")
+          f"(min {MINIMA['since']:.2f} ms; top's poll: every process row)")
+    print(f"  ... &processes={TOP_PROCESSES}      {poll_ms:7.2f} ms  {poll_kib:6.0f} KiB  "
+          f"(min {MINIMA['poll']:.2f} ms; the page's poll)")
     print(f"History.add               {statistics.median(adds) * 1e3:7.2f} ms  "
           "(collector thread, once per interval)")
     try:
         from rich.console import Console
+        from rich.live import Live
 
         from exporter.client import top
     except ImportError:
-        print("top frame                 (skipped: pip install 'gpu-exporter[top]')")
+        print("top frame                 (skipped: pip install '.[top]' in the checkout)")
         return
     reply = json.loads(body())
     incremental = json.loads(body(last))
     model, view = top.Model(), top.View()
     model.merge(reply)
 
-    def frame() -> None:
-        model.merge(incremental)
-        console = Console(file=io.StringIO(), width=args.width, height=120,
+    def frame(width: int, height: int) -> Callable[[], None]:
+        """As top draws: rich's Live on the alternate screen, a refresh per frame."""
+        console = Console(file=io.StringIO(), width=width, height=height,
                           color_system="truecolor", force_terminal=True)
-        console.print(top.frame(model, view, "http://127.0.0.1:9445", args.width))
+        live = Live(console=console, screen=True, auto_refresh=False, redirect_stdout=False,
+                    redirect_stderr=False)
+        live.start()
 
-    frame_ms = median_ms(frame, args.n, "top")
-    print(f"top frame ({args.width} columns)   {frame_ms:7.2f} ms  (min {MINIMA['top']:.2f} ms; "
-          "merge a reply and draw the screen)")
+        def run() -> None:
+            model.merge(incremental)
+            console.file = io.StringIO()
+            live.update(top.frame(model, view, "http://127.0.0.1:9445", width, height),
+                        refresh=True)
+        return run
+
+    for width, height in ((args.width, args.height), (80, 24)):
+        name = f"top {width}x{height}"
+        frame_ms = median_ms(frame(width, height), args.n, name)
+        print(f"{'top frame ' + str(width) + 'x' + str(height):<25} {frame_ms:7.2f} ms  "
+              f"(min {MINIMA[name]:.2f} ms; decode and merge a reply, draw the screen)")
 
 
 if __name__ == "__main__":

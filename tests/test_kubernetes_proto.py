@@ -183,3 +183,32 @@ def test_service_paths_are_upstream() -> None:
     assert runtime.full_name == "runtime.v1.RuntimeService"
     assert {m.name for m in runtime.methods} == {"ListContainers", "ListPodSandbox"}
     assert cri_pb2.ContainerState.Name(cri_pb2.CONTAINER_RUNNING) == "CONTAINER_RUNNING"
+
+
+def test_names_lose_their_control_characters_where_they_enter() -> None:
+    """Whoever creates a container sets its runtime labels (the kubelet's names among
+    them): pod, namespace and container names, pod UIDs, claim names and pod label
+    values lose their control and escape characters as they are read, as process names
+    do (units.printable), before any label, page or terminal sees them."""
+    evil = "\x1b]0;pwned\x07\x1b[2J\u202e"
+    response = cri_pb2.ListContainersResponse(containers=[cri_pb2.Container(
+        id="d" * 64, metadata=cri_pb2.ContainerMetadata(name="x"), labels={
+            "io.kubernetes.pod.name": "train" + evil, "io.kubernetes.pod.namespace": "ml" + evil,
+            "io.kubernetes.container.name": "main" + evil,
+            "io.kubernetes.pod.uid": "uid" + evil})])
+    assert dict(parse_containers(response)) == {
+        "d" * 64: PodRef("ml]0;pwned[2J", "train]0;pwned[2J", "main]0;pwned[2J")}
+    assert dict(parse_pod_uids(response)) == {
+        ("ml]0;pwned[2J", "train]0;pwned[2J"): "uid]0;pwned[2J"}
+    listed = podresources_pb2.ListPodResourcesResponse(pod_resources=[
+        podresources_pb2.PodResources(name="p" + evil, namespace="ns", containers=[
+            podresources_pb2.ContainerResources(name="c" + evil, devices=[
+                podresources_pb2.ContainerDevices(resource_name="nvidia.com/gpu",
+                                                  device_ids=["GPU-1"])])])])
+    (grant,) = parse_list(listed)
+    assert grant.pod == PodRef("ns", "p]0;pwned[2J", "c]0;pwned[2J")
+    sandboxes = cri_pb2.ListPodSandboxResponse(items=[cri_pb2.PodSandbox(
+        id="s", metadata=cri_pb2.PodSandboxMetadata(name="p" + evil, namespace="ns"),
+        labels={"team": "ml" + evil})])
+    (labels,), _ = parse_sandboxes(sandboxes, re.compile("team"))
+    assert (labels.pod, labels.labels) == ("p]0;pwned[2J", (("label_team", "ml]0;pwned[2J"),))

@@ -3,6 +3,7 @@ in-process with a scripted backend, against the fixture daemon, and in headless 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -13,11 +14,13 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from exporter.collect.backends.base import Cycle
 from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.model import ProcessSample
 from exporter.serve.history import History
 from exporter.serve.landing import chart_path
+from exporter.serve.view import Processes, State
 from tests.cdp import Browser
 from tests.daemon import FIXTURES, machine_args, running
 from tests.fakes.fake_nvml import FakeGPU
@@ -161,6 +164,8 @@ def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> 
         newest = max(history["gpus"][0]["t"])
         later = d.get(f"/api/v1/history?since={newest}").json()
         bad_since = [d.get(f"/api/v1/history?since={v}") for v in ("nan", "abc", "inf", "")]
+        one_row = d.get("/api/v1/history?processes=1").json()["processes"]["0"]
+        bad_rows = [d.get(f"/api/v1/history?processes={v}") for v in ("-1", "x", "257", "")]
         static = d.get("/static/app.js")
         missing = d.get("/static/other.js")
     assert r.status_code == 200
@@ -207,9 +212,11 @@ def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> 
     # Top processes of the latest recorded snapshot, whatever ``since``: the NVIDIA card's
     # one process (nvml.json: pid 3310, 2 GiB; its comm in the fixture's procfs) ...
     comm = (MIXED / "proc" / "3310" / "comm").read_text().strip()
+    sm = card["processes"][0]["sm_util"] / 100
     assert history["processes"]["1"] == later["processes"]["1"] == {"rows": [
         {"pid": 3310, "process": comm, "memory_bytes": float(2 << 30), "pod": "",
-         "container": "", "utilization": card["processes"][0]["sm_util"] / 100}], "more": 0}
+         "container": "", "utilization": sm, "user": "", "command": "",
+         "shared_memory_bytes": None, "engines": {"sm": sm}}], "more": 0}
     # ... and the AMD card's from fdinfo: gnome-shell's two clients, 16384 + 412672 KiB of
     # VRAM (proc/1874/fdinfo/14 and 15), vkcube's 98304 KiB (proc/5120/fdinfo/5).
     amd = {r["pid"]: r for r in history["processes"]["0"]["rows"]}
@@ -219,6 +226,10 @@ def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> 
     sizes = [r["memory_bytes"] or 0 for r in history["processes"]["0"]["rows"]]
     assert sizes == sorted(sizes, reverse=True)  # largest first, as the page's table
     assert [r.status_code for r in bad_since] == [400, 400, 400, 400]
+    # ?processes=N: the page asks for the rows it shows; the others are counted in "more"
+    assert [r["pid"] for r in one_row["rows"]] == [history["processes"]["0"]["rows"][0]["pid"]]
+    assert one_row["more"] == len(history["processes"]["0"]["rows"]) - 1
+    assert [r.status_code for r in bad_rows] == [400, 400, 400, 400]
     assert "since" in bad_since[1].text
     assert static.status_code == 200 and static.headers["content-type"].startswith(
         "text/javascript")
@@ -279,7 +290,7 @@ def test_a_down_gpu_reads_down_as_a_word_and_a_class() -> None:
     """State and verdict as words with a symbol (readable without colour) and a class
     (the colour); the reasons listed once, under "Health problems"."""
     from exporter.serve import landing
-    from exporter.serve.history import current
+    from exporter.serve.tables import current
 
     backend = Scripted("amd", ["0000:03:00.0"])
     hub = Hub(Config(), [backend])
@@ -287,7 +298,7 @@ def test_a_down_gpu_reads_down_as_a_word_and_a_class() -> None:
     backend.up = False
     snapshot = hub.collect_once()
     devices, backends = current(snapshot)
-    assert devices[0]["state"] == "down" and backends[0]["state"] == "up"
+    assert devices[0].state is State.DOWN and backends[0].state is State.UP
     page = landing.page(snapshot, History(900.0, 1.0), "/metrics")
     row = gpu_rows(page)["0"]
     assert row["state"] == "✖ down"
@@ -322,19 +333,19 @@ def test_history_processes_follow_the_latest_recorded_snapshot() -> None:
                          ProcessSample(pid=11, process="eval", memory_used_bytes=None))
     history = History(window=60.0, interval=1.0)
     history.add(hub.collect_once(), now=100.0)
+    none = {"pod": "", "container": "", "utilization": None, "user": "", "command": "",
+            "shared_memory_bytes": None, "engines": {}}
     assert history.as_json(since=1e12)["processes"] == {"0": {"more": 0, "rows": [
-        {"pid": 10, "process": "trainer", "memory_bytes": 3e9, "pod": "", "container": "",
-         "utilization": None},
-        {"pid": 11, "process": "eval", "memory_bytes": None, "pod": "", "container": "",
-         "utilization": None}]}}
+        {"pid": 10, "process": "trainer", "memory_bytes": 3e9, **none},
+        {"pid": 11, "process": "eval", "memory_bytes": None, **none}]}}
     backend.processes = backend.processes[:1]  # pid 11 exits
     history.add(hub.collect_once(), now=100.5)  # same interval: not recorded
-    assert [r["pid"] for r in history.processes()["0"]["rows"]] == [10, 11]
+    assert [r.pid for r in history.processes()["0"].rows] == [10, 11]
     history.add(hub.collect_once(), now=101.0)
     assert [r["pid"] for r in history.as_json()["processes"]["0"]["rows"]] == [10]
     backend.processes = ()
     history.add(hub.collect_once(), now=102.0)
-    assert history.processes() == {"0": {"rows": [], "more": 0}}
+    assert history.processes() == {"0": Processes((), 0)}
 
 
 def test_app_js_puts_process_names_in_as_text() -> None:
@@ -499,3 +510,81 @@ def test_history_is_fed_by_collection_not_by_requests(tmp_path: Path) -> None:
             assert d.get(path).status_code == 200
         body = d.get("/api/v1/history").json()
     assert [(g["gpu"], len(g["t"])) for g in body["gpus"]] == [("0", 1), ("1", 1), ("2", 1)]
+
+
+class Limited(Scripted):
+    """The Scripted backend with a power limit and a hottest sensor with its limit."""
+
+    def sample(self, slow: bool) -> Cycle:
+        cycle = super().sample(slow)
+        return Cycle([dataclasses.replace(d, power_limit_watts=300.0,
+                                          temperatures_celsius={"edge": 50.0},
+                                          temperature_thresholds_celsius={"slowdown": 90.0})
+                      for d in cycle.devices], cycle.errors)
+
+
+def test_a_lost_gpus_charts_keep_their_scale_and_say_no_data() -> None:
+    """A GPU that goes down keeps its recorded samples, but its captions no longer give
+    its last reading as a current one ("no data"), and its charts keep the scale it had
+    (0 to its power limit, to its sensor's limit) instead of jumping to autoscale: in
+    the server's render and in the JSON the page's script draws from."""
+    from exporter.serve import landing
+
+    backend = Limited("amd", ["0000:03:00.0"])
+    hub = Hub(Config(), [backend])
+    history = History(60.0, 1.0)
+    for i in range(3):
+        history.add(hub.collect_once(), now=100.0 + i)
+    page = landing.page(hub.snapshot, history, "/metrics", now=102.5)
+    assert '<span data-gpu="0" data-last="power">10 W</span>' in page
+    assert 'data-key="power" data-max="300"' in page
+    backend.up = False  # lost: gpu_up 0, no value
+    for i in range(3, 5):
+        history.add(hub.collect_once(), now=100.0 + i)
+    page = landing.page(hub.snapshot, history, "/metrics", now=104.5)
+    assert gpu_rows(page)["0"]["state"] == "✖ down"
+    for key in ("power", "temperature", "utilization", "memory"):
+        assert f'<span data-gpu="0" data-last="{key}">no data</span>' in page, key
+    assert 'data-key="power" data-max="300"' in page
+    assert 'data-key="temperature" data-max="90"' in page
+    assert 'data-top="power">300 W</span>' in page
+    body = history.as_json(now=104.5)
+    assert body["gpus"][0]["max"] == {"power": 300.0, "temperature": 90.0}
+    assert body["gpus"][0]["power"] == [10.0, 10.0, 10.0]  # what was recorded stays
+    assert body["devices"][0]["state"] == "down"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
+                    "chromium): the page is not tried in a real browser")
+def test_a_long_reason_or_name_never_widens_the_page_at_420px(tmp_path: Path) -> None:
+    """A backend's reason (a library path), a process, pod and container name without a
+    break: at 420 px the page, with its own style sheet, is no wider than the screen."""
+    from exporter.serve import landing
+    from exporter.serve.landing_static import APP_CSS
+
+    assert CHROMIUM is not None
+    gpu = Scripted("amd", ["0000:03:00.0"])
+    gpu.processes = (ProcessSample(pid=7, process="p" * 60, memory_used_bytes=1e9,
+                                   pod="pod-" + "y" * 120, namespace="ns", container="c" * 60),)
+    down = Scripted("nvidia", [])
+    down.unavailable = ("NVML: libnvidia-ml.so.1: cannot open shared object file: "
+                        "/usr/lib/x86_64-linux-gnu/" + "z" * 120)
+    hub = Hub(Config(), [gpu, down])
+    snapshot = hub.collect_once()
+    history = History(900.0, 1.0)
+    history.add(snapshot)
+    page = landing.page(snapshot, history, "/metrics")
+    assert down.unavailable in page
+    (tmp_path / "index.html").write_text(page.replace(
+        '<script src="/static/app.js" defer></script>', "").replace("/static/app.css",
+                                                                     "app.css"))
+    (tmp_path / "app.css").write_text(APP_CSS)
+    browser = Browser(CHROMIUM, tmp_path / "profile")
+    try:
+        browser.size(420, 900)
+        browser.go(f"file://{tmp_path}/index.html")
+        browser.wait("document.readyState === 'complete' && document.styleSheets.length === 1")
+        width = browser.js("document.documentElement.scrollWidth")
+    finally:
+        browser.close()
+    assert width <= 420

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from exporter.app.flags import build_parser, load_args
+from exporter.app.flags import DEFAULT_DAEMON, build_parser, build_top_parser, command_of, load_args
 from exporter.core.config import Config, ConfigError
 
 
@@ -83,6 +83,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     argv = list(sys.argv[1:] if argv is None else argv)
     environ = os.environ if environ is None else environ
     parser = build_parser()
+    if command_of(argv, parser) == "top":  # a client with flags of its own
+        parser = build_top_parser()
     if (unknown := unknown_flag(parser, argv)) is not None:
         return _fail(unknown)
     args = vars(parser.parse_args(argv))
@@ -96,7 +98,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         except ImportError as e:
             return _fail(f"top needs the top extra: pip install '.[top]' in the "
                          f"gpu-exporter checkout ({e})")
-        return top(source or "http://127.0.0.1:9445", ca_file=ca_file, insecure=insecure)
+        return top(source or DEFAULT_DAEMON, ca_file=ca_file, insecure=insecure)
     # structlog imports rich where it is installed (the top extra) for its console
     # tracebacks, about 5 MiB the daemon has no use for (its logs are logfmt or JSON).
     sys.modules.setdefault("rich", None)  # type: ignore[arg-type]

@@ -193,16 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs="?", choices=("snapshot", "top"), metavar="snapshot|top",
                    default=None, help="run one collection and print it as JSON, or watch a "
                    "running daemon in the terminal (see below)")
-    p.add_argument("--from", dest="from", metavar="URL",
-                   help="snapshot: print the running daemon's /snapshot instead; top: the "
-                   "daemon to watch (e.g. http://127.0.0.1:9445, https://user:password@host:9445 "
-                   "for basic auth, unix:/run/gpu-exporter.sock)")
-    p.add_argument("--tls.ca-file", dest="tls.ca-file", metavar="FILE",
-                   help="snapshot --from, top: https:// or unix: only: the CA that signed the "
-                   "daemon's certificate (default: the system's CAs)")
-    p.add_argument("--tls.insecure-skip-verify", dest="tls.insecure-skip-verify",
-                   action="store_true", help="snapshot --from, top only: do not verify the "
-                   "daemon's certificate")
+    add_client_flags(p.add_argument_group(
+        "a running daemon (snapshot --from, top)",
+        "snapshot --from prints the running daemon's /snapshot; top watches it"))
     p.add_argument("--config.file", dest="config.file", metavar="FILE",
                    help="YAML file with the same keys as the flags")
     for o in OPTIONS:
@@ -216,6 +209,67 @@ def build_parser() -> argparse.ArgumentParser:
         old = [f"collector.{o}" for o, name in ALIASES.items() if name == row.key]
         _add_switch(p, f"collector.{row.key}", f"{row.help} (default: {default})", *old)
     return p
+
+
+DEFAULT_DAEMON = "http://127.0.0.1:9445"
+TOP_EPILOG = """keys (? in top lists them too):
+  ← → Tab n p        select the previous / next GPU (0-9: that GPU)
+  ↑ ↓ j k            scroll the processes; PgUp PgDn space: a page; Home End: ends
+  s S r              sort processes by memory, utilisation, pid, user, command; reverse
+  b                  the backends and their state instead of the processes
+  l                  layout: auto, one row per GPU, a panel per GPU
+  q Ctrl-C           quit
+
+needs the top extra: pip install '.[top]' in the checkout; docs/top.md"""
+
+
+def add_client_flags(group: argparse._ActionsContainer) -> None:
+    """The flags of a client of a running daemon (``snapshot --from``, ``top``): one
+    definition for the daemon's parser and top's own."""
+    group.add_argument("--from", dest="from", metavar="URL",
+                       help=f"the daemon: http://host:port (default {DEFAULT_DAEMON} for "
+                       "top), https://user:password@host:9445 for basic auth, or "
+                       "unix:/run/gpu-exporter.sock")
+    group.add_argument("--tls.ca-file", dest="tls.ca-file", metavar="FILE",
+                       help="https:// or unix: only: the CA that signed the daemon's "
+                       "certificate (default: the system's CAs)")
+    group.add_argument("--tls.insecure-skip-verify", dest="tls.insecure-skip-verify",
+                       action="store_true", help="do not verify the daemon's certificate")
+
+
+def build_top_parser() -> argparse.ArgumentParser:
+    """``gpu-exporter top``'s own parser: its help lists its options only."""
+    p = argparse.ArgumentParser(
+        prog="gpu-exporter top", usage="gpu-exporter top [--from URL] [--tls.ca-file FILE] "
+        "[--tls.insecure-skip-verify]",
+        description="A full-screen terminal dashboard of a running gpu-exporter: every "
+        "GPU's state, values and health, and the selected GPU's processes, refreshed from "
+        "its /api/v1/history every collection interval.", epilog=TOP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS, allow_abbrev=False)
+    p.add_argument("command", choices=("top",), metavar="top", help=argparse.SUPPRESS)
+    p.add_argument("--version", action="version",
+                   version=f"gpu-exporter {__version__} (python {platform.python_version()})")
+    add_client_flags(p)
+    return p
+
+
+def command_of(argv: Sequence[str], parser: argparse.ArgumentParser) -> str | None:
+    """The command word of ``argv`` (the first argument that is neither a flag nor a
+    flag's value), before anything is parsed: ``top`` has a parser of its own."""
+    takes_value = {option for option, action in parser._option_string_actions.items()
+                   if action.nargs != 0}
+    value = False
+    for arg in argv:
+        if value:
+            value = False
+        elif arg == "--":
+            return None
+        elif arg.startswith("-"):
+            value = "=" not in arg and arg in takes_value
+        else:
+            return arg
+    return None
 
 
 class _Switch(argparse.Action):

@@ -1,13 +1,48 @@
 """The HTTP client of a running daemon: ``snapshot --from``, ``top`` and the image's
 health check reach the daemon through here (http, https with a CA or without
 verification, a unix socket, basic auth in the URL), and a password never reaches a
-message."""
+message.
+
+The other end is not trusted: a reply is bounded in time as a whole (``timeout``: a
+watchdog shuts the connection at the deadline, so a reply trickled a byte at a time
+ends there, not at the first idle gap) and in size (``max_bytes``: refused from its
+Content-Length, else once that much has come, never read whole first). Failures are
+``FetchError``s (OSErrors) that say which: ``HTTPStatus`` (with ``status``),
+``ReplyTooLarge``, ``ReplyTimeout``; TLS failures stay ``ssl.SSLError``.
+"""
 
 from __future__ import annotations
 
 import http.client
 import socket
 import ssl
+import threading
+
+from exporter.core.units import printable
+
+MAX_REPLY = 64 << 20  # bytes: /snapshot of a large node is a few MiB
+
+
+class FetchError(OSError):
+    """A reply that did not come, or not as it should."""
+
+
+class HTTPStatus(FetchError):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status} {reason}".strip())
+        self.status = status
+
+
+class ReplyTooLarge(FetchError):
+    pass
+
+
+class ReplyTimeout(FetchError, TimeoutError):
+    pass
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB"
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -72,7 +107,8 @@ def _context(https: bool, ca_file: str | None, insecure: bool,
 
 
 def fetch_snapshot(address: str, timeout: float = 10.0, ca_file: str | None = None,
-                   insecure: bool = False, endpoint: str = "/snapshot") -> bytes:
+                   insecure: bool = False, endpoint: str = "/snapshot",
+                   max_bytes: int = MAX_REPLY) -> bytes:
     """The running daemon's ``/snapshot`` (``gpu-exporter snapshot --from URL``), or its
     ``endpoint`` (with its query: ``gpu-exporter top`` reads ``/api/v1/history``).
 
@@ -80,8 +116,9 @@ def fetch_snapshot(address: str, timeout: float = 10.0, ca_file: str | None = No
     a bare ``host:port``, or ``unix:/path`` (the daemon's unix socket listener; TLS over
     it with ``ca_file`` or ``insecure``). ``ca_file``: the CA that signed the daemon's
     certificate (``--tls.ca-file``); ``insecure``: no verification at all
-    (``--tls.insecure-skip-verify``). Raises OSError on failure, with a message that
-    never holds the password.
+    (``--tls.insecure-skip-verify``). ``timeout``: for the whole reply; ``max_bytes``:
+    the largest body read. Raises OSError on failure (FetchError, ssl.SSLError, ...),
+    with a message that never holds the password.
     """
     import base64
     import http.client
@@ -110,14 +147,64 @@ def fetch_snapshot(address: str, timeout: float = 10.0, ca_file: str | None = No
                 context=_context(True, ca_file, insecure, check_hostname=True))
         else:
             conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    expired = threading.Event()
+    sockets: list[socket.socket] = []  # the connection's (http.client lets go of it early)
+
+    def cut() -> None:  # the deadline: whatever is blocked on the socket returns now
+        expired.set()
+        for sock in [*sockets, conn.sock]:
+            if sock is not None:
+                try:  # the plain socket's shutdown, under TLS too: the SSL object stays
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    watchdog = threading.Timer(timeout, cut)
+    watchdog.daemon = True
+    watchdog.start()
+    response: http.client.HTTPResponse | None = None
     try:
         conn.request("GET", path, headers=headers)
+        if conn.sock is not None:
+            sockets.append(conn.sock)
+        if expired.is_set():  # the deadline came while connecting
+            cut()
         response = conn.getresponse()
-        body: bytes = response.read()
+        if response.status != 200:
+            raise HTTPStatus(response.status, printable(response.reason, 200))
+        body = _read(response, max_bytes)
     except http.client.HTTPException as e:  # a reply that is not HTTP
-        raise OSError(f"bad reply: {e!r}") from None
+        if expired.is_set():
+            raise ReplyTimeout(f"no complete reply within {timeout:g} s") from None
+        raise FetchError(f"bad reply: {printable(repr(e), 200)}") from None
+    except OSError:
+        if expired.is_set():
+            raise ReplyTimeout(f"no complete reply within {timeout:g} s") from None
+        raise
     finally:
+        watchdog.cancel()
+        if response is not None:
+            response.close()  # the socket goes with its last reader: this one, unread
         conn.close()
-    if response.status != 200:
-        raise OSError(f"HTTP {response.status} {response.reason}")
+    if expired.is_set():  # cut while the last bytes came: not known to be whole
+        raise ReplyTimeout(f"no complete reply within {timeout:g} s")
     return body.rstrip(b"\n")
+
+
+def _read(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
+    """The body, at most ``max_bytes``: refused at once when its Content-Length says
+    more, else as soon as more has come."""
+    length = response.getheader("Content-Length")
+    if length is not None and length.strip().isdigit() and int(length) > max_bytes:
+        raise ReplyTooLarge(f"reply of {_mib(int(length))}, over the {_mib(max_bytes)} "
+                            "accepted")
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = response.read(1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > max_bytes:
+            raise ReplyTooLarge(f"reply over the {_mib(max_bytes)} accepted")
+        chunks.append(chunk)

@@ -23,11 +23,11 @@ from prometheus_client.samples import Sample
 
 from exporter.collect.backends.nvidia.xid import meaning as xid_meaning
 from exporter.core.fieldspec import MetricSpec, Otlp
-from exporter.core.labels import Check, FindingCode
+from exporter.core.labels import Check, FindingCode, HealthStatus
 from exporter.core.model import DeviceSample
 
 HEALTHY, DEGRADED, FAILED = 0, 1, 2
-STATUS_NAMES = ("healthy", "degraded", "failed")
+STATUS_NAMES = tuple(str(s) for s in HealthStatus)  # by gpu_health_status value
 CHECKS = tuple(Check)
 SOURCE = "health"  # the `source` of both families: a verdict over every source's values
 DEFAULT_XID_WINDOW = 3600.0  # seconds an XID counts towards the verdict (--health.xid-window)

@@ -169,8 +169,10 @@ def merge_processes(samples: Sequence[tuple[DeviceSample, Sequence[ProcessSample
         values, sources = _merge_values(views, PROCESS_VALUE_FIELDS, PROCESS_MAPPINGS,
                                          source_of, base)
         name = next((v.process for v in views if v.process), first.process)
-        out.append(copy_with(first, **values, process=name, source=base,
-                             field_sources=sources))
+        user = next((v.user for v in views if v.user), None)
+        command = next((v.command for v in views if v.command), None)
+        out.append(copy_with(first, **values, process=name, user=user, command=command,
+                             source=base, field_sources=sources))
     out.sort(key=lambda p: (-(p.memory_used_bytes or 0.0), p.pid))
     return tuple(out)
 

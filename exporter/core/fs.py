@@ -13,6 +13,7 @@ once, and hot attributes are re-read with ``os.pread`` on descriptors kept open.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import threading
@@ -112,6 +113,29 @@ class ProcFS(_Root):
 
     def read_bytes(self, *parts: str) -> bytes | None:
         return read_bytes(self.path(*parts))
+
+    def owner(self, pid: int) -> tuple[str | None, str | None]:
+        """(user, command line) of a process, for the live page and ``gpu-exporter top``
+        (never a label): the real uid of ``status`` as a name where this system's user
+        database knows it, else the number (a container's /etc/passwd is not the
+        host's); ``cmdline`` bounded and stripped of control characters
+        (units.command_line). None where unreadable."""
+        status = read_bytes(self.path(str(pid), "status"), PAGE)
+        uid = units.parse_uid(status)
+        command = units.command_line(read_bytes(self.path(str(pid), "cmdline"),
+                                                4 * units.MAX_COMMAND))
+        return (None if uid is None else user_name(uid)), command
+
+
+@functools.lru_cache(maxsize=4096)
+def user_name(uid: int) -> str:
+    """The name of ``uid`` in this system's user database, else the number."""
+    import pwd
+
+    try:
+        return units.printable(pwd.getpwuid(uid).pw_name, 32) or str(uid)
+    except (KeyError, OverflowError):
+        return str(uid)
 
 
 def open_files_limit() -> int | None:

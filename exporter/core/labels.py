@@ -168,6 +168,15 @@ class Check(Vocabulary):
     DRIVER = "driver"
 
 
+class HealthStatus(Vocabulary):
+    """A health verdict, in the order of ``gpu_health_status``'s value (0 healthy, 1
+    degraded, 2 failed): /snapshot, the live page, its JSON and ``gpu-exporter top``."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+
+
 class FindingCode(Vocabulary):
     """What kind of health finding (``/snapshot``'s ``code``; dcgm mode maps some to a
     DCGM_FR_* code)."""

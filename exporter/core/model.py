@@ -192,6 +192,11 @@ class ProcessSample:
     container: str | None = None
     pod: str | None = None
     namespace: str | None = None
+    # Who runs it, for the live page's JSON and ``gpu-exporter top`` only, never a label:
+    # a command line is unbounded text (and may hold what its user typed), and a user
+    # label would change every per-process series' label set (ProcFS.owner).
+    user: str | None = None
+    command: str | None = None
     # Set by the collector's merge: the source this process was reported by, and (as
     # DeviceSample.field_sources) where one of its fields came from another source.
     source: str = ""

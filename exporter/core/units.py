@@ -159,6 +159,16 @@ def parse_link_width(text: str | None) -> int | None:
     return width if width is not None and 0 < width <= 64 else None
 
 
+def printable(text: str, limit: int) -> str:
+    """``text`` without control, format or escape characters (C0, C1, ESC, DEL, bidi
+    overrides, line separators: everything ``str.isprintable`` refuses), at most
+    ``limit`` characters: the one filter for names that come from outside (process
+    names, command lines, Kubernetes names, everything ``gpu-exporter top`` draws)."""
+    if text.isprintable():  # the usual case, in C
+        return text[:limit]
+    return "".join(ch for ch in text if ch.isprintable())[:limit]
+
+
 def process_name(raw: bytes | str | None) -> str:
     """A process's ``comm`` as a label value: any bytes decode, control characters dropped.
 
@@ -167,7 +177,34 @@ def process_name(raw: bytes | str | None) -> str:
     if raw is None:
         return ""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    return "".join(ch for ch in text.rstrip("\n") if ch.isprintable())[:64]
+    return printable(text.rstrip("\n"), 64)
+
+
+MAX_COMMAND = 256  # characters of a command line kept (procps top cuts it to the screen)
+
+
+def command_line(raw: bytes | None) -> str | None:
+    """``/proc/<pid>/cmdline`` (arguments separated by NUL) as one line: arguments joined
+    by a space, control characters dropped, at most MAX_COMMAND characters; None where
+    it is empty (a kernel thread, a zombie) or unreadable."""
+    if not raw:
+        return None
+    text = raw[:4 * MAX_COMMAND].rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+    return printable(text, MAX_COMMAND).strip() or None
+
+
+def parse_uid(status: bytes | None) -> int | None:
+    """The real uid of ``/proc/<pid>/status`` (its ``Uid:`` line: real, effective, saved,
+    filesystem), or None."""
+    if not status:
+        return None
+    for line in status.splitlines():
+        if line.startswith(b"Uid:"):
+            fields = line[4:].split()
+            if fields and fields[0].isdigit():
+                return int(fields[0])
+            return None
+    return None
 
 
 def parse_start_time(stat: bytes) -> int | None:

@@ -6,9 +6,11 @@ Fed by the Hub's publishing thread (``History.add``, a subscriber), never by
 a scrape or a page view: ``/`` and ``/api/v1/history`` read what is already here and never
 touch a driver. Bounded: ``capacity`` samples per GPU (``--web.history`` divided by
 ``--collector.interval``), one sample per interval however often backends publish, and a
-GPU gone for a whole window is forgotten. Beside the samples, each GPU's top processes of
-the latest recorded snapshot (``top_processes``: computed once per recorded snapshot, the
-same rows the page renders), so the page's tables refresh without a reload.
+GPU gone for a whole window is forgotten. Beside the samples, each GPU's processes of
+the latest recorded snapshot (exporter.serve.tables' ``top_processes``: made once per
+recorded snapshot, when first asked for), so the page's tables refresh without a
+reload. What it serves is exporter.serve.view's typed view (``History.view``), the
+contract with the page, the JSON and ``gpu-exporter top``.
 bench/history_memory.py measures its size.
 """
 
@@ -23,181 +25,48 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.collect.health import STATUS_NAMES, Verdict
-from exporter.collect.state import BackendState, Snapshot
-from exporter.core.labels import Clock, Sensor
+from exporter.collect.state import Snapshot
 from exporter.core.model import DeviceSample
+from exporter.serve import view
+from exporter.serve.tables import (
+    critical,
+    current,
+    hottest,
+    memory_ratio,
+    otlp_view,
+    temperature,
+    top_processes,
+)
+from exporter.serve.view import MAX_ROWS
 
-TOP_PROCESSES = 5  # the rows of a GPU's "Top processes" table
 MAX_CAPACITY = 86_400  # a day of 1 s samples per GPU: a hard bound whatever the flags say
-# Where two sensors read the same, the one named first (die, edge, package) is shown.
-TEMPERATURE_SENSORS = (Sensor.GPU, Sensor.EDGE, Sensor.PACKAGE, Sensor.JUNCTION,
-                       Sensor.MEMORY, Sensor.VRAM)
-# The limit a temperature is drawn and judged against, the first a GPU has: the hottest
-# sensor's own (amdgpu hwmon's crit), else the GPU's: the one where the GPU starts to slow
-# itself down, which the health verdict counts as degraded (docs/health.md), before the
-# one where it shuts down. NVIDIA's memory sensor has a limit of its own.
-CRITICAL_THRESHOLDS = ("critical", "slowdown", "shutdown", "max_operating")
-SENSOR_THRESHOLDS: dict[str, str] = {Sensor.MEMORY: "memory_max_operating"}
-GIB = float(1 << 30)
-
-
-def hottest(d: DeviceSample) -> tuple[str, float] | None:
-    """(sensor, °C) of the GPU's hottest sensor (the one its health and Grafana watch)."""
-    temps = d.temperatures_celsius
-    if not temps:
-        return None
-    order: dict[str, int] = {s: i for i, s in enumerate(TEMPERATURE_SENSORS)}
-    sensor = min(temps, key=lambda s: (-float(temps[s]), order.get(s, len(order)), s))
-    return str(sensor), float(temps[sensor])
 # Samples per GPU one page or /api/v1/history serves at most (every k-th beyond it): a
 # day of 1 s samples on 8 GPUs was a 22 MiB body and +206 MiB while it was built.
 MAX_POINTS = 1_000
 
 
-def temperature(d: DeviceSample) -> float | None:
-    """The hottest sensor's temperature: what the page's chart and table show."""
-    hot = hottest(d)
-    return None if hot is None else hot[1]
-
-
-def critical(d: DeviceSample, sensor: str) -> float | None:
-    """The temperature at which ``sensor`` is critical: its own limit where the source
-    reads one per sensor (amdgpu hwmon), else the GPU's threshold."""
-    for name in CRITICAL_THRESHOLDS:
-        limit = d.temperature_limits_celsius.get((sensor, name))
-        if limit is not None:
-            return float(limit)
-    thresholds = d.temperature_thresholds_celsius
-    own = SENSOR_THRESHOLDS.get(sensor)
-    if own is not None and own in thresholds:
-        return float(thresholds[own])
-    return next((float(thresholds[n]) for n in CRITICAL_THRESHOLDS if n in thresholds), None)
-
-
-def heat(celsius: float | None, limit: float | None) -> str:
-    """cool / warm / hot / critical: a share of the critical limit (below 60 %, 85 %,
-    100 %, at or above it), or with no known limit 50 / 75 °C and above."""
-    if celsius is None:
-        return ""
-    if limit:
-        share = celsius / limit
-        return ("cool" if share < 0.6 else "warm" if share < 0.85 else
-                "hot" if share < 1.0 else "critical")
-    return "cool" if celsius < 50 else "warm" if celsius < 75 else "hot"
-
-
-def memory_ratio(d: DeviceSample) -> float | None:
-    if d.memory_used_bytes is None or not d.memory_total_bytes:
-        return None
-    return min(1.0, max(0.0, d.memory_used_bytes / d.memory_total_bytes))
-
-
-def top_processes(d: DeviceSample) -> tuple[tuple[dict[str, Any], ...], int]:
-    """The TOP_PROCESSES processes using the most memory, largest first, as the page shows
-    them (pid, process, memory_bytes or None, pod as namespace/pod or "", container or "",
-    utilization: the busiest engine's share or None), and how many more there are. The
-    one ranking behind the server render, the JSON and ``gpu-exporter top``."""
-    top = sorted(d.processes, key=lambda p: -(p.memory_used_bytes or 0))[:TOP_PROCESSES]
-    rows = tuple({"pid": p.pid, "process": p.process, "memory_bytes": p.memory_used_bytes,
-                  "pod": f"{p.namespace}/{p.pod}" if p.pod else "",
-                  "container": p.container or "",
-                  "utilization": max(p.utilization_ratio.values(), default=None)}
-                 for p in top)
-    return rows, len(d.processes) - len(rows)
-
-
-def _fmt(value: float | None, unit: str, digits: int = 0) -> str:
-    return "no data" if value is None else f"{value:.{digits}f} {unit}"
-
-
-def _pct(ratio: float | None) -> str:
-    return "no data" if ratio is None else f"{100 * ratio:.0f} %"
-
-
-def device_state(d: DeviceSample, health: Verdict | None, stale: bool, gpu: str) -> dict[str, Any]:
-    """One whole GPU as the page's tables and ``gpu-exporter top`` show it: identity,
-    state (up, down, stale), the current values (``null``: never reported, never 0),
-    the hottest sensor with its critical limit and heat, the health verdict with its
-    reasons, and ``cells``, the page's table text, so the server render and the page's
-    refresh write the same words."""
-    hot = hottest(d)
-    sensor, celsius = hot if hot is not None else ("", None)
-    limit = critical(d, sensor) if hot is not None else None
-    engines = d.engine_utilization_ratio
-    clocks = d.clocks_hertz
-    fans = list(d.fan_speed_ratio.values())
-    state = "stale" if stale else "down" if not d.up else "up"  # stale: its values unknown
-    status = STATUS_NAMES[health.status] if health is not None else ""
-    reasons = [{"check": f.check, "status": STATUS_NAMES[f.status], "reason": f.reason}
-               for f in health.findings] if health is not None else []
-    used, total = d.memory_used_bytes, d.memory_total_bytes
-    free = d.memory_free_bytes
-    if free is None and used is not None and total:
-        free = max(0.0, total - used)
-    mem = memory_ratio(d)
-    memory_text = "no data" if used is None else (
-        f"{used / GIB:.1f} / {(total or 0) / GIB:.1f} GiB"
-        + ("" if mem is None else f" ({100 * mem:.0f} %)"))
-    temp_text = "no data" if celsius is None else (
-        f"{celsius:.0f} °C {sensor}" + ("" if limit is None else f" (critical {limit:.0f})"))
-    power_text = _fmt(d.power_watts, "W") + (
-        "" if d.power_limit_watts is None or d.power_watts is None
-        else f" / {d.power_limit_watts:.0f} W")
-    return {
-        "gpu": gpu, "name": d.info.name or d.info.uuid, "vendor": d.info.vendor,
-        "uuid": d.info.uuid, "state": state,
-        "utilization": d.utilization_ratio,
-        "memory_utilization": d.memory_utilization_ratio,
-        "encoder": engines.get("encoder"), "decoder": engines.get("decoder"),
-        "memory_used_bytes": used, "memory_total_bytes": total, "memory_free_bytes": free,
-        "power_watts": d.power_watts, "power_limit_watts": d.power_limit_watts,
-        "temperature": {"sensor": sensor, "celsius": celsius, "critical": limit,
-                        "heat": heat(celsius, limit)} if hot is not None else None,
-        "temperatures": {str(k): float(v) for k, v in d.temperatures_celsius.items()},
-        "fan": max(fans) if fans else None,
-        "clocks": {c: clocks.get(c) for c in (Clock.GRAPHICS, Clock.MEMORY, Clock.SM)},
-        "pcie": {"generation": d.pcie_link_generation, "width": d.pcie_link_width,
-                 "max_generation": d.pcie_link_max_generation,
-                 "max_width": d.pcie_link_max_width,
-                 "tx": d.pcie_throughput_bytes_per_second.get("tx"),
-                 "rx": d.pcie_throughput_bytes_per_second.get("rx")},
-        "health": {"status": status, "reasons": reasons},
-        "cells": {"state": state, "utilization": _pct(d.utilization_ratio),
-                  "memory": memory_text, "power": power_text, "temperature": temp_text,
-                  "health": status or "no data"},
-    }
-
-
-def backend_state(s: BackendState) -> dict[str, Any]:
-    """One backend as the page's backends table shows it."""
-    return {"backend": s.name, "state": "stale" if s.stale else "up" if s.up else "down",
-            "reason": "no completed collection within --stale-after" if s.stale else s.reason,
-            "devices": len(s.last.devices) if s.last else 0}
-
-
-def current(snapshot: Snapshot) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every whole GPU (``device_state``) and every backend (``backend_state``) of a
-    snapshot: what the page's tables show, from the one function for both the server
-    render and ``/api/v1/history``."""
-    stale = {dev.info.key for s in snapshot.backends if s.stale and s.last is not None
-             for dev in s.last.devices}
-    verdicts = {gpu: v for gpu, _, v in snapshot.health}
-    devices = [device_state(d, verdicts.get(gpu), d.info.key in stale, gpu)
-               for gpu, d in snapshot.devices if not d.info.parent_key]
-    return devices, [backend_state(s) for s in snapshot.backends]
-
-
 @dataclass(frozen=True)
 class Series:
-    """One chart: its key in the JSON, title, unit, fixed range (None: 0 to the largest
-    value seen) and how a sample's value is read."""
+    """One chart: its key in the JSON, title, unit, fixed range (None: the GPU's own
+    top, ``scale``, else 0 to the largest value seen), how a sample's value is read and
+    how the GPU's own top of the scale is (its power limit, its hottest sensor's
+    critical limit)."""
 
     key: str
     title: str
     unit: str
     high: float | None
     read: Callable[[DeviceSample], float | None]
+    scale: Callable[[DeviceSample], float | None] | None = None
+
+    @property
+    def view(self) -> view.Series:
+        return view.Series(self.key, self.title, self.unit, self.high)
+
+
+def critical_of_hottest(d: DeviceSample) -> float | None:
+    hot = hottest(d)
+    return None if hot is None else critical(d, hot[0])
 
 
 SERIES = (
@@ -205,9 +74,12 @@ SERIES = (
            lambda d: None if d.utilization_ratio is None else 100 * d.utilization_ratio),
     Series("memory", "Memory used", "%", 100.0,
            lambda d: None if (r := memory_ratio(d)) is None else 100 * r),
-    Series("power", "Power", "W", None, lambda d: d.power_watts),
-    Series("temperature", "Temperature", "°C", None, temperature),
+    Series("power", "Power", "W", None, lambda d: d.power_watts,
+           lambda d: d.power_limit_watts or None),
+    Series("temperature", "Temperature", "°C", None, temperature, critical_of_hottest),
 )
+SERIES_VIEW = tuple(s.view for s in SERIES)
+SCALED = tuple(s for s in SERIES if s.high is None and s.scale is not None)
 
 
 def _finite(value: float | None) -> float:
@@ -277,14 +149,20 @@ class History:
         self.capacity = max(2, min(MAX_CAPACITY, math.ceil(window / interval)))
         self._rings: dict[str, _Ring] = {}
         self._names: dict[str, str] = {}
-        # per GPU: its top processes and the count of the others, replaced on each sample
-        self._top: dict[str, tuple[tuple[dict[str, Any], ...], int]] = {}
+        # per GPU: the sample its processes are read from, replaced on each sample, and
+        # its process rows, made when first asked for (not on the collector's thread)
+        self._top: dict[str, DeviceSample] = {}
+        self._rows: dict[str, tuple[DeviceSample, view.Processes]] = {}
+        # per GPU: the top of each autoscaled chart where the GPU has one (power limit,
+        # critical temperature), the last known: kept while the GPU is lost
+        self._scale: dict[str, dict[str, float]] = {}
         self._last: dict[str, float] = {}
         # The latest recorded snapshot, whose tables (``current``) are built when a page
         # asks (once per snapshot), not on every sample; None until the first is
         # recorded (the JSON's null: "not known yet", not "none").
         self._recorded: Snapshot | None = None
-        self._tables: tuple[Snapshot, list[dict[str, Any]], list[dict[str, Any]]] | None = None
+        self._tables: tuple[Snapshot, tuple[view.Device, ...],
+                            tuple[view.Backend, ...]] | None = None
         self._added = -math.inf  # when add() last read a snapshot
         self._lock = threading.Lock()
 
@@ -309,10 +187,16 @@ class History:
                 if ring is None:
                     ring = self._rings[gpu] = _Ring(self.capacity)
                 self._names[gpu] = d.info.name
-                self._top[gpu] = top_processes(d)
+                self._top[gpu] = d
                 ring.append((round(now, 3), *(_finite(s.read(d)) for s in SERIES)))
+                scale = self._scale.setdefault(gpu, {})
+                for s in SCALED:
+                    if (top := s.scale(d)) is not None and math.isfinite(top):  # type: ignore[misc]
+                        scale[s.key] = float(top)
             for gpu in [g for g, t in self._last.items() if now - t > self.window]:
                 del self._rings[gpu], self._last[gpu], self._names[gpu], self._top[gpu]
+                self._scale.pop(gpu, None)
+                self._rows.pop(gpu, None)
 
     def points(self, since: float = 0.0, limit: int | None = MAX_POINTS
                ) -> Mapping[str, list[tuple[float | None, ...]]]:
@@ -321,14 +205,26 @@ class History:
         with self._lock:
             return {gpu: ring.samples(since, limit) for gpu, ring in self._rings.items()}
 
-    def processes(self) -> dict[str, dict[str, Any]]:
-        """Per GPU, the top processes of the latest recorded snapshot (``rows``) and how
-        many more it had (``more``): the rows are shared, never changed once stored."""
+    def processes(self, rows: int = MAX_ROWS) -> dict[str, view.Processes]:
+        """Per GPU, the processes of the latest recorded snapshot, at most ``rows`` of
+        them (the largest), made once per recorded snapshot and shared."""
         with self._lock:
-            return {gpu: {"rows": list(rows), "more": more}
-                    for gpu, (rows, more) in self._top.items()}
+            samples = dict(self._top)
+            made = dict(self._rows)
+        out = {}
+        for gpu, d in samples.items():
+            known = made.get(gpu)
+            if known is None or known[0] is not d:
+                known = (d, top_processes(d))
+                with self._lock:
+                    if self._top.get(gpu) is d:
+                        self._rows[gpu] = known
+            listed = known[1]
+            out[gpu] = listed if rows >= len(listed.rows) else view.Processes(
+                listed.rows[:rows], listed.more + len(listed.rows) - rows)
+        return out
 
-    def tables(self) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+    def tables(self) -> tuple[tuple[view.Device, ...] | None, tuple[view.Backend, ...] | None]:
         """The devices and backends of the latest recorded snapshot (``current``)."""
         with self._lock:
             snapshot, tables = self._recorded, self._tables
@@ -340,32 +236,40 @@ class History:
                 self._tables = tables
         return tables[1], tables[2]
 
-    def as_json(self, since: float = 0.0, now: float | None = None,
-                otlp: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The body of ``/api/v1/history``: columns per GPU, ``null`` where unknown, the
-        server's clock (``now``), which the page's charts are drawn against, and, whatever
-        ``since`` (they replace what the page has), each GPU's top processes, every whole
-        GPU's current state (``devices``), every backend's (``backends``) and the OTLP
-        pusher's (``otlp``, where it runs)."""
-        gpus = []
-        devices, backends = self.tables()
+    def columns(self, since: float = 0.0) -> tuple[view.GpuHistory, ...]:
+        """Each GPU's samples newer than ``since`` (at most MAX_POINTS, evenly spread) as
+        columns, in GPU order, with its charts' scale."""
         with self._lock:
-            copies = {gpu: ring.columns(since) for gpu, ring in self._rings.items()}
-        for gpu, cols in sorted(copies.items(), key=lambda kv: _gpu_order(kv[0])):
-            columns: dict[str, Any] = {"gpu": gpu, "name": self._names.get(gpu, ""),
-                                       "t": cols[0]}
-            for i, s in enumerate(SERIES, start=1):
-                columns[s.key] = cols[i]
-            gpus.append(columns)
-        return {"now": round(time.time() if now is None else now, 3),
-                "interval": self.interval, "window": self.window, "capacity": self.capacity,
-                "series": [{"key": s.key, "title": s.title, "unit": s.unit, "max": s.high}
-                           for s in SERIES],
-                "gpus": gpus, "processes": self.processes(), "devices": devices,
-                "backends": backends,
-                "otlp": None if otlp is None else {
-                    "state": "failing" if otlp.get("last_error") else "ok",
-                    "detail": str(otlp.get("last_error") or otlp.get("endpoint") or "")}}
+            copies = {gpu: (ring.columns(since), self._names.get(gpu, ""),
+                            dict(self._scale.get(gpu, {})))
+                      for gpu, ring in self._rings.items()}
+        return tuple(view.GpuHistory(gpu, name, cols[0],  # type: ignore[arg-type]
+                                     {s.key: cols[i] for i, s in enumerate(SERIES, start=1)},
+                                     scale)
+                     for gpu, (cols, name, scale) in sorted(copies.items(),
+                                                            key=lambda kv: _gpu_order(kv[0])))
+
+    def view(self, since: float = 0.0, now: float | None = None,
+             otlp: Mapping[str, Any] | None = None,
+             rows: int = MAX_ROWS) -> view.HistoryView:
+        """What ``/api/v1/history`` serves: columns per GPU, None where unknown, the
+        server's clock (``now``), which the page's charts are drawn against, and,
+        whatever ``since`` (they replace what the page has), each GPU's processes, every
+        whole GPU's current state (``devices``), every backend's (``backends``) and the
+        OTLP pusher's (``otlp``, where it runs); ``rows``: process rows per GPU at most
+        (the page asks for the ones it shows)."""
+        devices, backends = self.tables()
+        return view.HistoryView(
+            now=round(time.time() if now is None else now, 3), interval=self.interval,
+            window=self.window, capacity=self.capacity, series=SERIES_VIEW,
+            gpus=self.columns(since), processes=self.processes(rows), devices=devices,
+            backends=backends, otlp=otlp_view(otlp))
+
+    def as_json(self, since: float = 0.0, now: float | None = None,
+                otlp: Mapping[str, Any] | None = None,
+                rows: int = MAX_ROWS) -> dict[str, Any]:
+        """The body of ``/api/v1/history`` (``view`` as JSON)."""
+        return self.view(since, now, otlp, rows).to_json()
 
 
 def _gpu_order(gpu: str) -> tuple[int, str]:

@@ -5,7 +5,7 @@ reasons, the charts as inline SVG drawn here from the ring buffer (exporter.serv
 top processes with their pods and the backends. ``/static/app.js``
 (exporter.serve.landing_static) then keeps every one of them current from ``/api/v1/history``:
 the tables are rebuilt from its ``devices``, ``backends`` and ``processes``, whose table
-text (``cells``) is written by exporter.serve.history for both, so a refreshed cell reads as a
+text (``cells``) is written by exporter.serve.tables for both, so a refreshed cell reads as a
 reloaded page would. Nothing external: no fonts, scripts or CDNs, and the page's
 Content-Security-Policy allows only its own origin (no inline script or style).
 """
@@ -15,34 +15,41 @@ from __future__ import annotations
 import bisect
 import html
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
 
 from exporter import __version__
 from exporter.collect.state import Snapshot
-from exporter.serve.history import SERIES, History, Series, current, top_processes
+from exporter.core.labels import HealthStatus
+from exporter.serve.history import SERIES, History, Series
+from exporter.serve.tables import TOP_PROCESSES, current, otlp_view, top_processes
+from exporter.serve.view import (
+    MARKS,
+    NO_DATA,
+    Backend,
+    Device,
+    GpuHistory,
+    Otlp,
+    OtlpState,
+    Processes,
+    State,
+    mark,
+    size,
+)
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
        "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 WIDTH, HEIGHT = 300.0, 60.0  # the charts' viewBox; app.js draws in the same one
-GIB = float(1 << 30)
-# What a state or verdict reads as, with a symbol, so that it is readable without colour.
-MARKS = {"up": "● up", "down": "✖ down", "stale": "◌ stale", "healthy": "✔ healthy",
-         "degraded": "▲ degraded", "failed": "✖ failed", "ok": "● ok", "failing": "✖ failing"}
 GPU_COLUMNS = (("gpu", "gpu"), ("name", "name"), ("vendor", "vendor"), ("state", "state"),
                ("utilization", "utilisation"), ("memory", "memory"), ("power", "power / limit"),
                ("temperature", "hottest sensor"), ("health", "health"))
 BACKEND_COLUMNS = (("backend", "backend"), ("state", "state"), ("reason", "reason"),
                    ("devices", "devices"))
+__all__ = ["BACKEND_COLUMNS", "CSP", "GPU_COLUMNS", "MARKS", "page"]
 
 
 def _e(value: object) -> str:
     return html.escape(str(value))
-
-
-def mark(word: str) -> str:
-    """A state or verdict as the page writes it (app.js: the same table, MARKS)."""
-    return MARKS.get(word, word or "no data")
 
 
 def chart_path(times: Sequence[float], values: Sequence[float | None], now: float,
@@ -59,56 +66,73 @@ def chart_path(times: Sequence[float], values: Sequence[float | None], now: floa
     return path_of(runs(times, now, window), values, high)
 
 
-def runs(times: Sequence[float], now: float, window: float) -> list[tuple[int, int, int]]:
-    """(pixel column, first, end) of each run of samples that fall in the same pixel
-    column (``now - window`` is column 0, ``now`` column WIDTH), found by bisecting the
-    sorted times at each column's edge: computed once for a GPU's charts, which share
-    their times."""
+class Axis:
+    """A GPU's time axis, shared by its charts: (pixel column, first, end) of each run of
+    samples that fall in the same pixel column (``now - window`` is column 0, ``now``
+    column WIDTH), with each run's slice and path prefix made once."""
+
+    __slots__ = ("columns", "slices", "prefixes")
+
+    def __init__(self, columns: list[tuple[int, int, int]]) -> None:
+        self.columns = columns
+        self.slices = [slice(a, b) for _, a, b in columns]
+        self.prefixes = [_PREFIX[x] for x, _, _ in columns]
+
+
+_PREFIX = [f"L{x}," for x in range(int(WIDTH) + 1)]
+_Y = [str(y) for y in range(int(HEIGHT) + 1)]
+
+
+def runs(times: Sequence[float], now: float, window: float) -> Axis:
+    """The runs of ``times`` per pixel column, found by bisecting the sorted times at
+    each column's edge: computed once for a GPU's charts, which share their times."""
     out: list[tuple[int, int, int]] = []
     first, n, start = 0, len(times), now - window
     for column in range(1, int(WIDTH) + 1):
         if first == n:
-            return out
+            return Axis(out)
         end = bisect.bisect_left(times, start + column * window / WIDTH, first)
         if end > first:
             out.append((column - 1, first, end))
             first = end
     if first < n:
         out.append((int(WIDTH), first, n))
-    return out
+    return Axis(out)
 
 
-def path_of(columns: Sequence[tuple[int, int, int]], values: Sequence[float | None],
-            high: float | None) -> tuple[str, int]:
+def path_of(axis: Axis, values: Sequence[float | None], high: float | None) -> tuple[str, int]:
     """chart_path over ``runs``: a point per pixel column, the largest of its values; a
     gap (the pen lifted) at an unknown value."""
     scale_y = HEIGHT / scale_top(values, high)
-    if None not in values:  # the usual case: no gap, one comprehension
-        known: Sequence[float] = values  # type: ignore[assignment]
-        parts = [f"L{x},{int(HEIGHT + 0.5 - min(max(max(known[a:b]) * scale_y, 0.0), HEIGHT))}"
-                 for x, a, b in columns]
+    if None not in values:  # the usual case: no gap, the peaks and the ys in C loops
+        top = HEIGHT / scale_y
+        known = cast("list[float]", values)
+        peaks: Iterator[float] = map(max, map(known.__getitem__, axis.slices))
+        ys = [_Y[0 if p >= top else int(HEIGHT) if p <= 0 else int(HEIGHT + 0.5 - p * scale_y)]
+              for p in peaks]
+        parts = list(map(str.__add__, axis.prefixes, ys))
         if parts:
             parts[0] = "M" + parts[0][1:]
         return " ".join(parts), len(parts)
     parts = []
     pen = "M"
-    for x, first, end in columns:
+    for x, first, end in axis.columns:
         chunk = values[first:end]
         if None not in chunk:  # the usual case: one max() in C
             best: float = max(chunk)  # type: ignore[type-var,assignment]
             parts.append(f"{pen}{x},{_y(best, scale_y)}")
             pen = "L"
             continue
-        top: float | None = None
+        peak: float | None = None
         for v in chunk:
             if v is None:
-                if top is not None:
-                    parts.append(f"{pen}{x},{_y(top, scale_y)}")
-                pen, top = "M", None
-            elif top is None or v > top:
-                top = v
-        if top is not None:
-            parts.append(f"{pen}{x},{_y(top, scale_y)}")
+                if peak is not None:
+                    parts.append(f"{pen}{x},{_y(peak, scale_y)}")
+                pen, peak = "M", None
+            elif peak is None or v > peak:
+                peak = v
+        if peak is not None:
+            parts.append(f"{pen}{x},{_y(peak, scale_y)}")
             pen = "L"
     return " ".join(parts), len(parts)
 
@@ -122,40 +146,33 @@ def scale_top(values: Sequence[float | None], high: float | None) -> float:
     return high or 1.25 * max((v for v in values if v is not None), default=0.0) or 1.0
 
 
-def chart_high(s: Series, device: Mapping[str, Any] | None) -> float | None:
-    """The top of a chart's scale: 100 % for ratios, the GPU's power limit for power, the
-    hottest sensor's critical limit for temperature; None (autoscaled) where unknown."""
-    if s.high is not None or device is None:
-        return s.high
-    if s.key == "power":
-        return device["power_limit_watts"] or None
-    if s.key == "temperature" and device["temperature"] is not None:
-        return device["temperature"]["critical"] or None
-    return None
-
-
 def _minutes(seconds: float) -> str:
     return f"-{seconds / 60:g} min" if seconds >= 120 else f"-{seconds:g} s"
 
 
-def _sensor(gpu: str, s: Series, device: Mapping[str, Any] | None) -> str:
+def _sensor(gpu: str, s: Series, device: Device | None) -> str:
     """The temperature chart's sensor, named (the hottest one now)."""
     if s.key != "temperature":
         return ""
-    sensor = device["temperature"]["sensor"] if device and device["temperature"] else ""
+    sensor = device.temperature.sensor if device and device.temperature else ""
     return f" <span class=\"sensor\" data-gpu=\"{_e(gpu)}\" data-sensor=\"\">{_e(sensor)}</span>"
 
 
-def _chart(gpu: str, s: Series, column: Mapping[str, Any], device: Mapping[str, Any] | None,
-           xs: Sequence[tuple[int, int, int]], window: float) -> str:
-    high = chart_high(s, device)
-    d, points = path_of(xs, column[s.key], high)
-    last = next((v for v in reversed(column[s.key]) if v is not None), None)
-    top = scale_top(column[s.key], high)
+def _chart(gpu: str, s: Series, column: GpuHistory, device: Device | None, xs: Axis,
+           window: float) -> str:
+    """One chart; its caption gives the newest value only while the GPU is up (a lost
+    GPU's last reading is not its current one: "no data"); the scale's top is the
+    series' fixed one, else the GPU's own (kept after it is lost), else autoscaled."""
+    live = device is not None and device.state is State.UP
+    high = s.high or column.scale.get(s.key)
+    values = column.values[s.key]
+    d, points = path_of(xs, values, high)
+    last = next((v for v in reversed(values) if v is not None), None) if live else None
+    top = scale_top(values, high)
     grid = "".join(f"<line x1=\"0\" x2=\"{WIDTH:g}\" y1=\"{HEIGHT * f:g}\" "
                    f"y2=\"{HEIGHT * f:g}\" class=\"grid\"/>" for f in (0.25, 0.5, 0.75))
     return (f"<figure class=\"chart\"><figcaption>{_e(s.title)} <span data-gpu=\"{_e(gpu)}\" "
-            f"data-last=\"{s.key}\">{'no data' if last is None else f'{last:.0f} {s.unit}'}"
+            f"data-last=\"{s.key}\">{NO_DATA if last is None else f'{last:.0f} {s.unit}'}"
             f"</span>{_sensor(gpu, s, device)}</figcaption><div class=\"plot\">"
             f"<span class=\"ytop\" data-gpu=\"{_e(gpu)}\" data-top=\"{s.key}\">{top:.0f} "
             f"{_e(s.unit)}</span><span class=\"ybottom\">0</span>"
@@ -166,14 +183,14 @@ def _chart(gpu: str, s: Series, column: Mapping[str, Any], device: Mapping[str, 
             f"</title>{grid}<path d=\"{d}\" fill=\"none\" stroke=\"currentColor\" "
             "stroke-width=\"1.5\" vector-effect=\"non-scaling-stroke\"/></svg>"
             f"<span class=\"nodata\" data-gpu=\"{_e(gpu)}\" data-nodata=\"{s.key}\""
-            f"{'' if points == 0 else ' hidden'}>no data</span>"
+            f"{'' if points == 0 else ' hidden'}>{NO_DATA}</span>"
             f"<span class=\"xleft\">{_minutes(window)}</span><span class=\"xmid\">"
             f"{_minutes(window / 2)}</span><span class=\"xright\">now</span></div></figure>")
 
 
-def _charts(gpu: str, column: Mapping[str, Any], device: Mapping[str, Any] | None,
-            now: float, window: float) -> str:
-    xs = runs(column["t"], now, window)  # one time axis for the GPU's charts
+def _charts(gpu: str, column: GpuHistory, device: Device | None, now: float,
+            window: float) -> str:
+    xs = runs(column.t, now, window)  # one time axis for the GPU's charts
     return "".join(_chart(gpu, s, column, device, xs, window) for s in SERIES)
 
 
@@ -189,55 +206,57 @@ def _class(cls: str) -> str:
     return f" class=\"{cls}\"" if cls else ""
 
 
-def gpu_row(dev: Mapping[str, Any]) -> str:
-    cells = dev["cells"]
-    heat = dev["temperature"]["heat"] if dev["temperature"] else ""
-    classes = {"state": f"state-{dev['state']}", "temperature": f"heat-{heat}" if heat else "",
-               "health": f"health-{dev['health']['status']}" if dev["health"]["status"] else ""}
-    text = {"gpu": dev["gpu"], "name": dev["name"], "vendor": dev["vendor"],
-            "state": mark(cells["state"]), "health": mark(dev["health"]["status"])}
-    return _row([(label, text.get(key, cells.get(key, "")), classes.get(key, ""))
-                 for key, label in GPU_COLUMNS],
-                f" data-gpu=\"{_e(dev['gpu'])}\" class=\"state-{dev['state']}\"")
+def gpu_row(dev: Device) -> str:
+    heat = dev.temperature.heat if dev.temperature else None
+    status = dev.health.status
+    classes = {"state": f"state-{dev.state or 'none'}",
+               "temperature": f"heat-{heat}" if heat else "",
+               "health": f"health-{status}" if status else ""}
+    cells = dev.cells
+    text = {"gpu": dev.gpu, "name": dev.name, "vendor": dev.vendor,
+            "state": mark(dev.state), "health": mark(status), "utilization": cells.utilization,
+            "memory": cells.memory, "power": cells.power, "temperature": cells.temperature}
+    return _row([(label, text[key], classes.get(key, "")) for key, label in GPU_COLUMNS],
+                f" data-gpu=\"{_e(dev.gpu)}\" class=\"state-{dev.state or 'none'}\"")
 
 
-def _health(devices: Sequence[Mapping[str, Any]]) -> str:
+def _health(devices: Sequence[Device]) -> str:
     """The reasons of every GPU that is not healthy (the verdicts are the GPUs table's)."""
     items = "".join(
-        f"<li class=\"health-{_e(d['health']['status'])}\">GPU {_e(d['gpu'])} "
-        f"({_e(d['name'])}): {_e(mark(d['health']['status']))}: "
-        + _e("; ".join(f"{r['check']}: {r['reason']}" for r in d["health"]["reasons"]))
-        + "</li>" for d in devices if d["health"]["status"] not in ("", "healthy"))
+        f"<li class=\"health-{_e(d.health.status)}\">GPU {_e(d.gpu)} "
+        f"({_e(d.name)}): {_e(mark(d.health.status))}: "
+        + _e("; ".join(f"{r.check}: {r.reason}" for r in d.health.reasons))
+        + "</li>" for d in devices
+        if d.health.status is not None and d.health.status is not HealthStatus.HEALTHY)
     return (f"<ul>{items}</ul>" if items else
             "<p class=\"none\">No health problem on any GPU.</p>" if devices else "")
 
 
-def processes_table(top: Mapping[str, Any]) -> str:
-    """The top processes (exporter.serve.history.top_processes) of one GPU; pod and container
-    columns only where a process has one (app.js: the same rule)."""
-    rows = top["rows"]
+def processes_table(top: Processes, limit: int = TOP_PROCESSES) -> str:
+    """The top ``limit`` processes (exporter.serve.tables.top_processes) of one GPU;
+    pod and container columns only where a process has one (app.js: the same rule)."""
+    rows = top.rows[:limit]
     if not rows:
         return "<p class=\"none\">No processes reported.</p>"
-    pods = any(p["pod"] or p["container"] for p in rows)
+    pods = any(p.pod or p.container for p in rows)
     head = ["pid", "process", "memory"] + (["pod", "container"] if pods else [])
     body = "".join(_row([(h, str(c), "") for h, c in zip(head, (
-        p["pid"], p["process"], "no data" if p["memory_bytes"] is None
-        else f"{p['memory_bytes'] / GIB:.2f} GiB", p["pod"], p["container"]), strict=False)])
+        p.pid, p.process, size(p.memory_bytes), p.pod, p.container), strict=False)])
         for p in rows)
+    more = len(top.rows) - len(rows) + top.more
     return ("<table class=\"procs\"><thead><tr>" + "".join(f"<th>{h}</th>" for h in head)
             + f"</tr></thead><tbody>{body}</tbody></table>"
-            + (f"<p class=\"none\">and {top['more']} more</p>" if top["more"] > 0 else ""))
+            + (f"<p class=\"none\">and {more} more</p>" if more > 0 else ""))
 
 
-def backend_rows(backends: Sequence[Mapping[str, Any]],
-                 otlp: Mapping[str, Any] | None) -> str:
-    rows = [_row([("backend", b["backend"], ""), ("state", mark(b["state"]),
-                   f"state-{b['state']}"), ("reason", b["reason"], ""),
-                  ("devices", str(b["devices"]), "")]) for b in backends]
+def backend_rows(backends: Sequence[Backend], otlp: Otlp | None) -> str:
+    rows = [_row([("backend", b.backend, ""), ("state", mark(b.state),
+                   f"state-{b.state or 'none'}"), ("reason", b.reason, ""),
+                  ("devices", str(b.devices), "")]) for b in backends]
     if otlp is not None:
-        rows.append(_row([("backend", "otlp push", ""), ("state", mark(otlp["state"]),
-                          "state-" + ("up" if otlp["state"] == "ok" else "down")),
-                          ("reason", otlp["detail"], ""), ("devices", "", "")]))
+        rows.append(_row([("backend", "otlp push", ""), ("state", mark(otlp.state),
+                          f"state-{State.UP if otlp.state is OtlpState.OK else State.DOWN}"),
+                          ("reason", otlp.detail, ""), ("devices", "", "")]))
     return "".join(rows)
 
 
@@ -246,21 +265,19 @@ def page(snapshot: Snapshot, history: History, telemetry_path: str,
     """The whole page for the current snapshot and history."""
     now = time.time() if now is None else now
     devices, backends = current(snapshot)
-    body = history.as_json(now=now, otlp=otlp)
-    columns = {c["gpu"]: c for c in body["gpus"]}
-    by_gpu = {d["gpu"]: d for d in devices}
-    empty: dict[str, Any] = {"t": [], **{s.key: [] for s in SERIES}}
+    columns = {c.gpu: c for c in history.columns()}
+    by_gpu = {d.gpu: d for d in devices}
     rows = "".join(gpu_row(d) for d in devices)
-    processes = {gpu: {"rows": rows, "more": more} for gpu, d in snapshot.devices
-                 if not d.info.parent_key for rows, more in [top_processes(d)]}
+    processes = {gpu: top_processes(d, TOP_PROCESSES) for gpu, d in snapshot.devices
+                 if not d.info.parent_key}
+    empty = GpuHistory("", "", [], {s.key: [] for s in SERIES})
     cards = "".join(
-        f"<section class=\"gpu\" id=\"gpu-{_e(gpu)}\"><h3>GPU {_e(gpu)}: {_e(d['name'])}</h3>"
+        f"<section class=\"gpu\" id=\"gpu-{_e(gpu)}\"><h3>GPU {_e(gpu)}: {_e(d.name)}</h3>"
         "<div class=\"charts\">"
-        + _charts(gpu, columns.get(gpu, empty), by_gpu.get(gpu), now, history.window)
+        + _charts(gpu, columns.get(gpu, empty), d, now, history.window)
         + f"</div><h4>Top processes</h4><div class=\"processes\" data-gpu=\"{_e(gpu)}\">"
-        + processes_table(processes.get(gpu, {"rows": [], "more": 0})) + "</div></section>"
+        + processes_table(processes.get(gpu, Processes())) + "</div></section>"
         for gpu, d in by_gpu.items())
-    otlp_row = body["otlp"]
     span = (f"{history.window / 60:g} minutes" if history.window >= 120
             else f"{history.window:g} seconds")
     return (
@@ -290,5 +307,5 @@ def page(snapshot: Snapshot, history: History, telemetry_path: str,
         f"<p id=\"new-gpu\" class=\"none\" hidden></p>{cards}"
         "<h2>Backends</h2><table class=\"backends cards\"><thead><tr>"
         + "".join(f"<th>{_e(label)}</th>" for _, label in BACKEND_COLUMNS)
-        + f"</tr></thead><tbody id=\"backend-rows\">{backend_rows(backends, otlp_row)}"
-        "</tbody></table></body></html>")
+        + "</tr></thead><tbody id=\"backend-rows\">"
+        + backend_rows(backends, otlp_view(otlp)) + "</tbody></table></body></html>")

@@ -58,6 +58,7 @@ from exporter.serve.middleware import (
     RateLimitMiddleware,
 )
 from exporter.serve.snapshot import snapshot_json
+from exporter.serve.view import MAX_ROWS
 from exporter.serve.webconfig import WebConfig, tls_context
 
 log = structlog.get_logger(__name__)
@@ -184,9 +185,13 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         if not math.isfinite(since):
             return PlainTextResponse("since: not a number of seconds since the epoch\n",
                                      status_code=400)
+        rows = request.query_params.get("processes", str(MAX_ROWS))  # per GPU
+        if not rows.isdigit() or int(rows) > MAX_ROWS:
+            return PlainTextResponse(f"processes: a number of rows, 0 to {MAX_ROWS}\n",
+                                     status_code=400)
         otlp = telemetry.otlp_status()
         body = await off_loop(request, renderer.pages, lambda: json.dumps(
-            history.as_json(since, otlp=otlp), separators=(",", ":")).encode())
+            history.as_json(since, otlp=otlp, rows=int(rows)), separators=(",", ":")).encode())
         if isinstance(body, Response):
             return body
         return Response(body, media_type="application/json",

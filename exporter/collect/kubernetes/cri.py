@@ -28,6 +28,7 @@ from typing import Any
 
 from exporter.collect.kubernetes.rpc import UnixChannel, is_socket
 from exporter.core.model import PodRef
+from exporter.core.units import printable
 
 DEFAULT_SOCKETS = (
     "/run/containerd/containerd.sock",
@@ -37,6 +38,18 @@ POD_NAME = "io.kubernetes.pod.name"
 POD_NAMESPACE = "io.kubernetes.pod.namespace"
 CONTAINER_NAME = "io.kubernetes.container.name"
 POD_UID = "io.kubernetes.pod.uid"
+MAX_NAME = 253  # a Kubernetes object name (a DNS subdomain) is at most 253 characters
+
+
+def clean(name: str) -> str:
+    """A pod, namespace or container name as it enters: without control or escape
+    characters (units.printable, as process names), at most MAX_NAME characters. The
+    runtime's labels are whatever the container's creator set, not only the kubelet's."""
+    return printable(name, MAX_NAME)
+
+
+def pod_ref(namespace: str, pod: str, container: str) -> PodRef:
+    return PodRef(namespace=clean(namespace), pod=clean(pod), container=clean(container))
 
 
 def find_socket(configured: str | None,
@@ -57,7 +70,7 @@ def parse_containers(response: Any) -> Mapping[str, PodRef]:
         if not container.id or not pod or not namespace:
             continue
         name = labels.get(CONTAINER_NAME) or container.metadata.name
-        out[container.id] = PodRef(namespace=namespace, pod=pod, container=name)
+        out[container.id] = pod_ref(namespace, pod, name)
     return MappingProxyType(out)
 
 
@@ -68,7 +81,7 @@ def parse_pod_uids(response: Any) -> Mapping[tuple[str, str], str]:
         labels = container.labels
         pod, namespace, uid = labels.get(POD_NAME), labels.get(POD_NAMESPACE), labels.get(POD_UID)
         if pod and namespace and uid:
-            out[(namespace, pod)] = uid
+            out[(clean(namespace), clean(pod))] = clean(uid)
     return MappingProxyType(out)
 
 

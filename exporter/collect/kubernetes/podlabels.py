@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.collect.kubernetes.cri import clean
 from exporter.core.fieldspec import MetricSpec, Otlp
 from exporter.core.labels import ErrorReason
 
@@ -53,7 +54,7 @@ def parse_sandboxes(response: Any, allow: re.Pattern[str]) -> tuple[tuple[PodLab
         meta = sandbox.metadata
         if not meta.name or not meta.namespace:
             continue
-        key = (meta.namespace, meta.name)
+        key = (clean(meta.namespace), clean(meta.name))
         # A restarted pod may briefly have two ready sandboxes: the newest is the pod's.
         if key not in newest or sandbox.created_at > newest[key][0]:
             newest[key] = (sandbox.created_at, sandbox)
@@ -78,5 +79,5 @@ def select(labels: Iterable[tuple[str, str]], allow: re.Pattern[str]
         if sanitised in chosen:
             conflicts += 1
             continue
-        chosen[sanitised] = value
+        chosen[sanitised] = clean(value)
     return tuple(sorted(chosen.items())), conflicts

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from exporter.collect.kubernetes.cri import clean, pod_ref
 from exporter.collect.kubernetes.dra import Claim, own_cdi_ids
 from exporter.collect.kubernetes.rpc import UnixChannel
 from exporter.core.model import PodRef
@@ -33,7 +34,7 @@ def parse_list(response: Any) -> tuple[Grant, ...]:
     grants = []
     for pod in response.pod_resources:
         for container in pod.containers:
-            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
+            ref = pod_ref(pod.namespace, pod.name, container.name)
             for devices in container.devices:
                 if devices.device_ids:
                     grants.append(Grant(ref, devices.resource_name, tuple(devices.device_ids)))
@@ -52,9 +53,9 @@ def parse_claims(response: Any) -> tuple[Claim, ...]:
     claims = []
     for pod in response.pod_resources:
         for container in pod.containers:
-            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
+            ref = pod_ref(pod.namespace, pod.name, container.name)
             for dynamic in container.dynamic_resources:
-                name = f"{dynamic.claim_namespace or pod.namespace}/{dynamic.claim_name}"
+                name = clean(f"{dynamic.claim_namespace or pod.namespace}/{dynamic.claim_name}")
                 listed = [(r.driver_name, r.pool_name, r.device_name,
                            tuple(d.name for d in r.cdi_devices if d.name))
                           for r in dynamic.claim_resources]

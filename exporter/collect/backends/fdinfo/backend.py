@@ -150,7 +150,8 @@ class FdinfoBackend:
         self.discovery = discovery or DrmDiscovery(SysFS(config.sysfs), hotplug=False)
         self.scanner = ProcScanner(ProcFS(config.procfs), clock)
         self._clients: dict[ClientKey, _Client] = {}
-        self._procs: dict[int, tuple[str, float | None]] = {}
+        # pid -> (name, RSS, user, command line)
+        self._procs: dict[int, tuple[str, float | None, str | None, str | None]] = {}
         self._started: dict[int, int] = {}  # pid -> start time (clock ticks): its identity
         self._devices: dict[str, tuple[str, str]] = {}  # bus -> (vendor, driver)
         self._device_busy_ns: dict[str, Counter[str]] = {}
@@ -233,11 +234,14 @@ class FdinfoBackend:
                 self._procs.pop(pid, None)
                 continue
             name, rss, start = info
+            known = self._procs.get(pid)
             if start is not None and self._started.setdefault(pid, start) != start:
                 self._started[pid] = start
+                known = None  # another process: its owner is read again
                 for key in [k for k in self._process_busy_ns if k[1] == pid]:
                     del self._process_busy_ns[key]
-            self._procs[pid] = (name, rss)
+            user, command = (known[2], known[3]) if known else self.scanner.proc.owner(pid)
+            self._procs[pid] = (name, rss, user, command)
 
     def _account(self, scan: ScanResult, alive: set[int]) -> None:
         self._read_processes(scan)
@@ -281,7 +285,7 @@ class FdinfoBackend:
                     for k, v in c.ratio.items():
                         ratio[k] += v
                         device_ratio[k] += v
-                comm, rss = self._procs[pid]
+                comm, rss, user, command = self._procs[pid]
                 processes.append(ProcessSample(
                     pid=pid,
                     process=comm,
@@ -291,6 +295,8 @@ class FdinfoBackend:
                     engine_busy_seconds=_seconds(
                         self._process_busy_ns.get((bus, pid), Counter()), errors),
                     host_memory_bytes=rss,
+                    user=user,
+                    command=command,
                 ))
             # An engine that had a ratio before and has no busy client now is idle (0),
             # not unknown; an engine seen for the first time waits for its second read.

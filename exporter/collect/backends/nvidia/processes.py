@@ -21,7 +21,8 @@ The name is read once per process; the resident set when a pid is first listed a
 on the slow tier (bench/nvml_calls.py --stub --procs 64: opening ``statm`` of every GPU
 process every second was most of a fast cycle's cost with many processes). A process is
 its pid and its start time (``stat`` field 22, read with the resident set): a pid
-reused by another process, even one NVML keeps listing, is named again.
+reused by another process, even one NVML keeps listing, is named again. Its user and
+command line (``ProcFS.owner``) are read once per process too.
 On a MIG device handle the lists hold only that instance's processes, which is how a
 process is attributed to its instance.
 """
@@ -75,6 +76,7 @@ class ProcessReader:
         self.call = call
         self.proc = proc
         self._names: dict[int, str] = {}
+        self._owners: dict[int, tuple[str | None, str | None]] = {}  # pid -> (user, command)
         self._rss: dict[int, float | None] = {}  # pid -> bytes, from the slow tier
         self._started: dict[int, int | None] = {}  # pid -> start time, read with the RSS
         self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
@@ -98,6 +100,7 @@ class ProcessReader:
                 memory[pid] = used
                 contexts.setdefault(pid, {})[context] = True
         self._names = {pid: n for pid, n in self._names.items() if pid in memory}
+        self._owners = {pid: o for pid, o in self._owners.items() if pid in memory}
         self._rss = {pid: r for pid, r in self._rss.items() if pid in memory}
         self._started = {pid: t for pid, t in self._started.items() if pid in memory}
         out = []
@@ -106,9 +109,14 @@ class ProcessReader:
             if slow or pid not in self._rss:
                 self._rss[pid] = parse_rss(self.proc.read_bytes(str(pid), "statm"), None)
                 self._identify(pid)
+            owner = self._owners.get(pid)
+            if owner is None:
+                owner = self._owners[pid] = self.proc.owner(pid)
             out.append(ProcessSample(
                 pid=pid,
                 process=self._name(pid),
+                user=owner[0],
+                command=owner[1],
                 memory_used_bytes=None if used is None else float(used),
                 utilization_ratio={} if util is None else {"sm": util},
                 host_memory_bytes=self._rss[pid],
@@ -148,6 +156,7 @@ class ProcessReader:
         if self._started.setdefault(pid, start) != start:
             self._started[pid] = start
             self._names.pop(pid, None)
+            self._owners.pop(pid, None)
 
     def _name(self, pid: int) -> str:
         name = self._names.get(pid)
