@@ -108,8 +108,7 @@ def test_every_value_field_declares_a_metric_and_units_gate_knows_its_unit() -> 
     # xid_last is the one value served only under dcgm-exporter's name; the others without
     # a family of their own are what the health verdict reads (exporter.collect.health)
     assert [n for n, s in DEVICE_SPECS if not s.name] == [
-        "xid_last", "recovery_action", "retired_pages_pending", "xid_seen_seconds",
-        "temperature_limits_celsius"]
+        "xid_last", "recovery_action", "retired_pages_pending", "xid_seen_seconds"]
 
 
 def test_closed_label_vocabularies_cover_every_value_served(served: str) -> None:

@@ -131,8 +131,7 @@ def _first(values: dict[str, float], *preferred: str) -> float | None:
 class _Slow:
     """Values read on the slow tier: limits and maxima set by firmware or the operator."""
 
-    thresholds: dict[str, float] = field(default_factory=dict)
-    # Every sensor's own thresholds, (sensor, threshold) -> °C: what health compares with.
+    # Every sensor's own thresholds, (sensor, threshold) -> °C.
     limits: dict[tuple[str, str], float] = field(default_factory=dict)
     power_limit: float | None = None
     max_clocks: dict[str, float] = field(default_factory=dict)
@@ -234,21 +233,16 @@ def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
                   ) -> dict[str, dict[Any, float]]:
     """Every hwmon chip of the card, by kind; thresholds and caps only when ``slow``."""
     out: dict[str, dict[Any, float]] = {k: {} for k in (
-        "temps", "thresholds", "limits", "power", "caps", "energy", "fans", "freqs", "volts")}
+        "temps", "limits", "power", "caps", "energy", "fans", "freqs", "volts")}
     reader, errors = r.r, r.errors
     for d in hwmon.hwmon_dirs(r.dir, reader):
         raw_temps = hwmon.read_temperatures(d, errors, reader)
         out["temps"].update({_HWMON_SENSORS.get(k, k): v for k, v in raw_temps.items()})
         if slow:
-            # Thresholds of the sensor that throttles: junction (hotspot) where it exists.
-            hot = next((s for s in ("junction", "edge") if s in raw_temps), None)
             for kind, name in (("crit", "critical"), ("emergency", "shutdown")):
                 by_label = hwmon.read_temperature_thresholds(d, kind, errors, reader)
                 out["limits"].update({(_HWMON_SENSORS.get(k, k), name): v
                                       for k, v in by_label.items()})
-                value = by_label.get(hot) if hot else _first(by_label)
-                if value is not None:
-                    out["thresholds"][name] = value
             out["caps"].update(hwmon.read_power_caps(d, "cap", errors, reader))
         out["power"].update(hwmon.read_power(d, errors, reader))
         out["energy"].update(hwmon.read_energy(d, errors, reader))
@@ -281,7 +275,6 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
         if width is None:
             width = r.link_width("current_link_width")
         counters.slow = _Slow(
-            thresholds=hw["thresholds"],
             limits=hw["limits"],
             power_limit=_first(hw["caps"], "PPT"),
             max_clocks={clock: hz for clock, table in (("graphics", "pp_dpm_sclk"),
@@ -330,7 +323,6 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
         shared_memory_total_bytes=shared_total,
         shared_memory_used_bytes=shared_used,
         temperatures_celsius=hw["temps"],
-        temperature_thresholds_celsius=limits.thresholds,
         temperature_limits_celsius=limits.limits,
         power_watts=_first(hw["power"], "PPT"),
         power_limit_watts=limits.power_limit,

@@ -54,7 +54,7 @@ from exporter.collect.kernel.i915_xe import (
 from exporter.core import units
 from exporter.core.config import Config
 from exporter.core.fs import AttrReader, read_text
-from exporter.core.labels import Clock, ErrorReason, Threshold
+from exporter.core.labels import Clock, ErrorReason, Sensor, Threshold
 from exporter.core.model import DeviceInfo, DeviceSample, pci_uuid
 
 log = structlog.get_logger(__name__).bind(backend="intel")
@@ -272,7 +272,8 @@ class IntelBackend:
             field_sources={"power_watts": POWER_SOURCE} if power is not None else {},
             memory_total_bytes=state.vram,
             temperatures_celsius=temps,
-            temperature_thresholds_celsius=state.slow.thresholds_celsius,
+            temperature_limits_celsius={(Sensor.PACKAGE, t): v for t, v in
+                                        state.slow.thresholds_celsius.items()},
             power_watts=power,
             power_limit_watts=state.slow.limit_watts,
             energy_joules=energy,
