@@ -6,10 +6,10 @@ backend's stale limit) or answering again; each change that people should see ge
 one log line here, never one per cycle. Owns ``down_code``: a down reason's free text as
 one of the closed set of codes (labels.DownReason) that gpu_exporter_backend_down_reason
 serves; a backend that stays down for one code logs it once, whatever the text says
-meanwhile (a lost kubelet and the reopen that finds its socket gone are one event). Owns ``Hooks``, the optional hooks a backend
-declares, read after each of its cycles. Owns ``KnownGpus``: the ``gpu`` numbering, what
-is reported (``gpu_up 0``) for a device no backend reports any more, and the log lines
-of a GPU that appeared, was lost, came back or is gone.
+meanwhile (a lost kubelet and the reopen that finds its socket gone are one event).
+Owns ``Hooks``, the optional hooks a backend declares, read after each of its cycles.
+Owns ``KnownGpus``: the ``gpu`` numbering, what is reported (``gpu_up 0``) for a device no
+backend reports any more, and the log lines of a GPU that appeared, was lost, came back or is gone.
 
 Nothing here takes a lock or starts a thread: the Hub (exporter.collect.hub) decides when
 a change happens and calls these with its lock held.
@@ -17,11 +17,10 @@ a change happens and calls these with its lock held.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
-
-import re
 
 import structlog
 

@@ -42,10 +42,10 @@ class BackendState:
     enricher: Enricher | None = None  # after its last cycle (the Attributes hook)
     joins: JoinSource | None = None  # after its last cycle (the Joins hook)
     child_restarts: int | None = None  # after its last cycle (the SupervisesChild hook)
-    # What was last logged of a down reason (its code; an exception's text), and whether it came after a successful open (a handle
-    # that went bad, a sample that raised): a backend that opens and fails again and
-    # again logs its failure once, and "recovered" after GOOD_CYCLES_TO_RESET good cycles
-    # (exporter.collect.hub).
+    # What was last logged of a down reason (its code; an exception's text), and whether
+    # it came after a successful open (a handle that went bad, a sample that raised): a
+    # backend that opens and fails again and again logs its failure once, and "recovered"
+    # after GOOD_CYCLES_TO_RESET good cycles (exporter.collect.hub).
     logged: str = ""
     failing: bool = False
     errors_total: Mapping[ErrorReason, int] = field(default_factory=dict)

@@ -86,8 +86,8 @@ RELOAD_TIME = MetricSpec("gpu_exporter_config_last_reload_success_timestamp_seco
                          "included).", unit="seconds",
                          otlp=Otlp("gpu_exporter.config.last_reload.success_timestamp"))
 # In the order served.
-EXPORTER = (BUILD, UP, BACKEND_UP, BACKEND_DOWN, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED, CPU, OTLP,
-            RELOAD_OK, RELOAD_TIME)
+EXPORTER = (BUILD, UP, BACKEND_UP, BACKEND_DOWN, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED,
+            CPU, OTLP, RELOAD_OK, RELOAD_TIME)
 
 
 def _labels(spec: MetricSpec, value: float | None) -> list[str] | None:
