@@ -85,6 +85,9 @@ RELOAD_TIME = MetricSpec("gpu_exporter_config_last_reload_success_timestamp_seco
                          "When the configuration was last loaded successfully (start-up "
                          "included).", unit="seconds",
                          otlp=Otlp("gpu_exporter.config.last_reload.success_timestamp"))
+# The exporter's own families that the shipped alerts (deploy/prometheus) and a reload
+# check watch: a metric selection that hides one is warned about at start and reload.
+WATCHED = (UP, BACKEND_UP, BACKEND_DOWN, ERRORS, LAST, RELOAD_OK)
 # In the order served.
 EXPORTER = (BUILD, UP, BACKEND_UP, BACKEND_DOWN, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED,
             CPU, OTLP, RELOAD_OK, RELOAD_TIME)
