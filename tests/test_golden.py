@@ -188,6 +188,39 @@ def test_amd_thresholds_carry_the_sensor_they_belong_to(machine: str,
             "edge": 100.0, "junction": 110.0, "memory": 108.0}
 
 
+@pytest.mark.parametrize("machine", [m for m in MACHINES if m.startswith(("amd-", "intel-"))])
+def test_gpu_info_labels_come_from_the_drivers_files(machine: str,
+                                                     scrapes: dict[str, str]) -> None:
+    """``architecture``: the KFD topology node of the card's PCI address (gfx_target_version
+    110003 -> gfx1103, 90402 -> gfx942); ``driver_version``: the kernel release (in-tree
+    amdgpu, i915 and xe have no /sys/module/<driver>/version). Each is filled exactly where
+    the machine holds the file, and left empty where it does not."""
+    root = FIXTURES / machine
+    infos = [labels for name, labels, _ in _samples(scrapes[machine])
+             if name == "gpu_info" and labels["source"] == "sysfs"]
+    assert infos
+    release = root / "proc" / "sys" / "kernel" / "osrelease"
+    for labels in infos:
+        assert labels["driver_version"] == (release.read_text().strip()
+                                            if release.exists() else "")
+    expected = {}
+    for props in (root / "sys" / "class" / "kfd" / "kfd" / "topology" / "nodes").glob(
+            "*/properties"):
+        p = dict(line.split() for line in props.read_text().splitlines())
+        version, location = int(p["gfx_target_version"]), int(p["location_id"])
+        if version:
+            bus = f"{int(p['domain']):04x}:{location >> 8:02x}:{(location >> 3) & 31:02x}." \
+                  f"{location & 7}"
+            expected[bus] = f"gfx{version // 10000}{version // 100 % 100:x}{version % 100:x}"
+    if machine.startswith("amd-"):  # Intel's comes from its PCI id table (vendors-intel.md)
+        for labels in infos:
+            assert labels["architecture"] == expected.get(labels["pci_bus_id"], "")
+    if machine == "amd-apu-phoenix":
+        assert [i["architecture"] for i in infos] == ["gfx1103"]
+    if machine == "intel-xe-b580":
+        assert [i["driver_version"] for i in infos] == ["6.16.7"]
+
+
 def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     out = []
     for line in text.splitlines():

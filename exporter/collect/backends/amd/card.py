@@ -30,6 +30,9 @@ from exporter.collect.kernel.amdgpu import (
     DpmLevel,
     dpm_current_hz,
     dpm_max_hz,
+    gfx_target,
+    kfd_pci_bus_id,
+    parse_kfd_properties,
     parse_pp_dpm,
     parse_ras_count,
 )
@@ -41,7 +44,7 @@ from exporter.collect.kernel.amdgpu_gpu_metrics import (
 )
 from exporter.collect.merge import KEY_GROUPS
 from exporter.core import units
-from exporter.core.fs import AttrReader, ProcFS, SysFS
+from exporter.core.fs import AttrReader, SysFS
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, copy_with, pci_uuid
 
@@ -85,18 +88,49 @@ class _Files:
         return self.r.link_width(self.dir, name, self.errors)
 
 
-def driver_version(sysfs: str, procfs: str) -> str:
-    """The amdgpu module's version where it has one (the DKMS driver of ROCm writes
-    ``/sys/module/amdgpu/version``; the in-tree driver has none), else the kernel
-    release, which is the in-tree driver's version: what rocm-smi and amd-smi report."""
-    return (SysFS(sysfs).read_text("module", "amdgpu", "version")
-            or ProcFS(procfs).read_text("sys", "kernel", "osrelease") or "")
+KFD_NODES = ("class", "kfd", "kfd", "topology", "nodes")
+
+
+def kfd_architectures(sysfs: str) -> dict[str, str]:
+    """PCI bus id -> gfx target (``gfx1103``) of every GPU node of the KFD topology
+    (amdkfd, the compute side of amdgpu: ``class/kfd/kfd/topology/nodes/<N>/properties``,
+    ``gfx_target_version`` and the node's PCI ``domain`` / ``location_id``). Empty where
+    the kernel has no KFD (built without CONFIG_HSA_AMD) or it cannot be listed."""
+    root = SysFS(sysfs)
+    try:
+        nodes = sorted(os.listdir(root.path(*KFD_NODES)))
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for node in nodes:
+        props = parse_kfd_properties(root.read_text(*KFD_NODES, node, "properties"))
+        target = gfx_target(props.get("gfx_target_version", 0))
+        bus = kfd_pci_bus_id(props)
+        if target and bus is not None:
+            out.setdefault(bus, target)
+    return out
+
+
+def static_missing(info: DeviceInfo, reader: AttrReader, device_dir: str,
+                   sysfs: str) -> list[str]:
+    """What a card's static information still lacks that its driver writes: the name
+    (from ``product_name`` or ``device`` / ``revision``), the memory size files, and the
+    gfx target where the kernel has a KFD topology. A card found again before its driver
+    finished creating its files (a rebind, a reset, a hot-plug) lacks them at first;
+    the backend reads them again on the slow tier until none is missing."""
+    missing = [] if info.name else ["name"]
+    listed = reader.names(device_dir)
+    missing += [f for f in ("mem_info_vram_total", "mem_info_gtt_total") if f not in listed]
+    if not info.architecture and os.path.isdir(SysFS(sysfs).path(*KFD_NODES)):
+        missing.append("architecture")
+    return missing
 
 
 def device_info(card: DrmCard, ids: AmdgpuIds | None = None,
-                driver_version: str = "") -> DeviceInfo:
+                driver_version: str = "", architecture: str = "") -> DeviceInfo:
     """Static identity: product_name (else libdrm's name for device + revision),
-    unique_id (the uuid), vbios_version; ``driver_version`` is the backend's."""
+    unique_id (the uuid), vbios_version; ``driver_version`` is the backend's,
+    ``architecture`` the card's gfx target from the KFD topology (kfd_architectures)."""
     r = _Files(AttrReader(keep=False), os.fspath(card.device_dir), Counter())
     unique_id = r.text("unique_id")
     name = r.text("product_name") or ""
@@ -109,6 +143,7 @@ def device_info(card: DrmCard, ids: AmdgpuIds | None = None,
         name=name,
         driver=card.driver,
         driver_version=driver_version,
+        architecture=architecture,
         vbios_version=r.text("vbios_version") or "",
         serial=r.text("serial_number") or "",
         device_node=card.card,
