@@ -41,7 +41,7 @@ BACKEND_DOWN = MetricSpec(
     "1 for the reason a backend is off, while gpu_exporter_backend_up is 0.",
     labels=("backend", "reason"),
     note="`reason` is one of " + ", ".join(f"`{r}`" for r in DownReason)
-    + " (see troubleshooting.md); a backend that answers has no series.",
+    + " ([troubleshooting.md](troubleshooting.md)); a backend that answers has no series.",
     otlp=Otlp("gpu_exporter.backend.down_reason"))
 DURATION = MetricSpec("gpu_exporter_collection_duration_seconds",
                       "Time one collection cycle took.", Kind.HISTOGRAM, "seconds",
