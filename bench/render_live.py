@@ -85,7 +85,7 @@ def main() -> None:
             sample(i, 0), processes=processes, utilization_ratio=(step * 7 + i) % 100 / 100,
             power_watts=300.0 + (step * 13 + i) % 400, power_limit_watts=700.0,
             temperatures_celsius={"gpu": 40.0 + (step + i) % 40, "memory": 50.0},
-            temperature_thresholds_celsius={"shutdown": 92.0, "slowdown": 89.0},
+            temperature_limits_celsius={("gpu", "shutdown"): 92.0, ("gpu", "slowdown"): 89.0},
             fan_speed_ratio={"0": 0.3}, pcie_link_generation=5, pcie_link_width=16,
             pcie_link_max_generation=5, pcie_link_max_width=16,
             clocks_hertz={"graphics": 1.98e9, "sm": 1.98e9, "memory": 2.619e9}))

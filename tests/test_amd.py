@@ -317,3 +317,21 @@ def test_table_fill_gives_what_the_backend_merge_gives(machine: str,
         assert got == want
         assert list(got.clocks_hertz) == list(want.clocks_hertz)
         assert list(got.temperatures_celsius) == list(want.temperatures_celsius)
+
+
+def test_kfd_properties_give_the_gfx_target_and_pci_address() -> None:
+    """The KFD node properties of the Phoenix APU capture (LACT snapshot, node 1) and the
+    targets ROCm prints for the versions amdkfd sets (kgd2kfd_probe)."""
+    from exporter.collect.kernel.amdgpu import gfx_target, kfd_pci_bus_id, parse_kfd_properties
+
+    text = (FIXTURES / "captures/lact_snapshots/amd/phoenix/kfd/topology/nodes/1/"
+            "properties").read_text()
+    props = parse_kfd_properties(text)
+    assert (props["gfx_target_version"], props["location_id"]) == (110003, 25600)
+    assert (gfx_target(110003), kfd_pci_bus_id(props)) == ("gfx1103", "0000:64:00.0")
+    assert [gfx_target(v) for v in (90402, 90010, 80003, 100300, 120001, 0, 91600)] == [
+        "gfx942", "gfx90a", "gfx803", "gfx1030", "gfx1201", "", ""]
+    cpu = parse_kfd_properties((FIXTURES / "captures/lact_snapshots/amd/phoenix/kfd/"
+                                "topology/nodes/0/properties").read_text())
+    assert gfx_target(cpu["gfx_target_version"]) == ""  # the CPU node
+    assert parse_kfd_properties("garbage\nsimd_count -1\nx y z\n") == {}

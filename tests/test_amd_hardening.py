@@ -149,3 +149,45 @@ def test_limits_are_read_on_the_slow_tier_and_kept_between(rx7800xt: tuple[Path,
     fast = b.sample(False).devices[0]
     assert (fast.power_watts, fast.power_limit_watts) == (40.0, 236.0)
     assert b.sample(True).devices[0].power_limit_watts == 200.0
+
+
+def test_a_card_found_before_its_files_are_complete_gets_them_on_the_slow_tier(
+    rx7800xt: tuple[Path, Path],
+) -> None:
+    """A card seen while its driver is still creating its files (a rebind, a reset, a
+    hot-plug) has no name and no memory size at first; the slow tier reads them again
+    until they are there, instead of keeping an empty name for good."""
+    root, dev = rx7800xt
+    device = (dev / "device").read_text()
+    (dev / "device").unlink()
+    b, _ = opened(root)
+    (d,) = b.sample(True).devices
+    assert (d.info.name, d.memory_total_bytes) == ("", None)
+
+    (dev / "device").write_text(device)  # the driver finishes
+    (dev / "mem_info_vram_total").write_text("17163091968\n")
+    (d,) = b.sample(False).devices
+    assert d.info.name == ""  # static information waits for the slow tier
+    with capture_logs() as logs:
+        (d,) = b.sample(True).devices
+    # The capture has no revision (no amdgpu.ids match) and no pci.ids: the synthetic name.
+    assert d.info.name == f"AMD {device.strip()}" == "AMD 0x747e"
+    assert d.memory_total_bytes == 17163091968
+    (line,) = [e for e in logs if e["event"] == "amdgpu card static information read again"]
+    assert line["found"] == ["mem_info_vram_total", "name"]
+
+
+def test_a_card_back_after_it_was_lost_is_read_afresh_at_once(
+    rx7800xt: tuple[Path, Path],
+) -> None:
+    root, dev = rx7800xt
+    b, _ = opened(root)
+    (d,) = b.sample(True).devices
+    assert d.memory_total_bytes is None  # this capture has no mem_info_vram_total
+    parked = root / "parked"
+    dev.rename(parked)  # a reset: gone, then back with its files
+    assert b.sample(False).devices[0].up is False
+    (parked / "mem_info_vram_total").write_text("17163091968\n")
+    parked.rename(dev)
+    (d,) = b.sample(False).devices  # a fast cycle: the first one back reads everything
+    assert d.up and d.memory_total_bytes == 17163091968

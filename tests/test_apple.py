@@ -156,6 +156,7 @@ def test_one_child_streams_values_converted_exactly(fake: Fake) -> None:
     try:
         assert (info.key, info.pci_bus_id, info.uuid, info.vendor) == ("soc0", "", "soc0", "apple")
         assert info.name == doc["soc"]["chip_name"] == "Apple M1 Max"  # type: ignore[index]
+        assert info.architecture == "M1"  # the generation of soc.chip_name
         c = Collector(b)
         d = only(c.until(serving))
         assert d.source == "macmon" and c.errors == {}
@@ -175,6 +176,31 @@ def test_one_child_streams_values_converted_exactly(fake: Fake) -> None:
         assert argv == "pipe -i 200 --soc-info"
     finally:
         b.close()
+
+
+@pytest.mark.parametrize(("chip", "generation"), [
+    ("Apple M1 Max", "M1"), ("Apple M4 Pro", "M4"), ("Apple M2", "M2"), ("Apple M10", "M10"),
+    ("", ""), ("Apple silicon", ""), ("MacBookPro18,2", "")])
+def test_the_architecture_is_the_chip_generation(chip: str, generation: str) -> None:
+    from exporter.collect.backends.apple.parse import chip_generation
+
+    assert chip_generation(chip) == generation
+
+
+def test_the_driver_version_is_the_macos_release(fake: Fake,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """platform.mac_ver() reads SystemVersion.plist: the release the GPU driver came with
+    (on Linux, where the tests run, it is "": the label stays empty, never guessed)."""
+    import platform
+
+    from exporter.collect.backends.apple.backend import macos_version
+
+    assert macos_version() == platform.mac_ver()[0]
+    monkeypatch.setattr(platform, "mac_ver", lambda: ("14.5", ("", "", ""), "arm64"))
+    b = fake.backend()
+    (info,) = b.open()
+    b.close()
+    assert info.driver_version == "14.5"
 
 
 def test_the_newest_line_is_the_sample(fake: Fake) -> None:

@@ -164,7 +164,7 @@ NVIDIA: dict[str, Move] = {
     "remap_pending": _set(remapped_rows=(3, 1, 1, 1)),
     "remapped_rows": _set(remapped_rows=(3, 1, 1, 1)),
     "temperatures_celsius": _set(temperature_gpu=77),
-    "temperature_thresholds_celsius": _item("thresholds", "shutdown", 95),
+    "temperature_limits_celsius": _item("thresholds", "shutdown", 95),
     "fan_speed_ratio": _item("fans", 0, 65),
     "clocks_hertz": _item("clocks_mhz", "sm", 1755),
     "clocks_max_hertz": _item("max_clocks_mhz", "sm", 1755),
@@ -247,7 +247,6 @@ AMD: dict[str, Move] = {  # amd-rdna2-rx6900xt
     "power_watts": _hwmon("power1_average", "250000000"),
     "power_limit_watts": _hwmon("power1_cap", "250000000"),
     "temperatures_celsius": _hwmon("temp1_input", "66000"),
-    "temperature_thresholds_celsius": _hwmon("temp2_crit", "105000"),  # junction's
     "temperature_limits_celsius": _hwmon("temp1_crit", "95000"),
     "fan_speed_ratio": _hwmon("pwm1", "128"),
     "voltages_volts": _hwmon("in0_input", "900"),
@@ -288,7 +287,7 @@ def _link_file(name: str, text: str) -> Move:
 
 INTEL: dict[str, Move] = {  # intel-xe-b580
     "temperatures_celsius": _pkg("input", "71000"),
-    "temperature_thresholds_celsius": _pkg("crit", "95000"),
+    "temperature_limits_celsius": _pkg("crit", "95000"),
     "energy_joules": _hwmon("energy1_input", "99031745544"),
     "power_watts": _hwmon("energy1_input", "99031745544"),  # from the energy delta
     "fan_speed_ratio": _hwmon("fan1_input", "2000"),
@@ -333,7 +332,7 @@ AMDSMI: dict[str, Move] = {
     "power_limit_watts": _at("power", "power_limit", value=600),
     "energy_joules": _at("energy", "energy_accumulator", value=1 << 40),
     "temperatures_celsius": _at("temps", "HOTSPOT", value=70),
-    "temperature_thresholds_celsius": _at("thresholds", "HOTSPOT", "CRITICAL", value=95),
+    "temperature_limits_celsius": _at("thresholds", "HOTSPOT", "CRITICAL", value=95),
     "clocks_hertz": _at("clocks", "GFX", "clk", value=1500),
     "clocks_max_hertz": _at("clocks", "GFX", "max_clk", value=2000),
     "pcie_link_generation": _at("pcie", "pcie_metric", "pcie_speed", value=16000),
@@ -417,7 +416,7 @@ def test_each_backend_is_checked_at_every_cadence_it_declares() -> None:
     assert tiers == {"nvidia": set(Cadence), "amd": fast_slow, "intel": fast_slow,
                      "amdsmi": fast_slow}
     assert {k for k in NVIDIA if spec_of(k).cadence_of("nvidia") is Cadence.STATIC} == {
-        "temperature_thresholds_celsius", "clocks_max_hertz", "pcie_link_max_generation",
+        "temperature_limits_celsius", "clocks_max_hertz", "pcie_link_max_generation",
         "pcie_link_max_width"}
 
 

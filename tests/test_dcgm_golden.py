@@ -104,6 +104,19 @@ def test_promtool_lints_all_but_dcgm_exporters_own_names(
     assert result.returncode in (0, 3)  # 3: lint problems only, and only those above
 
 
+def test_a_label_whose_value_is_unknown_is_left_out() -> None:
+    """docs/dcgm-compat.md: no DCGM series carries an empty label; the mixed machine's AMD
+    and Intel cards, whose tree holds no kernel release, have no DCGM_FI_DRIVER_VERSION,
+    and its NVIDIA GPU has NVML's."""
+    text = (GOLDEN / "dcgm" / "mixed.prom").read_text()
+    dcgm = [line for line in text.splitlines() if line.startswith("DCGM_")]
+    assert dcgm and not [line for line in dcgm if '=""' in line]
+    assert not (FIXTURES / "mixed" / "proc" / "sys" / "kernel" / "osrelease").exists()
+    temps = [line for line in dcgm if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
+    assert {('device="nvidia0"' in t, "DCGM_FI_DRIVER_VERSION=" in t) for t in temps} == {
+        (True, True), (False, False)}
+
+
 def test_every_dcgm_family_in_the_goldens_is_documented() -> None:
     doc = (REPO / "docs" / "dcgm-compat.md").read_text()
     emitted = {n for golden in (GOLDEN / "dcgm").glob("*.prom")

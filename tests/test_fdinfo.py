@@ -11,14 +11,16 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from exporter.collect.backends.base import BackendFailed, BackendUnavailable
 from exporter.collect.backends.fdinfo.backend import FdinfoBackend
-from exporter.collect.backends.fdinfo.scan import error_reason
+from exporter.collect.backends.fdinfo.scan import ScanResult, error_reason
 from exporter.core.config import Config
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceSample, ProcessSample
 from exporter.core.units import parse_rss, process_name
 from tests.drm_tree import add_pci_card, remove_card
@@ -635,7 +637,15 @@ def test_permission_errors_count_processes_not_attempts() -> None:
         config = Config(procfs=str(root / "proc"), sysfs=str(root / "sys"))
         b = FdinfoBackend(config, clock=Clock())
         b.open()
-        assert unprivileged_errors(b, 3) == [{"permission": 4}, {}, {}]
+        from structlog.testing import capture_logs
+
+        with capture_logs() as logs:
+            assert unprivileged_errors(b, 3) == [{"permission": 4}, {}, {}]
+        # One line for the run, naming the first process refused and who we run as.
+        (line,) = [e for e in logs if e["event"].startswith("process fdinfo unreadable")]
+        assert (line["pid"], line["euid"]) == (20, os.geteuid() or 65534)
+        assert line["process"] == (root / "proc" / "20" / "comm").read_text().strip()
+        assert "CAP_SYS_PTRACE" in line["hint"]
 
         shutil.rmtree(root / "proc" / "21")  # exits: forgotten...
         private_proc(root, 30)  # ...while a new one appears
@@ -647,6 +657,26 @@ def test_permission_errors_count_processes_not_attempts() -> None:
             if p.is_dir() and not p.is_symlink():
                 p.chmod(0o755)
         shutil.rmtree(root)
+
+
+def test_a_refusal_while_running_as_root_says_so(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root is refused only by a dropped capability or a security module: the one line
+    says that, and which process, instead of the non-root advice."""
+    from structlog.testing import capture_logs
+
+    from exporter.collect.backends.fdinfo import backend as fdinfo_backend
+
+    gpu(tmp_path)
+    proc(tmp_path, 42, comm=b"trainer")
+    b = FdinfoBackend(Config(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys")))
+    monkeypatch.setattr(fdinfo_backend.os, "geteuid", lambda: 0)
+    b.scanner.count(42, ErrorReason.PERMISSION, Counter())
+    with capture_logs() as logs:
+        b._log_changes(ScanResult())
+        b._log_changes(ScanResult())  # once per run
+    assert [(e["pid"], e["process"], e["euid"]) for e in logs] == [(42, "trainer", 0)]
+    assert logs[0]["hint"].startswith("running as root")
 
 
 def test_nvidia_only_host_skips_the_scan(tmp_path: Path) -> None:

@@ -110,8 +110,7 @@ def test_every_value_field_declares_a_metric_and_units_gate_knows_its_unit() -> 
     exposure = {n: s.exposure for n, s in DEVICE_SPECS if not s.served}
     assert exposure == {"xid_last": Exposure.DCGM_ONLY, "recovery_action": Exposure.INTERNAL,
                         "retired_pages_pending": Exposure.INTERNAL,
-                        "xid_seen_seconds": Exposure.INTERNAL,
-                        "temperature_limits_celsius": Exposure.INTERNAL}
+                        "xid_seen_seconds": Exposure.INTERNAL}
     assert all(not s.name for n, s in DEVICE_SPECS if n in exposure)
     with pytest.raises(ValueError):  # a name and its exposure cannot disagree
         MetricSpec("", "no name", exposure=Exposure.SERVED)

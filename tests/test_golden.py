@@ -163,6 +163,95 @@ def test_amd_values_match_the_sysfs_files(machine: str, scrapes: dict[str, str])
                      rail=label.read_text().strip()) == millivolts / 1000
 
 
+HWMON_SENSOR = {"edge": "edge", "junction": "junction", "mem": "memory"}
+
+
+@pytest.mark.parametrize("machine", AMD)
+def test_amd_thresholds_carry_the_sensor_they_belong_to(machine: str,
+                                                        scrapes: dict[str, str]) -> None:
+    """Each hwmon tempN_crit / tempN_emergency is served with the sensor of its tempN_label,
+    and no threshold without one (an RX 7800 XT: edge 100, junction 110, memory 108 °C)."""
+    text, dev = scrapes[machine], card_dir(machine, "amdgpu")
+    expected: dict[tuple[str, str], float] = {}
+    for label in (next((dev / "hwmon").iterdir())).glob("temp*_label"):
+        sensor = HWMON_SENSOR[label.read_text().strip()]
+        for suffix, threshold in (("crit", "critical"), ("emergency", "shutdown")):
+            path = label.parent / label.name.replace("label", suffix)
+            if path.exists():
+                expected[(sensor, threshold)] = int(path.read_text()) / 1000
+    served = {(labels["sensor"], labels["threshold"]): v for name, labels, v in
+              _samples(text) if name == "gpu_temperature_threshold_celsius"
+              and labels.get("source") == "sysfs"}
+    assert served == expected
+    if machine == "amd-rdna3-rx7800xt":
+        assert {s: served[(s, "critical")] for s in ("edge", "junction", "memory")} == {
+            "edge": 100.0, "junction": 110.0, "memory": 108.0}
+
+
+@pytest.mark.parametrize("machine", [m for m in MACHINES if m.startswith(("amd-", "intel-"))])
+def test_gpu_info_labels_come_from_the_drivers_files(machine: str,
+                                                     scrapes: dict[str, str]) -> None:
+    """``architecture``: the KFD topology node of the card's PCI address (gfx_target_version
+    110003 -> gfx1103, 90402 -> gfx942); ``driver_version``: the kernel release (in-tree
+    amdgpu, i915 and xe have no /sys/module/<driver>/version). Each is filled exactly where
+    the machine holds the file, and left empty where it does not."""
+    root = FIXTURES / machine
+    infos = [labels for name, labels, _ in _samples(scrapes[machine])
+             if name == "gpu_info" and labels["source"] == "sysfs"]
+    assert infos
+    release = root / "proc" / "sys" / "kernel" / "osrelease"
+    for labels in infos:
+        assert labels["driver_version"] == (release.read_text().strip()
+                                            if release.exists() else "")
+    expected = {}
+    for props in (root / "sys" / "class" / "kfd" / "kfd" / "topology" / "nodes").glob(
+            "*/properties"):
+        p = dict(line.split() for line in props.read_text().splitlines())
+        version, location = int(p["gfx_target_version"]), int(p["location_id"])
+        if version:
+            bus = f"{int(p['domain']):04x}:{location >> 8:02x}:{(location >> 3) & 31:02x}." \
+                  f"{location & 7}"
+            expected[bus] = f"gfx{version // 10000}{version // 100 % 100:x}{version % 100:x}"
+    if machine.startswith("amd-"):  # Intel's comes from its PCI id table (vendors-intel.md)
+        for labels in infos:
+            assert labels["architecture"] == expected.get(labels["pci_bus_id"], "")
+    if machine == "amd-apu-phoenix":
+        assert [i["architecture"] for i in infos] == ["gfx1103"]
+    if machine == "intel-xe-b580":
+        assert [i["driver_version"] for i in infos] == ["6.16.7"]
+
+
+def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    out = []
+    for line in text.splitlines():
+        match = re.match(r'^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$', line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+            out.append((match.group(1), labels, float(match.group(3))))
+    return out
+
+
+@pytest.mark.parametrize("machine", [m for m in MACHINES if m.startswith(("amd-", "intel-"))])
+def test_health_checks_are_served_only_where_a_rule_can_fire(machine: str,
+                                                              scrapes: dict[str, str]) -> None:
+    """No AMD or Intel GPU read from sysfs alone has a rule of the pcie check (XID 79 and
+    pcie_bif RAS counts are NVML's and amdsmi's); a GPU has a thermal check only with a
+    temperature threshold or a thermal throttle reason of its own."""
+    samples = _samples(scrapes[machine])
+    checks = {labels["check"] for name, labels, _ in samples
+              if name == "gpu_health_check_status"}
+    amdsmi = any(labels.get("source") == "amdsmi" for _, labels, _ in samples)
+    if not amdsmi:
+        assert "pcie" not in checks
+    thresholds = any(name == "gpu_temperature_threshold_celsius" for name, _, _ in samples)
+    thermal_reasons = any(name == "gpu_clock_throttle_active"
+                          and labels["reason"] in ("hw_thermal", "sw_thermal")
+                          for name, labels, _ in samples)
+    assert ("thermal" in checks) == (thresholds or thermal_reasons)
+    if machine == "amd-apu-phoenix":  # an APU: no hwmon thresholds, no throttle status
+        assert checks == {"driver"}
+
+
 def test_apu_carve_out_is_not_reported_as_device_memory(scrapes: dict[str, str]) -> None:
     text = scrapes["amd-apu-phoenix"]
     assert not any(n == "gpu_memory_total_bytes" for n, _ in parse_samples(text))

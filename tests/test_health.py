@@ -211,6 +211,27 @@ def test_amd_sensors_each_against_their_own_critical_threshold() -> None:
     assert status(text, vendor="amd") == DEGRADED
 
 
+def test_checks_no_rule_can_fire_for_are_not_served() -> None:
+    """A PCIe link alone is no pcie rule (a narrower link is no finding), a temperature with
+    no threshold of its own no thermal rule: neither check is served as a 0."""
+    from exporter.core.model import DeviceInfo
+
+    info = DeviceInfo(vendor="amd", pci_bus_id="0000:64:00.0", uuid="pci-0000:64:00.0")
+    apu = DeviceSample(info=info, source="sysfs", pcie_link_width=16,
+                       temperatures_celsius={"edge": 45.0})
+    assert set(evaluate(apu, 0.0).checks) == {"driver"}
+    # A threshold of another sensor is no rule for this one either.
+    other = DeviceSample(info=info, source="sysfs", temperatures_celsius={"edge": 45.0},
+                         temperature_limits_celsius={("junction", "critical"): 110.0})
+    assert set(evaluate(other, 0.0).checks) == {"driver"}
+    own = DeviceSample(info=info, source="sysfs", temperatures_celsius={"edge": 45.0},
+                       temperature_limits_celsius={("edge", "critical"): 100.0})
+    assert evaluate(own, 0.0).checks == {"thermal": HEALTHY, "driver": HEALTHY}
+    hot = DeviceSample(info=info, source="sysfs", temperatures_celsius={"edge": 100.0},
+                       temperature_limits_celsius={("edge", "critical"): 100.0})
+    assert evaluate(hot, 0.0).checks["thermal"] == DEGRADED
+
+
 def test_intel_throttling_and_package_near_its_limit() -> None:
     text = (GOLDEN / "mixed-faulty.prom").read_text()
     intel = hwmon("mixed-faulty", "0000:09:00.0")

@@ -204,6 +204,31 @@ def test_kubelet_restart_through_the_collector(node: FakeNode) -> None:
         hub.stop()
 
 
+def test_kubelet_connection_and_its_loss_are_logged_once_each(node: FakeNode) -> None:
+    """At start one "backend up" (not a second line of the backend's own), on the loss one
+    "backend down" (the failed sample and the reopens that find the socket gone are one
+    cause, unreachable), then one "backend recovered" after good cycles."""
+    from structlog.testing import capture_logs
+
+    hub = Hub(node.config, [KubernetesBackend(node.config)])
+    with capture_logs() as logs:
+        hub.start()
+        try:
+            assert wait_for(lambda: state(hub).up and state(hub).last is not None)
+            node.kubelet.stop()
+            assert wait_for(lambda: not state(hub).up)
+            time.sleep(1.0)  # several reopens, every --kubernetes.interval (0.2 s)
+            node.kubelet.start()
+            assert wait_for(lambda: state(hub).up and not state(hub).failing)
+        finally:
+            hub.stop()
+    lines = [(e["event"], e.get("code")) for e in logs
+             if e["log_level"] != "debug" and e.get("backend", "kubernetes") == "kubernetes"
+             and "CRI" not in e["event"]]
+    assert lines == [("backend up", None), ("backend down", "unreachable"),
+                     ("backend recovered", None)]
+
+
 def test_kubelet_too_slow_is_down_with_the_reason(node: FakeNode) -> None:
     backend, _, _ = open_sample(node.config)
     node.kubelet.delay = 1.5

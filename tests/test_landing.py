@@ -519,7 +519,7 @@ class Limited(Scripted):
         cycle = super().sample(slow)
         return Cycle([dataclasses.replace(d, power_limit_watts=300.0,
                                           temperatures_celsius={"edge": 50.0},
-                                          temperature_thresholds_celsius={"slowdown": 90.0})
+                                          temperature_limits_celsius={("edge", "slowdown"): 90.0})
                       for d in cycle.devices], cycle.errors)
 
 

@@ -12,7 +12,7 @@ from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.output.dcgm import FIELDS, HEALTH_FAMILY, parse_counters
 from exporter.output.render import Renderer, RenderOptions
-from exporter.output.render.selection import Selection
+from exporter.output.render.selection import Selection, load_selection
 from tests.daemon import FIXTURES, REPO, machine_args, running
 from tests.test_collector import Scripted
 from tests.test_server import run_cli
@@ -142,3 +142,35 @@ def test_the_per_vendor_field_table_matches_the_fixtures(tmp_path: Path) -> None
     if os.environ.get("UPDATE_GOLDEN") == "1":
         print(table)
     assert table in DOC.read_text(), f"docs/dcgm-compat.md: the per-vendor table is now\n{table}"
+
+
+@pytest.mark.parametrize(("include", "exclude", "hidden"), [
+    (None, None, []),
+    ("gpu_.*", None, []),  # gpu_exporter_* is gpu_.* too
+    ("gpu_utilization_ratio|gpu_memory_.*", None,
+     ["gpu_exporter_up", "gpu_exporter_backend_up", "gpu_exporter_backend_down_reason",
+      "gpu_exporter_collection_errors_total",
+      "gpu_exporter_last_collection_timestamp_seconds",
+      "gpu_exporter_config_last_reload_successful"]),
+    (None, "gpu_exporter_.*_total", ["gpu_exporter_collection_errors_total"]),
+])
+def test_a_selection_that_hides_the_exporters_own_series_is_warned_about(
+        include: str | None, exclude: str | None, hidden: list[str]) -> None:
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        load_selection(include, exclude, "gpu", None)
+    warned = [e for e in logs if e["event"] == "metric selection hides the exporter's own series"]
+    assert [e["hidden"] for e in warned] == ([hidden] if hidden else [])
+
+
+def test_the_watched_families_are_those_the_shipped_rules_use() -> None:
+    """Every gpu_exporter_* family an expression of deploy/prometheus uses is watched."""
+    import re
+
+    from exporter.output.render.selfmetrics import WATCHED
+
+    rules = (Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
+             / "gpu-exporter.rules.yml").read_text()
+    used = set(re.findall(r"\b(gpu_exporter_[a-z_]+)", rules))
+    assert used and used <= {spec.name for spec in WATCHED}

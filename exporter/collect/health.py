@@ -6,10 +6,11 @@ snapshot (``Snapshot.health``) from what the backends already read, so every ven
 the same answer to "can this GPU take work?". The reason of a non-zero check goes to
 ``/snapshot`` and the landing page, never into a label (a reason is free text).
 
-A check is served only where its inputs exist for that GPU (no NVLink, no
-``interconnect``): nothing claims a GPU healthy on evidence that was never read. Every
-rule and its source is in docs/health.md; the only number that is ours, not the vendor's,
-is the XID window (``--health.xid-window``). Slices (MIG instances, partitions) get no
+A check is served only where one of its rules can fire for that GPU (no NVLink, no
+``interconnect``; no threshold and no thermal throttle reason, no ``thermal``): nothing
+claims a GPU healthy on evidence that was never read. Every rule and its source is in
+docs/health.md; the only number that is ours, not the vendor's, is the XID window
+(``--health.xid-window``). Slices (MIG instances, partitions) get no
 verdict of their own: their parent's is the one that matters.
 """
 
@@ -56,19 +57,15 @@ RECOVERY_ACTIONS: Mapping[str, int] = {
     "gpu_reset": FAILED, "node_reboot": FAILED, "drain_and_reset": FAILED,
     "bus_reset": FAILED, "system_reboot": FAILED,
 }
-# The sensor each vendor's thresholds belong to (what the backends read them for):
-# vendor -> ((sensors, first present wins), threshold, status when reached).
-THERMAL_LIMITS: Mapping[str, tuple[tuple[tuple[str, ...], str, int], ...]] = {
-    "nvidia": ((("gpu",), "slowdown", DEGRADED), (("gpu",), "shutdown", FAILED),
-               (("memory",), "memory_max_operating", DEGRADED)),
-    "amd": ((("junction", "edge"), "critical", DEGRADED),
-            (("junction", "edge"), "shutdown", FAILED)),
-    "intel": ((("package",), "critical", DEGRADED), (("package",), "shutdown", FAILED)),
-}
-# Per-sensor thresholds (DeviceSample.temperature_limits_celsius): hwmon's crit is where the
-# firmware starts to slow the GPU down, emergency where it shuts down (Documentation/
-# hwmon/sysfs-interface.rst, amdgpu's thermal.rst).
-LIMIT_STATUS: Mapping[str, int] = {"critical": DEGRADED, "shutdown": FAILED}
+# Each sensor's own thresholds (DeviceSample.temperature_limits_celsius) -> the status when
+# that sensor reaches it: hwmon's crit is where the firmware starts to slow the GPU down,
+# emergency where it shuts down (Documentation/hwmon/sysfs-interface.rst, amdgpu's
+# thermal.rst); NVML's slowdown and shutdown of the GPU sensor, and the memory's maximum
+# operating temperature (where the GPU throttles for its memory). NVML's max_operating
+# (the most an operator may set) is no finding.
+LIMIT_STATUS: Mapping[str, int] = {
+    "critical": DEGRADED, "shutdown": FAILED, "slowdown": DEGRADED,
+    "memory_max_operating": DEGRADED}
 # throttle reason (docs/metrics.md) -> check; sw_power_cap is the power limit doing its job.
 THROTTLES: Mapping[str, Check] = {"hw_thermal": Check.THERMAL, "sw_thermal": Check.THERMAL,
                                 "hw_slowdown": Check.POWER, "hw_power_brake": Check.POWER}
@@ -143,19 +140,12 @@ def _memory(d: DeviceSample) -> Iterable[Finding]:
 
 
 def _limits(d: DeviceSample) -> Iterable[tuple[str, str, float, int]]:
-    """(sensor, threshold, °C, status when reached): every sensor's own thresholds where
-    the source reads them per sensor, else the vendor's table."""
-    if d.temperature_limits_celsius:
-        for (sensor, threshold), limit in sorted(d.temperature_limits_celsius.items()):
-            status = LIMIT_STATUS.get(threshold)
-            if status is not None:
-                yield sensor, threshold, limit, status
-        return
-    for sensors, threshold, status in THERMAL_LIMITS.get(d.info.vendor, ()):
-        owner = next((s for s in sensors if s in d.temperatures_celsius), None)
-        value = d.temperature_thresholds_celsius.get(threshold)
-        if owner is not None and value is not None:
-            yield owner, threshold, value, status
+    """(sensor, threshold, °C, status when reached) of every sensor that has a reading and
+    a threshold of its own with a rule."""
+    for (sensor, threshold), limit in sorted(d.temperature_limits_celsius.items()):
+        status = LIMIT_STATUS.get(threshold)
+        if status is not None and sensor in d.temperatures_celsius:
+            yield sensor, threshold, limit, status
 
 
 def _thermal(d: DeviceSample) -> Iterable[Finding]:
@@ -189,12 +179,15 @@ def _recovery(d: DeviceSample) -> Iterable[Finding]:
 
 
 def _inputs(d: DeviceSample) -> set[Check]:
-    """The checks this GPU has inputs for."""
+    """The checks that have a rule that can fire for this GPU."""
     ras = {rule[0] for block, _ in d.ras_errors
            if (rule := RAS_BLOCKS.get(block, MEMORY_RAS)) is not None}
     have = {Check.DRIVER} | ras
-    if d.temperatures_celsius or any(THROTTLES.get(r) == Check.THERMAL
-                                     for r in d.throttle_reasons):
+    # A check is served where one of its rules can fire: a temperature with a threshold of
+    # its own, a thermal throttle reason the source reports; the PCIe link's width is no
+    # rule (a narrower link is no finding), XID 79 and pcie_bif RAS errors are.
+    if next(iter(_limits(d)), None) is not None or any(
+            THROTTLES.get(r) == Check.THERMAL for r in d.throttle_reasons):
         have.add(Check.THERMAL)
     if d.ecc_errors or d.remapped_rows or d.remap_failed is not None or d.retired_pages:
         have.add(Check.MEMORY)
@@ -204,7 +197,7 @@ def _inputs(d: DeviceSample) -> set[Check]:
         have.add(Check.INTERCONNECT)
     if any(THROTTLES.get(r) == Check.POWER for r in d.throttle_reasons):
         have.add(Check.POWER)
-    if d.pcie_link_width is not None or d.xid_last is not None:
+    if d.xid_last is not None:
         have.add(Check.PCIE)
     return have
 
@@ -241,7 +234,7 @@ STATUS = MetricSpec("gpu_health_status",
 CHECK = MetricSpec("gpu_health_check_status",
                    "One health check of the GPU: 0 healthy, 1 degraded, 2 failed.",
                    labels=("check",), note="`check` is " + ", ".join(f"`{c}`" for c in CHECKS)
-                   + "; a check is served where the GPU has its inputs.",
+                   + "; a check is served where one of its rules can fire for the GPU.",
                    otlp=Otlp("gpu.health.check.status"))
 LABELS = ("gpu", "uuid", "vendor", "source")
 

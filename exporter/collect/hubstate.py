@@ -3,10 +3,13 @@
 Owns the transitions of one backend's ``BackendState`` (exporter.collect.state): opened, down,
 recovered, errors counted, a sample accepted, stale (the ``Watchdog``'s look, with each
 backend's stale limit) or answering again; each change that people should see gets its
-one log line here, never one per cycle. Owns ``Hooks``, the optional hooks a backend
-declares, read after each of its cycles. Owns ``KnownGpus``: the ``gpu`` numbering, what
-is reported (``gpu_up 0``) for a device no backend reports any more, and the log lines
-of a GPU that appeared, was lost, came back or is gone.
+one log line here, never one per cycle. Owns ``down_code``: a down reason's free text as
+one of the closed set of codes (labels.DownReason) that gpu_exporter_backend_down_reason
+serves; a backend that stays down for one code logs it once, whatever the text says
+meanwhile (a lost kubelet and the reopen that finds its socket gone are one event).
+Owns ``Hooks``, the optional hooks a backend declares, read after each of its cycles.
+Owns ``KnownGpus``: the ``gpu`` numbering, what is reported (``gpu_up 0``) for a device no
+backend reports any more, and the log lines of a GPU that appeared, was lost, came back or is gone.
 
 Nothing here takes a lock or starts a thread: the Hub (exporter.collect.hub) decides when
 a change happens and calls these with its lock held.
@@ -14,6 +17,7 @@ a change happens and calls these with its lock held.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
@@ -31,7 +35,7 @@ from exporter.collect.backends.base import (
 from exporter.collect.state import DURATION_BUCKETS, BackendState
 from exporter.core.config import Config
 from exporter.core.joins import JoinSource
-from exporter.core.labels import ErrorReason
+from exporter.core.labels import DownReason, ErrorReason
 from exporter.core.model import BackendSample, DeviceInfo, DeviceSample
 
 log = structlog.get_logger(__name__)
@@ -39,23 +43,69 @@ log = structlog.get_logger(__name__)
 NOT_WATCHED = float("inf")
 
 
+# -- why a backend is down, as a code --------------------------------------------------
+# The Hub's own words (exporter.collect.hub): what it puts before a backend's message.
+_RAISED = ("sample raised ", "open failed: ")
+_WENT_BAD = "failed: "
+# (pattern, code), the first that matches a reason's text wins; the patterns are the
+# wording of the backends' BackendUnavailable / BackendFailed messages and of the
+# libraries' errors they pass on (NVML's nvmlErrorString, amdsmi's status names, gRPC's
+# status codes, strerror). tests/test_hubstate.py holds every backend's message to it.
+_CODES: tuple[tuple[re.Pattern[str], DownReason], ...] = tuple(
+    (re.compile(pattern, re.I), code) for pattern, code in (
+        (r"permission|denied|not permitted|no_perm|eacces|eperm", DownReason.PERMISSION),
+        (r"not installed|not importable|not loadable|shared library not found"
+         r"|loader \S+ not found|^macmon not found|: no such file or directory$",
+         DownReason.NOT_INSTALLED),
+        (r"driver not loaded|version mismatch|rm has detected", DownReason.DRIVER),
+        (r"^not on |not supported|unsupported|no i915/xe pmu|no pmu events|exec format"
+         r"|older than",
+         DownReason.UNSUPPORTED),
+        (r"socket \S+ not found|: unavailable\b|timed out|deadline|connection refused"
+         r"|not answering", DownReason.UNREACHABLE),
+        (r"^no [\w/, ]+ card\b|found no|no device|no usable",
+         DownReason.NO_DEVICE),
+        (r"could not start|could not list|init\w* failed|exited with status"
+         r"|^cannot (?:run|list) ",
+         DownReason.INIT_FAILED),
+    ))
+
+
+def down_code(reason: str) -> DownReason:
+    """The code of a down reason's text (never raises; OTHER where no pattern says)."""
+    if reason == "not started":
+        return DownReason.NOT_STARTED
+    if reason.startswith(_RAISED):
+        return DownReason.EXCEPTION
+    went_bad = reason.startswith(_WENT_BAD)
+    text = reason.removeprefix(_WENT_BAD) if went_bad else reason
+    for pattern, code in _CODES:
+        if pattern.search(text):
+            return code
+    return DownReason.FAILED if went_bad else DownReason.OTHER
+
+
 # -- one backend's state --------------------------------------------------------------
 def opened(state: BackendState, gpus: int, now: float) -> BackendState:
-    """Its open() returned ``gpus`` devices at ``now`` (monotonic)."""
+    """Its open() returned ``gpus`` devices at ``now`` (monotonic). A backend that adds to
+    other backends' GPUs (fdinfo, pmu, kubernetes) opens with none: no count is logged."""
     if not state.up and not state.failing:
-        log.info("backend up", backend=state.name, gpus=gpus)
-    return replace(state, up=True, reason="", attempted=True, stale=False, alive_at=now,
-                   logged="" if not state.failing else state.logged)
+        log.info("backend up", backend=state.name, **({"gpus": gpus} if gpus else {}))
+    return replace(state, up=True, reason="", code=DownReason.NOT_STARTED, attempted=True,
+                   stale=False, alive_at=now, logged="" if not state.failing else state.logged)
 
 
 def down(state: BackendState, reason: str, level: str, exc_info: bool = False,
          failing: bool = False) -> BackendState:
-    """Its open() failed, its handle went bad or its sample raised: logged once per reason."""
-    if state.logged != reason:
-        getattr(log, level)("backend down", backend=state.name, reason=reason,
-                            exc_info=exc_info)
-    return replace(state, up=False, stale=False, reason=reason, attempted=True,
-                   logged=reason, failing=failing or state.failing)
+    """Its open() failed, its handle went bad or its sample raised: logged once per code
+    (a raised exception once per distinct text: each is its own bug)."""
+    code = down_code(reason)
+    key = reason if code is DownReason.EXCEPTION else code.value
+    if state.logged != key:
+        getattr(log, level)("backend down", backend=state.name, code=code.value,
+                            reason=reason, exc_info=exc_info)
+    return replace(state, up=False, stale=False, reason=reason, code=code, attempted=True,
+                   logged=key, failing=failing or state.failing)
 
 
 def recovered(state: BackendState) -> BackendState:

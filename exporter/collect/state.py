@@ -18,7 +18,7 @@ from exporter.collect.energy_split import EnergySplit
 from exporter.collect.health import DEFAULT_XID_WINDOW, Verdict, verdicts
 from exporter.collect.merge import View, cap, enrich, merge
 from exporter.core.joins import JoinSource
-from exporter.core.labels import ErrorReason
+from exporter.core.labels import DownReason, ErrorReason
 from exporter.core.model import BackendSample, DeviceSample
 
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -29,6 +29,9 @@ class BackendState:
     name: str
     up: bool = False
     reason: str = "not started"
+    # The reason as one of a closed set of codes (gpu_exporter_backend_down_reason),
+    # mapped from ``reason`` by exporter.collect.hubstate.down_code.
+    code: DownReason = DownReason.NOT_STARTED
     attempted: bool = False  # open() has been tried at least once
     stale: bool = False  # opened, but no completed cycle within --stale-after
     last: BackendSample | None = None
@@ -39,16 +42,23 @@ class BackendState:
     enricher: Enricher | None = None  # after its last cycle (the Attributes hook)
     joins: JoinSource | None = None  # after its last cycle (the Joins hook)
     child_restarts: int | None = None  # after its last cycle (the SupervisesChild hook)
-    # The down reason last logged, and whether it came after a successful open (a handle
-    # that went bad, a sample that raised): a backend that opens and fails again and
-    # again logs its failure once, and "recovered" after GOOD_CYCLES_TO_RESET good cycles
-    # (exporter.collect.hub).
+    # What was last logged of a down reason (its code; an exception's text), and whether
+    # it came after a successful open (a handle that went bad, a sample that raised): a
+    # backend that opens and fails again and again logs its failure once, and "recovered"
+    # after GOOD_CYCLES_TO_RESET good cycles (exporter.collect.hub).
     logged: str = ""
     failing: bool = False
     errors_total: Mapping[ErrorReason, int] = field(default_factory=dict)
     duration_buckets: tuple[int, ...] = (0,) * len(DURATION_BUCKETS)
     duration_sum: float = 0.0
     duration_count: int = 0
+
+    @property
+    def down_reason(self) -> DownReason | None:
+        """Why it serves no values now (None while it is up and answering)."""
+        if self.up:
+            return DownReason.STALE if self.stale else None
+        return self.code
 
     @property
     def serving(self) -> bool:

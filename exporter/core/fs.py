@@ -138,6 +138,16 @@ def user_name(uid: int) -> str:
         return str(uid)
 
 
+def driver_version(sysfs: str, procfs: str, module: str) -> str:
+    """A kernel driver's version: ``/sys/module/<module>/version`` where the module has one
+    (an out-of-tree build: ROCm's DKMS amdgpu, Intel's backport i915), else the kernel
+    release (``/proc/sys/kernel/osrelease``), which is an in-tree driver's version (those
+    declare no MODULE_VERSION, so their module directory has no ``version``): what
+    rocm-smi and amd-smi report for amdgpu. "" where neither can be read."""
+    return (SysFS(sysfs).read_text("module", module, "version")
+            or ProcFS(procfs).read_text("sys", "kernel", "osrelease") or "")
+
+
 def open_files_limit() -> int | None:
     """The soft RLIMIT_NOFILE, None where it is unlimited: what the kept descriptors here
     and the HTTP server's connections (exporter.serve.server) are sized from."""
@@ -244,6 +254,13 @@ class AttrReader:
             return self._memo[key]  # type: ignore[return-value]
         value = self._memo[key] = build()
         return value
+
+    def relist(self) -> None:
+        """Forget the layout (listings and what was derived from them), keeping the open
+        descriptors: a directory whose files were still being created when it was first
+        listed (a card found again before its driver finished) is listed afresh."""
+        self._names.clear()
+        self._memo.clear()
 
     def reset(self) -> None:
         """Forget the layout and close every descriptor (hotplug, card gone, close)."""

@@ -238,6 +238,25 @@ class ErrorReason(Vocabulary):
     JOBS_OVER_CAP = "jobs_over_cap"  # jobs past the per-GPU cap of one mapping file
 
 
+class DownReason(Vocabulary):
+    """``gpu_exporter_backend_down_reason{reason}``: why a backend is off, a closed set of
+    codes mapped from its free-text reason (exporter.collect.hubstate.down_code); the text
+    itself is logged once and shown in ``/snapshot``."""
+
+    NOT_STARTED = "not_started"  # open() not tried yet
+    NO_DEVICE = "no_device"  # no GPU (or card, or client) of its kind on this machine
+    NOT_INSTALLED = "not_installed"  # its library, package or program is missing
+    DRIVER = "driver"  # the kernel driver is not loaded, or does not match its library
+    PERMISSION = "permission"  # the kernel or library refused (a device node, perf, /proc)
+    UNSUPPORTED = "unsupported"  # not on this operating system, hardware or kernel
+    UNREACHABLE = "unreachable"  # a socket it talks to is absent, refusing or timing out
+    INIT_FAILED = "init_failed"  # its library would not start, for another reason
+    FAILED = "failed"  # its handle went bad after it was open: reopened with back-off
+    EXCEPTION = "exception"  # open() or sample() raised: a bug, reported
+    STALE = "stale"  # open, but no completed collection for --stale-after
+    OTHER = "other"  # none of the above
+
+
 # label name -> its closed vocabulary (a label not named here is open).
 VOCABULARIES: dict[str, type[Vocabulary]] = {
     "sensor": Sensor, "threshold": Threshold, "clock": Clock, "reason": ThrottleReason,

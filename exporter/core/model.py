@@ -35,7 +35,7 @@ from exporter.core.fieldspec import (
     value,
     value_specs,
 )
-from exporter.core.labels import ErrorReason, Profiling
+from exporter.core.labels import ErrorReason, Profiling, Sensor
 
 INTERNAL = Exposure.INTERNAL  # an input of the health verdict, not a family of its own
 # The tiers a field declares (Cadence): how often the backends read it.
@@ -328,11 +328,14 @@ class DeviceValues:
     temperatures_celsius: Mapping[str, float] = mapping(
         "gpu_temperature_celsius", "Temperature by sensor.", "sensor", unit="celsius",
         otlp=Otlp("hw.temperature", labels={"sensor": "hw.sensor_location"}))
-    temperature_thresholds_celsius: Mapping[str, float] = mapping(
-        "gpu_temperature_threshold_celsius", "Temperature thresholds.", "threshold",
-        unit="celsius",
+    # (sensor, threshold) -> °C: each sensor's own thresholds (amdgpu hwmon tempN_crit /
+    # tempN_emergency for edge, junction and memory alike; NVML's GPU and memory limits;
+    # the i915/xe package's), so a sensor is drawn against its own limit.
+    temperature_limits_celsius: Mapping[tuple[str, str], float] = mapping(
+        "gpu_temperature_threshold_celsius", "Temperature thresholds, by sensor.", "sensor",
+        "threshold", unit="celsius",
         cadence=SLOW, cadence_by={"nvidia": STATIC},
-        otlp=Otlp("gpu.temperature.threshold"))
+        otlp=Otlp("gpu.temperature.threshold", labels={"sensor": "hw.sensor_location"}))
     fan_speed_ratio: Mapping[str, float] = mapping(
         "gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum.", "fan", unit="ratio",
         otlp=Otlp("gpu.fan.speed_ratio"))
@@ -447,11 +450,19 @@ class DeviceValues:
         cadence=SLOW, exposure=INTERNAL)
     xid_seen_seconds: Mapping[int, float] = mapping(  # XID code -> wall clock of its newest
         "", "When each XID code last happened.", exposure=INTERNAL)
-    # (sensor, threshold) -> °C where each sensor has thresholds of its own (amdgpu hwmon
-    # tempN_crit / tempN_emergency for edge, junction and memory alike).
-    temperature_limits_celsius: Mapping[tuple[str, str], float] = mapping(
-        "", "Each sensor's own temperature thresholds.", unit="celsius", cadence=SLOW,
-        exposure=INTERNAL)
+
+    @property
+    def temperature_thresholds_celsius(self) -> dict[str, float]:
+        """threshold -> °C of the sensor that throttles (junction, else edge, gpu, package,
+        then the others): each threshold once, from ``temperature_limits_celsius``."""
+        limits = self.temperature_limits_celsius
+        if not limits:
+            return {}
+        out: dict[str, float] = {}
+        for (_sensor, threshold), celsius in sorted(
+                limits.items(), key=lambda item: (_SENSOR_ORDER.get(item[0][0], 99), item[0])):
+            out.setdefault(threshold, celsius)
+        return out
 
     def present(self) -> dict[str, Any]:
         """The values this fragment has (not None, not empty), by field name."""
@@ -473,6 +484,11 @@ class DeviceValues:
         if not changes:
             return self
         return copy_with(self, **changes)  # replace() was 10 % of an NVML fast cycle
+
+
+# The order in which a sensor's thresholds stand for the GPU's (the throttling sensor first).
+_SENSOR_ORDER: dict[str, int] = {Sensor.JUNCTION: 0, Sensor.EDGE: 1, Sensor.GPU: 2,
+                                 Sensor.PACKAGE: 3}
 
 
 @cache

@@ -41,6 +41,8 @@ def snapshot_dict(s: Snapshot, otlp: Mapping[str, Any] | None = None) -> dict[st
             "up": state.up and not state.stale,
             "reason": "no completed collection within --stale-after" if state.stale
             else state.reason,
+            # gpu_exporter_backend_down_reason's code; null while it answers
+            "code": state.down_reason,
             "last_collection_timestamp": state.last_success,
             "errors_total": dict(state.errors_total),
         }

@@ -4,6 +4,9 @@ Owns the formats of ``pp_dpm_sclk`` / ``pp_dpm_mclk`` (DPM level tables),
 ``pp_dpm_pcie``, ``pcie_bw`` and the RAS ``ras/<block>_err_count`` files. Numbers go through
 exporter.core.units (link speeds too: ``units.parse_link_speed``); a level whose number
 is garbage (400 digits, a negative clock) is dropped and counted, never raised.
+Also the KFD topology's node ``properties`` (``/sys/class/kfd/kfd/topology/nodes/<N>/
+properties``, drivers/gpu/drm/amd/amdkfd/kfd_topology.c): the GPU's gfx target and PCI
+location.
 Kernel reference: Documentation/gpu/amdgpu/thermal.rst ("pp_dpm_*"), driver-misc.rst
 ("pcie_bw") and amdgpu-ras ("ras/<block>_err_count").
 """
@@ -104,3 +107,38 @@ def parse_pcie_bw(text: str | None) -> tuple[float, float] | None:
     rx = units.bounded(received * mps, "bytes_per_second")
     tx = units.bounded(sent * mps, "bytes_per_second")
     return None if rx is None or tx is None else (rx, tx)
+
+
+def parse_kfd_properties(text: str | None) -> dict[str, int]:
+    """A KFD topology node's ``properties`` file ("name value" lines, decimal) -> name ->
+    value; a line that is not a name and a non-negative integer is skipped."""
+    out: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            value = units.parse_int(parts[1])
+            if value is not None and value >= 0:
+                out[parts[0]] = value
+    return out
+
+
+def gfx_target(version: int) -> str:
+    """KFD's ``gfx_target_version`` (major * 10000 + minor * 100 + stepping, as amdkfd's
+    kgd2kfd_probe sets it: 110003, 90402, 90010) as the LLVM target the ROCm tools print
+    (gfx1103, gfx942, gfx90a: minor and stepping one hex digit each); "" for 0 (a CPU
+    node) or a version whose parts do not fit."""
+    major, minor, stepping = version // 10000, version // 100 % 100, version % 100
+    if not 0 < major < 100 or minor > 15 or stepping > 15:
+        return ""
+    return f"gfx{major}{minor:x}{stepping:x}"
+
+
+def kfd_pci_bus_id(props: dict[str, int]) -> str | None:
+    """The PCI address of a KFD GPU node: ``domain`` and ``location_id`` (pci_dev_id():
+    bus << 8 | devfn, amdkfd's kfd_topology_add_device), as sysfs writes it."""
+    location = props.get("location_id")
+    if location is None or location > 0xFFFF:
+        return None
+    domain = props.get("domain", 0)
+    bus, slot, function = location >> 8, (location >> 3) & 0x1F, location & 0x7
+    return f"{domain:04x}:{bus:02x}:{slot:02x}.{function:x}"

@@ -89,12 +89,19 @@ class KubernetesBackend:
             if e.code != "UNIMPLEMENTED":  # kubelets before 1.23 lack the call
                 kubelet.close()
                 raise BackendUnavailable(str(e)) from None
-            offered = {}
+            offered = None
         self._kubelet = kubelet
-        self._pending.update(check_offered(offered))
-        gpus = {r: len(ids) for r, ids in offered.items() if r.startswith(
+        self._pending.update(check_offered(offered or {}))
+        gpus = {r: len(ids) for r, ids in (offered or {}).items() if r.startswith(
             ("nvidia.com/", "amd.com/", "gpu.intel.com/"))}
-        log.info("kubelet pod-resources connected", socket=path, offered=gpus)
+        # The Hub logs "backend up" for this open: one line more only where the kubelet
+        # says it offers no GPU at all (no device plugin registered yet); a kubelet before
+        # 1.23 cannot say (no GetAllocatableResources): its allocations still count.
+        if gpus or offered is None:
+            log.debug("kubelet pod-resources connected", socket=path, offered=gpus)
+        else:
+            log.info("kubelet offers no GPU resource", socket=path,
+                     hint="no GPU device plugin or DRA driver registered on this node yet")
         return ()
 
     def sample(self, slow: bool) -> Cycle:

@@ -82,13 +82,35 @@ class Filtered:
         yield from self.selection.keep(self.collector.collect())
 
 
+def hidden_watched(selection: Selection) -> list[str]:
+    """The exporter's own watched families (selfmetrics.WATCHED) the selection hides."""
+    from exporter.output.render.selfmetrics import WATCHED
+
+    return [spec.name for spec in WATCHED if not selection.allows(spec.name)]
+
+
+def _warn_hidden(selection: Selection) -> Selection:
+    hidden = hidden_watched(selection)
+    if hidden:
+        import structlog
+
+        structlog.get_logger(__name__).warning(
+            "metric selection hides the exporter's own series", hidden=hidden,
+            hint="the shipped alerts on them (GpuExporterNotReady, GpuExporterBackendDown, "
+                 "GpuExporterBackendFailing, GpuExporterCollectionStale) never fire: add "
+                 "|gpu_exporter_.* to --collector.metrics.include, or narrow "
+                 "--collector.metrics.exclude")
+    return selection
+
+
 def load_selection(include: str | None, exclude: str | None, metric_names: MetricNames,
                    counters_file: str | None) -> Selection:
     """The operator's Selection. Reads ``--dcgm.counters`` (OSError where it cannot, a
     ValueError where it makes no sense) and says once, in one log line, which of its
-    names we cannot fill and how many lines were not a field."""
+    names we cannot fill and how many lines were not a field; says in one more which of
+    the exporter's own watched families it hides."""
     if counters_file is None:
-        return Selection(include, exclude)
+        return _warn_hidden(Selection(include, exclude))
     if metric_names is MetricNames.GPU:
         raise ValueError("--dcgm.counters needs --metric-names dcgm or both")
     import structlog
@@ -103,4 +125,4 @@ def load_selection(include: str | None, exclude: str | None, metric_names: Metri
             "dcgm counters: fields not served", file=counters_file,
             unknown=list(counters.unknown), malformed_lines=counters.malformed,
             hint="docs/dcgm-compat.md lists the fields this exporter fills")
-    return Selection(include, exclude, counters.fields)
+    return _warn_hidden(Selection(include, exclude, counters.fields))

@@ -22,6 +22,7 @@ from prometheus_client.core import (
 from exporter import __version__
 from exporter.collect.state import DURATION_BUCKETS, Snapshot
 from exporter.core.fieldspec import Kind, MetricSpec, Otlp
+from exporter.core.labels import DownReason
 
 BUILD = MetricSpec("gpu_exporter_build_info", "Build information; value 1.",
                    labels=("version", "python_version"),
@@ -32,8 +33,16 @@ UP = MetricSpec("gpu_exporter_up", "1 once the first collection has completed.",
                 otlp=Otlp("gpu_exporter.up"))
 BACKEND_UP = MetricSpec(
     "gpu_exporter_backend_up", "1 if the backend is open and answering.", labels=("backend",),
-    note="The reason it is off is logged once and shown by `gpu-exporter snapshot`.",
+    note="Why it is off: `gpu_exporter_backend_down_reason`; the reason's words are logged "
+    "once and shown by `gpu-exporter snapshot`.",
     otlp=Otlp("gpu_exporter.backend.up"))
+BACKEND_DOWN = MetricSpec(
+    "gpu_exporter_backend_down_reason",
+    "1 for the reason a backend is off, while gpu_exporter_backend_up is 0.",
+    labels=("backend", "reason"),
+    note="`reason` is one of " + ", ".join(f"`{r}`" for r in DownReason)
+    + " ([troubleshooting.md](troubleshooting.md)); a backend that answers has no series.",
+    otlp=Otlp("gpu_exporter.backend.down_reason"))
 DURATION = MetricSpec("gpu_exporter_collection_duration_seconds",
                       "Time one collection cycle took.", Kind.HISTOGRAM, "seconds",
                       labels=("backend",),
@@ -76,9 +85,12 @@ RELOAD_TIME = MetricSpec("gpu_exporter_config_last_reload_success_timestamp_seco
                          "When the configuration was last loaded successfully (start-up "
                          "included).", unit="seconds",
                          otlp=Otlp("gpu_exporter.config.last_reload.success_timestamp"))
+# The exporter's own families that the shipped alerts (deploy/prometheus) and a reload
+# check watch: a metric selection that hides one is warned about at start and reload.
+WATCHED = (UP, BACKEND_UP, BACKEND_DOWN, ERRORS, LAST, RELOAD_OK)
 # In the order served.
-EXPORTER = (BUILD, UP, BACKEND_UP, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED, CPU, OTLP,
-            RELOAD_OK, RELOAD_TIME)
+EXPORTER = (BUILD, UP, BACKEND_UP, BACKEND_DOWN, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED,
+            CPU, OTLP, RELOAD_OK, RELOAD_TIME)
 
 
 def _labels(spec: MetricSpec, value: float | None) -> list[str] | None:
@@ -119,11 +131,13 @@ def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thre
     build.add_metric([__version__, platform.python_version()], 1)
     yield build
     yield _gauge(UP, 1 if s.ready else 0)
-    up, last = _gauge(BACKEND_UP), _gauge(LAST)
+    up, last, down = _gauge(BACKEND_UP), _gauge(LAST), _gauge(BACKEND_DOWN)
     hist = _histogram(DURATION)
     errors, restarts = _counter(ERRORS), _counter(RESTARTS)
     for state in s.backends:
         up.add_metric([state.name], 1 if state.up and not state.stale else 0)
+        if (why := state.down_reason) is not None:
+            down.add_metric([state.name, why], 1)
         if state.duration_count:
             buckets = [(str(b), c) for b, c in
                        zip(DURATION_BUCKETS, state.duration_buckets, strict=True)]
@@ -135,7 +149,7 @@ def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thre
             last.add_metric([state.name], state.last_success)
         if state.child_restarts is not None:
             restarts.add_metric([state.name], state.child_restarts)
-    yield from (up, hist, errors, last)
+    yield from (up, down, hist, errors, last)
     if restarts.samples:
         yield restarts
     yield _counter(TRUNCATED, s.processes_truncated_total)

@@ -149,6 +149,7 @@ class AmdSmiBackend:
                 info = DeviceInfo(
                     vendor="amd", pci_bus_id=bus_id, uuid=uuid or f"{base.uuid}-p{partition}",
                     name=base.name, driver=base.driver, driver_version=base.driver_version,
+                    architecture=base.architecture,
                     vbios_version=base.vbios_version, serial=base.serial,
                     device_key=f"{bus_id}:partition{partition}", parent_key=bus_id,
                     slice_labels={"partition_id": partition})
@@ -169,6 +170,7 @@ class AmdSmiBackend:
             vendor="amd", pci_bus_id=bus_id,
             uuid=text(get("amdsmi_get_gpu_device_uuid")) or f"pci-{bus_id}",
             name=text(asic.get("market_name")), driver=text(driver.get("driver_name")),
+            architecture=text(asic.get("target_graphics_version")),
             driver_version=text(driver.get("driver_version")),
             vbios_version=text(vbios.get("version")), serial=text(asic.get("asic_serial")),
             info_labels={"partition": mode} if mode else {})

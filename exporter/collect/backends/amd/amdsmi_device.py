@@ -95,13 +95,13 @@ def temperatures(call: Caller, lib: Any, errors: Counter[ErrorReason]) -> Device
 
 
 def thresholds(call: Caller, lib: Any, errors: Counter[ErrorReason]) -> DeviceValues:
-    """The junction sensor's limits (slow tier)."""
+    """The junction (hotspot) sensor's limits (slow tier)."""
     kinds, metric = lib.AmdSmiTemperatureType, lib.AmdSmiTemperatureMetric
-    limits: dict[str, float] = {
-        name: v for member, name in THRESHOLDS
+    limits: dict[tuple[str, str], float] = {
+        (Sensor.JUNCTION, name): v for member, name in THRESHOLDS
         if (v := number(call.get(errors, "amdsmi_get_temp_metric", kinds.HOTSPOT,
                                  metric[member]), "celsius", 1, errors)) is not None}
-    return DeviceValues(temperature_thresholds_celsius=limits)
+    return DeviceValues(temperature_limits_celsius=limits)
 
 
 def clocks(call: Caller, lib: Any, errors: Counter[ErrorReason]) -> DeviceValues:

@@ -5,7 +5,11 @@ Owns the per-card lifecycle: cards come from the shared DrmDiscovery
 state (identity, counters across cycles, its exporter.core.fs.AttrReader with open
 descriptors) until it goes. A card that vanishes is reported once with ``up=False``,
 then dropped; one whose device directory is gone under a link still there is lost
-(``gpu_lost``) until it is back. What one card's sample holds is
+(``gpu_lost``) until it is back. Its static information (name, memory sizes, gfx target)
+is read when it appears and again on each slow cycle while a file its driver writes is
+missing (``card.static_missing``), and at once when it is back after it was lost: a card
+found before its driver finished creating its files gets them in the end, not an empty
+name for good. What one card's sample holds is
 exporter.collect.backends.amd.card's, imported with the first card: a machine without
 one (an NVIDIA-only host) never loads the amdgpu parsers.
 """
@@ -24,7 +28,7 @@ from exporter.collect.backends.amd import SYSFS_SOURCE
 from exporter.collect.backends.base import KERNEL, BackendUnavailable, Cycle
 from exporter.collect.discovery import DrmCard, DrmDiscovery
 from exporter.core.config import Config
-from exporter.core.fs import AttrReader
+from exporter.core.fs import AttrReader, driver_version
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample
 
@@ -48,6 +52,7 @@ class _Card:
         self.counters = CardCounters()
         self.reader = AttrReader()
         self.lost = False
+        self.missing: list[str] = []  # static information its driver has not written yet
         self.device_dir = os.fspath(card.device_dir)
         self.pcie_bw = os.path.exists(os.path.join(self.device_dir, PCIE_BW))
 
@@ -108,18 +113,39 @@ class AmdBackend:
             self._generation = self.discovery.generation
         for name, c in current.items():
             if name not in self._cards:
-                self._cards[name] = _Card(c, self._device_info(c))
+                st = self._cards[name] = _Card(c, self._device_info(c))
+                self._check_static(st)
         return gone
 
+    def _check_static(self, st: _Card) -> None:
+        from exporter.collect.backends.amd.card import static_missing
+
+        st.missing = static_missing(st.info, st.reader, st.device_dir, self.config.sysfs)
+
+    def _reread_static(self, st: _Card) -> None:
+        """The card's layout listed afresh and its static information read again (the
+        slow-tier limits and sizes too, on this very cycle)."""
+        before = st.missing
+        st.reader.relist()
+        st.info = self._device_info(st.card)
+        st.counters.slow = None
+        self._check_static(st)
+        if st.missing != before:
+            log.info("amdgpu card static information read again", card=st.card.card,
+                     device=st.info.pci_bus_id, found=sorted(set(before) - set(st.missing)),
+                     still_missing=st.missing)
+
     def _device_info(self, card: DrmCard) -> DeviceInfo:
-        from exporter.collect.backends.amd.card import device_info, driver_version
+        from exporter.collect.backends.amd.card import device_info, kfd_architectures
         from exporter.collect.backends.amd.ids import AmdgpuIds, lookup_paths
 
         if self._ids is None:
             self._ids = AmdgpuIds(*lookup_paths(self.config.sysfs, self.config.amdgpu_ids))
-        if self._driver_version is None:
-            self._driver_version = driver_version(self.config.sysfs, self.config.procfs)
-        return device_info(card, self._ids, self._driver_version)
+        if not self._driver_version:
+            self._driver_version = driver_version(self.config.sysfs, self.config.procfs,
+                                                  "amdgpu")
+        architecture = kfd_architectures(self.config.sysfs).get(card.pci_bus_id, "")
+        return device_info(card, self._ids, self._driver_version, architecture)
 
     def sample(self, slow: bool) -> Cycle:
         errors: Counter[ErrorReason] = Counter()
@@ -151,6 +177,8 @@ class AmdBackend:
                 st.reader.reset()  # its layout is re-listed when it comes back
             st.lost = True
             return DeviceSample(info=st.info, source=SOURCE, up=False)
+        if st.lost or (slow and st.missing):
+            self._reread_static(st)  # back after it was lost, or still incomplete
         st.lost = False
         try:
             sample = read_card(st.card, st.info, errors, st.counters, st.reader, slow)

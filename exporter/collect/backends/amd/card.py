@@ -30,6 +30,9 @@ from exporter.collect.kernel.amdgpu import (
     DpmLevel,
     dpm_current_hz,
     dpm_max_hz,
+    gfx_target,
+    kfd_pci_bus_id,
+    parse_kfd_properties,
     parse_pp_dpm,
     parse_ras_count,
 )
@@ -41,7 +44,7 @@ from exporter.collect.kernel.amdgpu_gpu_metrics import (
 )
 from exporter.collect.merge import KEY_GROUPS
 from exporter.core import units
-from exporter.core.fs import AttrReader, ProcFS, SysFS
+from exporter.core.fs import AttrReader, SysFS
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, copy_with, pci_uuid
 
@@ -85,18 +88,49 @@ class _Files:
         return self.r.link_width(self.dir, name, self.errors)
 
 
-def driver_version(sysfs: str, procfs: str) -> str:
-    """The amdgpu module's version where it has one (the DKMS driver of ROCm writes
-    ``/sys/module/amdgpu/version``; the in-tree driver has none), else the kernel
-    release, which is the in-tree driver's version: what rocm-smi and amd-smi report."""
-    return (SysFS(sysfs).read_text("module", "amdgpu", "version")
-            or ProcFS(procfs).read_text("sys", "kernel", "osrelease") or "")
+KFD_NODES = ("class", "kfd", "kfd", "topology", "nodes")
+
+
+def kfd_architectures(sysfs: str) -> dict[str, str]:
+    """PCI bus id -> gfx target (``gfx1103``) of every GPU node of the KFD topology
+    (amdkfd, the compute side of amdgpu: ``class/kfd/kfd/topology/nodes/<N>/properties``,
+    ``gfx_target_version`` and the node's PCI ``domain`` / ``location_id``). Empty where
+    the kernel has no KFD (built without CONFIG_HSA_AMD) or it cannot be listed."""
+    root = SysFS(sysfs)
+    try:
+        nodes = sorted(os.listdir(root.path(*KFD_NODES)))
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for node in nodes:
+        props = parse_kfd_properties(root.read_text(*KFD_NODES, node, "properties"))
+        target = gfx_target(props.get("gfx_target_version", 0))
+        bus = kfd_pci_bus_id(props)
+        if target and bus is not None:
+            out.setdefault(bus, target)
+    return out
+
+
+def static_missing(info: DeviceInfo, reader: AttrReader, device_dir: str,
+                   sysfs: str) -> list[str]:
+    """What a card's static information still lacks that its driver writes: the name
+    (from ``product_name`` or ``device`` / ``revision``), the memory size files, and the
+    gfx target where the kernel has a KFD topology. A card found again before its driver
+    finished creating its files (a rebind, a reset, a hot-plug) lacks them at first;
+    the backend reads them again on the slow tier until none is missing."""
+    missing = [] if info.name else ["name"]
+    listed = reader.names(device_dir)
+    missing += [f for f in ("mem_info_vram_total", "mem_info_gtt_total") if f not in listed]
+    if not info.architecture and os.path.isdir(SysFS(sysfs).path(*KFD_NODES)):
+        missing.append("architecture")
+    return missing
 
 
 def device_info(card: DrmCard, ids: AmdgpuIds | None = None,
-                driver_version: str = "") -> DeviceInfo:
+                driver_version: str = "", architecture: str = "") -> DeviceInfo:
     """Static identity: product_name (else libdrm's name for device + revision),
-    unique_id (the uuid), vbios_version; ``driver_version`` is the backend's."""
+    unique_id (the uuid), vbios_version; ``driver_version`` is the backend's,
+    ``architecture`` the card's gfx target from the KFD topology (kfd_architectures)."""
     r = _Files(AttrReader(keep=False), os.fspath(card.device_dir), Counter())
     unique_id = r.text("unique_id")
     name = r.text("product_name") or ""
@@ -109,6 +143,7 @@ def device_info(card: DrmCard, ids: AmdgpuIds | None = None,
         name=name,
         driver=card.driver,
         driver_version=driver_version,
+        architecture=architecture,
         vbios_version=r.text("vbios_version") or "",
         serial=r.text("serial_number") or "",
         device_node=card.card,
@@ -131,8 +166,7 @@ def _first(values: dict[str, float], *preferred: str) -> float | None:
 class _Slow:
     """Values read on the slow tier: limits and maxima set by firmware or the operator."""
 
-    thresholds: dict[str, float] = field(default_factory=dict)
-    # Every sensor's own thresholds, (sensor, threshold) -> °C: what health compares with.
+    # Every sensor's own thresholds, (sensor, threshold) -> °C.
     limits: dict[tuple[str, str], float] = field(default_factory=dict)
     power_limit: float | None = None
     max_clocks: dict[str, float] = field(default_factory=dict)
@@ -234,21 +268,16 @@ def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
                   ) -> dict[str, dict[Any, float]]:
     """Every hwmon chip of the card, by kind; thresholds and caps only when ``slow``."""
     out: dict[str, dict[Any, float]] = {k: {} for k in (
-        "temps", "thresholds", "limits", "power", "caps", "energy", "fans", "freqs", "volts")}
+        "temps", "limits", "power", "caps", "energy", "fans", "freqs", "volts")}
     reader, errors = r.r, r.errors
     for d in hwmon.hwmon_dirs(r.dir, reader):
         raw_temps = hwmon.read_temperatures(d, errors, reader)
         out["temps"].update({_HWMON_SENSORS.get(k, k): v for k, v in raw_temps.items()})
         if slow:
-            # Thresholds of the sensor that throttles: junction (hotspot) where it exists.
-            hot = next((s for s in ("junction", "edge") if s in raw_temps), None)
             for kind, name in (("crit", "critical"), ("emergency", "shutdown")):
                 by_label = hwmon.read_temperature_thresholds(d, kind, errors, reader)
                 out["limits"].update({(_HWMON_SENSORS.get(k, k), name): v
                                       for k, v in by_label.items()})
-                value = by_label.get(hot) if hot else _first(by_label)
-                if value is not None:
-                    out["thresholds"][name] = value
             out["caps"].update(hwmon.read_power_caps(d, "cap", errors, reader))
         out["power"].update(hwmon.read_power(d, errors, reader))
         out["energy"].update(hwmon.read_energy(d, errors, reader))
@@ -281,7 +310,6 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
         if width is None:
             width = r.link_width("current_link_width")
         counters.slow = _Slow(
-            thresholds=hw["thresholds"],
             limits=hw["limits"],
             power_limit=_first(hw["caps"], "PPT"),
             max_clocks={clock: hz for clock, table in (("graphics", "pp_dpm_sclk"),
@@ -330,7 +358,6 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
         shared_memory_total_bytes=shared_total,
         shared_memory_used_bytes=shared_used,
         temperatures_celsius=hw["temps"],
-        temperature_thresholds_celsius=limits.thresholds,
         temperature_limits_celsius=limits.limits,
         power_watts=_first(hw["power"], "PPT"),
         power_limit_watts=limits.power_limit,

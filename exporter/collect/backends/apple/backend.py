@@ -15,12 +15,15 @@ replacement is counted in ``child_restarts`` (the SupervisesChild hook). While t
 no live child with a fresh line the GPU is reported with ``gpu_up 0`` and no values.
 
 The GPU has no PCI address: its device key and uuid are ``soc0`` (one SoC per Mac),
-known before macmon has said anything and the same for every macmon release.
+known before macmon has said anything and the same for every macmon release. Its
+``architecture`` is the chip's generation (M1, M2, ...) from macmon's ``soc.chip_name``,
+its ``driver_version`` the macOS release (the GPU driver ships with macOS).
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import time
 from collections import Counter
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 import structlog
 
 from exporter.collect.backends.apple.child import Child, Line
-from exporter.collect.backends.apple.parse import MacmonValues, parse_macmon
+from exporter.collect.backends.apple.parse import MacmonValues, chip_generation, parse_macmon
 from exporter.collect.backends.base import LIBRARY, REOPEN_BACKOFF, BackendUnavailable, Cycle
 from exporter.core.config import Config
 from exporter.core.labels import ErrorReason
@@ -67,6 +70,7 @@ class AppleBackend:
         self._values: MacmonValues | None = None  # from the current child's newest line
         self._ever = False  # a line was ever seen: from then on the GPU is reported
         self._chip = ""
+        self._os_version = macos_version()  # the driver's version: read once
         self._logged = ""
 
     # -- Backend ------------------------------------------------------------------------
@@ -194,7 +198,8 @@ class AppleBackend:
     # -- what is reported ---------------------------------------------------------------
     def _info(self) -> DeviceInfo:
         return DeviceInfo(vendor="apple", pci_bus_id="", uuid=DEVICE_KEY, name=self._chip,
-                          device_key=DEVICE_KEY)
+                          architecture=chip_generation(self._chip),
+                          driver_version=self._os_version, device_key=DEVICE_KEY)
 
     def _devices(self) -> tuple[DeviceSample, ...]:
         if not self._ever:
@@ -213,6 +218,13 @@ class AppleBackend:
             shared_memory_used_bytes=v.unified_memory_used_bytes,
             fan_speed_ratio=v.fan_speed_ratio,
         ),)
+
+
+def macos_version() -> str:
+    """The macOS release ("14.5"): the GPU driver (AGXG13X and its kin) ships with macOS
+    and has no version of its own. ``platform.mac_ver`` reads it from
+    /System/Library/CoreServices/SystemVersion.plist; "" elsewhere."""
+    return platform.mac_ver()[0]
 
 
 def _last_heard(child: Child, line: Line | None) -> float:

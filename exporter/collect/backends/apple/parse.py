@@ -139,6 +139,17 @@ def _chip_name(soc: object) -> str:
     return "".join(ch for ch in name if ch.isprintable())[:64].strip()
 
 
+_GENERATION_RE = re.compile(r"\bM(\d{1,2})\b")
+
+
+def chip_generation(chip_name: str) -> str:
+    """The generation of an Apple silicon chip's name ("Apple M1 Max" -> "M1"): the GPU
+    architecture every chip of one generation shares (M1, M1 Pro, M1 Max and M1 Ultra
+    have the same GPU cores, in different numbers); "" for a name without one."""
+    match = _GENERATION_RE.search(chip_name)
+    return f"M{match.group(1)}" if match else ""
+
+
 def _max_clock(r: _Reader, soc: object) -> float | None:
     """``soc.gpu_freqs``: the GPU's DVFS table in MHz (first entry 0 = off)."""
     freqs = soc.get("gpu_freqs") if isinstance(soc, Mapping) else None

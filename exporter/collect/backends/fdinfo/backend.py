@@ -36,6 +36,7 @@ Choices (docs/vendors-fdinfo.md has the per-driver detail):
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -57,7 +58,7 @@ from exporter.core.config import Config
 from exporter.core.fs import ProcFS, SysFS
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample, pci_uuid
-from exporter.core.units import bounded, clamp_ratio
+from exporter.core.units import bounded, clamp_ratio, process_name
 
 log = structlog.get_logger(__name__)
 
@@ -160,6 +161,7 @@ class FdinfoBackend:
         self._resume = (0, 0)
         self._over_budget = False
         self._unsupported_logged: set[str] = set()
+        self._denied_logged = False
 
     def _known_cards(self) -> KnownCards | None:
         """The cards whose driver writes usage stats, or None when there is none."""
@@ -313,7 +315,25 @@ class FdinfoBackend:
                 processes=tuple(processes),
             ))
         return out
+    def _log_denied(self, pid: int) -> None:
+        """The first process whose fdinfo the kernel refused, and why that happens to this
+        user (counted as errors_total{reason="permission"}, once per process)."""
+        comm = self.scanner.proc.read_bytes(str(pid), "comm")
+        euid = os.geteuid()
+        hint = (("running as root, so a capability or a security module refuses: in a "
+                 "container, add CAP_SYS_PTRACE (root's is dropped by default); else check "
+                 "AppArmor/SELinux and kernel.yama.ptrace_scope")
+                if euid == 0 else
+                "processes of other users need CAP_SYS_PTRACE (docs/vendors-fdinfo.md)")
+        log.warning("process fdinfo unreadable: permission denied", pid=pid,
+                    process=process_name(comm) if comm is not None else "",
+                    euid=euid, hint=hint)
+
     def _log_changes(self, scan: ScanResult) -> None:
+        denied = self.scanner.first_denied
+        if denied is not None and not self._denied_logged:
+            self._denied_logged = True  # once per run: the count goes on in errors_total
+            self._log_denied(denied)
         for driver in scan.unsupported - self._unsupported_logged:
             self._unsupported_logged.add(driver)
             log.info("fdinfo_driver_skipped", driver=driver,

@@ -96,6 +96,7 @@ class ProcScanner:
         self._root = str(proc.root)
         # pid -> reasons already counted for it; only pids alive at the last scan.
         self._counted: dict[int, set[str]] = {}
+        self.first_denied: int | None = None  # the first process whose files were refused
 
     def pids(self) -> list[int]:
         """Every process, numerically ordered. Raises OSError when procfs is unreadable."""
@@ -108,6 +109,8 @@ class ProcScanner:
             if reason in seen:
                 return
             seen.add(reason)
+            if reason is ErrorReason.PERMISSION and self.first_denied is None:
+                self.first_denied = pid
         errors[reason] += 1
 
     def scan(self, pids: Sequence[int], deadline: float, cards: KnownCards,

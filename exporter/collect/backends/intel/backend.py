@@ -53,8 +53,8 @@ from exporter.collect.kernel.i915_xe import (
 )
 from exporter.core import units
 from exporter.core.config import Config
-from exporter.core.fs import AttrReader, read_text
-from exporter.core.labels import Clock, ErrorReason, Threshold
+from exporter.core.fs import AttrReader, driver_version, read_text
+from exporter.core.labels import Clock, ErrorReason, Sensor, Threshold
 from exporter.core.model import DeviceInfo, DeviceSample, pci_uuid
 
 log = structlog.get_logger(__name__).bind(backend="intel")
@@ -155,6 +155,7 @@ class IntelBackend:
         self._discovery = discovery
         self._clock = clock  # injected so tests control the energy -> power interval
         self._states: dict[DrmCard, _CardState] = {}
+        self._driver_versions: dict[str, str] = {}  # i915 / xe -> version, read once each
         self._generation = -1
         # open() only reads the cached card list: the collector may retry it every cycle.
 
@@ -213,12 +214,21 @@ class IntelBackend:
                 uuid=pci_uuid(card.pci_bus_id),
                 name=name,
                 driver=card.driver,
+                driver_version=self._driver_version(card.driver),
                 architecture=architecture,
                 device_node=card.card,
             )
             state = self._states[card] = _CardState(
                 info, os.fspath(_link_dir(card.device_dir)), EnergyCounter(card.pci_bus_id))
         return state
+
+    def _driver_version(self, driver: str) -> str:
+        """i915's or xe's version: the module's own where it has one, else the kernel
+        release (core.fs.driver_version); read again while it reads empty."""
+        if not self._driver_versions.get(driver):
+            self._driver_versions[driver] = driver_version(
+                self._config.sysfs, self._config.procfs, driver)
+        return self._driver_versions[driver]
 
     def _read_card(
         self, card: DrmCard, state: _CardState, slow: bool, errors: Counter[ErrorReason]
@@ -272,7 +282,8 @@ class IntelBackend:
             field_sources={"power_watts": POWER_SOURCE} if power is not None else {},
             memory_total_bytes=state.vram,
             temperatures_celsius=temps,
-            temperature_thresholds_celsius=state.slow.thresholds_celsius,
+            temperature_limits_celsius={(Sensor.PACKAGE, t): v for t, v in
+                                        state.slow.thresholds_celsius.items()},
             power_watts=power,
             power_limit_watts=state.slow.limit_watts,
             energy_joules=energy,

@@ -57,11 +57,14 @@ ARCHITECTURES = {
 }
 CLOCKS = {Clock.GRAPHICS: "NVML_CLOCK_GRAPHICS", Clock.SM: "NVML_CLOCK_SM",
           Clock.MEMORY: "NVML_CLOCK_MEM", Clock.VIDEO: "NVML_CLOCK_VIDEO"}
+# (sensor, threshold) -> nvmlTemperatureThresholds_t: the GPU die's limits, and the
+# memory's maximum operating temperature (MEM_MAX, "memory temperature for which the GPU
+# will throttle", nvml.h).
 THRESHOLDS = {
-    Threshold.SHUTDOWN: "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",
-    Threshold.SLOWDOWN: "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
-    Threshold.MAX_OPERATING: "NVML_TEMPERATURE_THRESHOLD_GPU_MAX",
-    Threshold.MEMORY_MAX_OPERATING: "NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
+    (Sensor.GPU, Threshold.SHUTDOWN): "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",
+    (Sensor.GPU, Threshold.SLOWDOWN): "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
+    (Sensor.GPU, Threshold.MAX_OPERATING): "NVML_TEMPERATURE_THRESHOLD_GPU_MAX",
+    (Sensor.MEMORY, Threshold.MEMORY_MAX_OPERATING): "NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
 }
 # clocks_event_reasons bits (nvml.h nvmlClocksEventReason*; older name: ThrottleReason)
 THROTTLE_BITS = {
@@ -214,7 +217,7 @@ class NvmlDevice:
     def read_static(self, errors: Counter[ErrorReason]) -> None:
         """Limits that do not change while the driver is loaded: thresholds, max clocks/link."""
         g = self.call.get
-        thresholds: dict[str, float] = {}
+        thresholds: dict[tuple[str, str], float] = {}
         for key, const in THRESHOLDS.items():
             if hasattr(self.nvml, const):
                 v = u32(g(errors, Nvml.DEVICE_GET_TEMPERATURE_THRESHOLD, self.c(const)))
@@ -227,7 +230,7 @@ class NvmlDevice:
             if v and (hz := gated(errors, v, 1e6, "hertz")) is not None:
                 max_clocks[clock] = hz
         self.static = DeviceValues(
-            temperature_thresholds_celsius=thresholds,
+            temperature_limits_celsius=thresholds,
             clocks_max_hertz=max_clocks,
             pcie_link_max_generation=u32(g(errors, Nvml.DEVICE_GET_MAX_PCIE_LINK_GENERATION)),
             pcie_link_max_width=u32(g(errors, Nvml.DEVICE_GET_MAX_PCIE_LINK_WIDTH)),
