@@ -28,6 +28,7 @@ from exporter.collect.backends.nvidia.backend import NvidiaBackend
 from exporter.collect.backends.nvidia.processes import ProcessReader
 from exporter.collect.energy_split import EnergySplit, Window
 from exporter.core.config import Config
+from exporter.core.model import DeviceSample
 from tests.fakes.fake_nvml import FakeGPU, FakeProcess
 from tests.fakes.fake_nvml_timeline import EPOCH, TimelineNVML
 
@@ -73,6 +74,7 @@ class Daemon:
         self._next_slow = 0.0
         self._generation = 0
         self.served: list[Served] = []
+        self.devices: list[DeviceSample] = []  # the last cycle's, with the split's totals
         self.closed: list[Window] = []
 
     def run_until(self, end: float) -> None:
@@ -82,7 +84,7 @@ class Daemon:
                 self._next_slow = self.clock.t + SLOW
             cycle = self.backend.sample(slow)
             self._generation += 1
-            devices = self.split.attribute(self._generation, cycle.devices)
+            devices = self.devices = self.split.attribute(self._generation, cycle.devices)
             self.served = [Served({p.pid: p.energy_joules or 0.0 for p in d.processes},
                                   d.idle_energy_joules or 0.0) for d in devices]
             self.clock.t = round(self.clock.t + INTERVAL, 6)
