@@ -19,7 +19,8 @@ per GPU and scenario with PASS or FAIL, the daemon's CPU over the run (utime + s
 /proc/<pid>/stat), and what NVML's per-process samples showed at B's start in c (read
 from this process on the first GPU: per second, and per 10 s with lastSeenTimeStamp 10 s
 or 90 s back, to tell a diluted first reading from a late one). With $OUT set, writes
-``$OUT/energy_outside.json``. Exits 1 on a FAIL.
+``$OUT/energy_outside.json`` and the rows as a Markdown table in
+``$OUT/energy_outside.md``. Exits 1 on a FAIL.
 
 Run from the repository root on a machine with NVIDIA GPUs, python3 with torch (CUDA),
 nvidia-ml-py and the exporter's dependencies: ``python3 bench/energy_outside.py``
@@ -203,6 +204,16 @@ def run_scenarios(scrape: Scrape, clock: Clock, pairs: dict[str, tuple[Worker, W
     return results
 
 
+def markdown(results: Sequence[Result], names: dict[str, str] | None = None) -> str:
+    """The rows as a Markdown table (docs/energy.md's)."""
+    names = names or {}
+    lines = ["| GPU | scenario | expected | measured | idle J | |", "|---|---|---|---|---:|---|"]
+    for r in results:
+        lines.append(f"| {names.get(r.gpu, r.gpu)} | {r.scenario} | {r.expected} | {r.measured} "
+                     f"| {r.idle_joules:.0f} | {'pass' if r.ok else 'FAIL'} |")
+    return "\n".join(lines) + "\n"
+
+
 def table(results: Sequence[Result], log: Callable[[str], None] = print,
           names: dict[str, str] | None = None) -> bool:
     """The rows, each GPU named by ``names`` (uuid -> name; else its uuid); True if all pass."""
@@ -303,7 +314,9 @@ def main() -> int:
                                     args.busy, args.t, on_second_start=probe.start)
             ticks = cpu_ticks(f"/proc/{daemon.proc.pid}/stat")[1] - ticks0
             cpu = ticks / TICK / (time.monotonic() - cpu_t0) * 100
-            ok = table(results, names={u: f"{i}" for i, u in uuids.items()})
+            names = {u: f"{i}" for i, u in uuids.items()}
+            ok = table(results, names=names)
+            out["markdown"] = markdown(results, names)
             probe.join()
             print(f"daemon CPU over the scenarios: {cpu:.2f} % of one core "
                   f"({len(indexes)} GPU(s) under load, scrapes every second while settling)")
@@ -324,7 +337,8 @@ def main() -> int:
         path = Path(os.environ["OUT"]) / "energy_outside.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1))
-        print(f"wrote {path}")
+        path.with_suffix(".md").write_text(out.get("markdown", ""))
+        print(f"wrote {path} and {path.with_suffix('.md').name}")
     return 0 if ok else 1
 
 

@@ -74,6 +74,7 @@ def test_the_scenarios_pass_at_the_defaults_on_every_gpu(monkeypatch: pytest.Mon
     results = bench.run_scenarios(lambda: scrape(d), VirtualClock(d), pairs, busy=40.0,
                                   t=40.0, log=lines.append)
     assert bench.table(results, log=lines.append), "\n".join(lines)
+    assert bench.markdown(results).count("| pass |") == len(results) == 3 * gpus
     assert [r.scenario for r in results] == [s for s in ("a. two at once", "b. one alone",
                                                           "c. 2T then T") for _ in range(gpus)]
     for r in results:  # each measurement closed after its last busy second, not long after

@@ -256,9 +256,9 @@ INFO = DeviceInfo(vendor="amd", pci_bus_id="0000:03:00.0", uuid="pci-0000:03:00.
 
 
 def device(energy: float | None, *processes: ProcessSample, up: bool = True,
-           power: float | None = None) -> DeviceSample:
+           power: float | None = None, util: float | None = None) -> DeviceSample:
     return DeviceSample(info=INFO, source="sysfs", up=up, energy_joules=energy,
-                        power_watts=power, processes=processes)
+                        power_watts=power, utilization_ratio=util, processes=processes)
 
 
 def proc(pid: int, gfx: float | None = None, name: str = "app",
@@ -475,3 +475,25 @@ def test_a_gpu_without_a_counter_integrates_its_power_and_never_goes_back() -> N
     assert d.idle_energy_joules == pytest.approx(idle + 50.0)
     for w in windows:
         assert sum(w.parts.values()) + w.idle == pytest.approx(w.joules)
+
+
+@pytest.mark.parametrize("counters", [False, True])
+def test_ratio_samples_share_the_gpu_out_and_its_own_utilisation_says_how_long(
+        counters: bool) -> None:
+    """NVML's per-process SM samples read 87 % for a loop that keeps a kernel running all
+    the time (the GPU's utilisation: 100 %): the process gets the whole window, not 87 %
+    of it. Engine counters (fdinfo) are busy time themselves: the GPU's utilisation
+    changes nothing there."""
+    clock, windows = Clock(), list[Window]()
+    s = EnergySplit(max_window=21.0, reading_interval=10.0, clock=clock,
+                    on_window=windows.append)
+
+    def one(t: int) -> ProcessSample:
+        return proc(1, gfx=8.7 * t / 10) if counters else proc(1, ratio=0.87)
+
+    for t in range(0, 11):
+        s.attribute(t, [device(1000.0 + 100.0 * (t - t % 10), one(t), util=1.0)])
+        clock.now += 1.0
+    (w,) = windows
+    assert w.joules == 1000.0
+    assert w.parts[1] == pytest.approx(870.0 if counters else 1000.0)

@@ -109,6 +109,8 @@ class _Gpu:
     changed_at: float | None = None  # clock of the last new ratio shown
     gap: float | None = None  # seconds between the last two new ratios shown
     power: list[tuple[float, float]] = field(default_factory=list)  # (s, W) since last close
+    used: float = 0.0  # s the GPU's own utilisation says it was busy since the last close
+    used_over: float = 0.0  # s its utilisation readings cover since the last close
 
 
 def _has_data(p: ProcessSample) -> bool:
@@ -188,6 +190,9 @@ class EnergySplit:
             g.total = energy
         if step > 0 and d.power_watts is not None:
             _add_power(g.power, step, max(0.0, d.power_watts))
+        if step > 0 and d.utilization_ratio is not None:
+            g.used += min(1.0, max(0.0, d.utilization_ratio)) * step
+            g.used_over += step
         listed = {p.pid: p for p in d.processes if _has_data(p)}
         for p in d.processes:
             known = g.processes.get(p.pid)
@@ -199,8 +204,7 @@ class EnergySplit:
                     known.pending = {e: -known.interval * r for e, r in _ratios(p).items()}
             if known is not None and known.name == p.process:
                 known.seen = now
-        self._hold(g, listed, step, now)
-        reading = self._reading(g, listed, now)
+        reading = self._reading(g, self._hold(g, listed, step, now), now)
         if restart or energy < g.energy:  # a new counter, or it went back (driver reload)
             self._restart(g, energy, d.processes, now)
         elif energy > g.energy and self._closes(g, listed, reading, now):
@@ -209,33 +213,40 @@ class EnergySplit:
             del g.processes[pid]
 
     def _hold(self, g: _Gpu, listed: Mapping[int, ProcessSample], step: float,
-              now: float) -> None:
+              now: float) -> dict[int, dict[str, float]]:
         """The ratios shown since the snapshot before count for the time since it; then
-        the ones shown now are held."""
-        shown = {pid: ratios for pid, p in listed.items() if (ratios := _ratios(p))}
-        new = any(g.processes[pid].ratio != ratios for pid, ratios in shown.items())
-        for st in g.processes.values():
-            for engine, r in st.ratio.items():
-                st.pending[engine] = st.pending.get(engine, 0.0) + r * step
-            st.ratio = {}
-        for pid, ratios in shown.items():
-            g.processes[pid].ratio = ratios
+        the ones shown now (returned) are held."""
+        shown = {}
+        for pid, p in listed.items():
+            if not p.engine_busy_seconds and p.utilization_ratio:
+                shown[pid] = _ratios(p)
+        new = False
+        for pid, st in g.processes.items():
+            if st.ratio:
+                for engine, r in st.ratio.items():
+                    st.pending[engine] = st.pending.get(engine, 0.0) + r * step
+            ratios = shown.get(pid)
+            if ratios is not None:
+                new = new or ratios != st.ratio
+                st.ratio = ratios
+            elif st.ratio:
+                st.ratio = {}
         if new:  # a reading (a process that vanishes is not one: it may have exited)
             if g.changed_at is not None and now > g.changed_at:
                 g.gap = now - g.changed_at
             g.changed_at = now
+        return shown
 
-    def _reading(self, g: _Gpu, listed: Mapping[int, ProcessSample], now: float) -> bool:
+    def _reading(self, g: _Gpu, shown: dict[int, dict[str, float]], now: float) -> bool:
         """A new ratio reading (changed, or a reading interval later): True."""
-        ratios = {pid: dict(p.utilization_ratio) for pid, p in listed.items()
-                  if not p.engine_busy_seconds}
-        if not ratios and not g.ratios:
+        if not shown and not g.ratios:
             g.ratio_at = now
             return False
-        interval = min((g.processes[pid].interval for pid in ratios), default=self.reading_interval)
-        if ratios == g.ratios and now - g.ratio_at < 0.95 * interval:
+        interval = min((g.processes[pid].interval for pid in shown),
+                       default=self.reading_interval)
+        if shown == g.ratios and now - g.ratio_at < 0.95 * interval:
             return False
-        g.ratios, g.ratio_at = ratios, now
+        g.ratios, g.ratio_at = shown, now
         return True
 
     def _closes(self, g: _Gpu, listed: Mapping[int, ProcessSample], reading: bool,
@@ -256,7 +267,7 @@ class EnergySplit:
     def _restart(self, g: _Gpu, energy: float, processes: Sequence[ProcessSample],
                  now: float) -> None:
         """A new baseline at ``energy``: the window restarts now, nothing attributed."""
-        g.energy, g.at, g.power = energy, now, []
+        g.energy, g.at, g.power, g.used, g.used_over = energy, now, [], 0.0, 0.0
         engines = {p.pid: p.engine_busy_seconds for p in processes if p.engine_busy_seconds}
         for pid, st in g.processes.items():
             if pid in engines:
@@ -267,10 +278,12 @@ class EnergySplit:
                now: float) -> None:
         seconds = now - g.at
         busy: dict[int, dict[str, float]] = {}
+        counted = False  # some process's busy time came from engine counters
         for pid, st in g.processes.items():
             p = listed.get(pid)
             if p is not None and p.engine_busy_seconds:
                 busy[pid] = _counted(st, p, seconds)
+                counted = counted or bool(busy[pid])
             else:
                 busy[pid] = _held(st, self._ahead(g, st), seconds)
         by_engine: dict[str, float] = {}
@@ -280,6 +293,10 @@ class EnergySplit:
         total = sum(by_engine.values())
         busiest = max(by_engine.values(), default=0.0)
         busy_seconds = min(seconds, busiest) if seconds > 0 else busiest
+        if total > 0 and not counted and g.used_over >= COVERED * seconds > 0:
+            # ratios (NVML's SM samples) share the GPU out; its own utilisation (the time
+            # a kernel ran) says how long it was busy, where it says longer
+            busy_seconds = max(busy_seconds, min(seconds, g.used * seconds / g.used_over))
         share = _busy_share(g.power, busy_seconds, seconds) if total > 0 else 0.0
         joules = energy - g.energy
         parts: dict[int, float] = {}
@@ -292,7 +309,7 @@ class EnergySplit:
         for pid, part in parts.items():
             g.processes[pid].joules += part
         g.idle += idle
-        g.energy, g.at, g.power = energy, now, []
+        g.energy, g.at, g.power, g.used, g.used_over = energy, now, [], 0.0, 0.0
         for pid, p in listed.items():
             g.processes[pid].busy = dict(p.engine_busy_seconds)
         if self.on_window is not None:
@@ -328,13 +345,16 @@ def _held(state: _Process, ahead: float, seconds: float) -> dict[str, float]:
     """Seconds each engine was busy from the ratios: those held since the last close,
     and the one shown now for ``ahead`` (the module doc); then the next window starts
     less what this one counted ahead."""
-    engines = set(state.pending) | set(state.ratio)
     out = {}
-    for engine in engines:
-        s = state.pending.get(engine, 0.0) + ahead * state.ratio.get(engine, 0.0)
+    ratio, pending = state.ratio, state.pending
+    for engine, r in ratio.items():
+        s = pending.get(engine, 0.0) + ahead * r
         if s > 0:
             out[engine] = min(s, seconds) if seconds > 0 else s
-    state.pending = {e: -ahead * r for e, r in state.ratio.items()}
+    for engine, s in pending.items():
+        if engine not in ratio and s > 0:
+            out[engine] = min(s, seconds) if seconds > 0 else s
+    state.pending = {e: -ahead * r for e, r in ratio.items()} if ratio else {}
     return out
 
 

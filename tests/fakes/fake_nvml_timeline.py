@@ -28,7 +28,10 @@ model of what the driver and NVML do:
   the driver's internal sample buffer").
 - ``nvmlDeviceGetTotalEnergyConsumption``: mJ, the exact integral of the power since
   ``clock`` 0; ``nvmlDeviceGetPowerUsage``: mW averaged over the last second (Hopper's
-  power reading is a 1 s average).
+  power reading is a 1 s average); ``nvmlDeviceGetUtilizationRates``: ``gpu`` is the
+  percent of the last second in which a kernel ran (nvml.h: "percent of time over the
+  past sample period during which one or more kernels was executing"), 100 while any
+  process is busy: the SM samples' 87 % is the SMs' activity within that time.
 
 The wall clock of the timestamps is ``EPOCH + clock()``; the backend's clock for them
 (``ProcessReader.wall``) must be the same (the tests set it).
@@ -71,16 +74,20 @@ class TimelineNVML(FakeNVML):
     def busy_at(self, gpu: int, t: float) -> list[int]:
         return sorted({pid for pid, a, b in self._timelines[gpu].spans if a <= t < b})
 
-    def energy(self, gpu: int, t: float) -> float:
-        """Joules from clock 0 to ``t``: idle power, and busy power while any is busy."""
+    def busy_seconds(self, gpu: int, t: float) -> float:
+        """Seconds from clock 0 to ``t`` in which any process kept the GPU busy."""
         merged: list[list[float]] = []
         for a, b in sorted((a, b) for _, a, b in self._timelines[gpu].spans):
             if merged and a <= merged[-1][1]:
                 merged[-1][1] = max(merged[-1][1], b)
             else:
                 merged.append([a, b])
-        busy = sum(max(0.0, min(b, t) - max(a, 0.0)) for a, b in merged)
-        return self.idle_watts * t + (self.busy_watts - self.idle_watts) * busy
+        return sum(max(0.0, min(b, t) - max(a, 0.0)) for a, b in merged)
+
+    def energy(self, gpu: int, t: float) -> float:
+        """Joules from clock 0 to ``t``: idle power, and busy power while any is busy."""
+        return (self.idle_watts * t
+                + (self.busy_watts - self.idle_watts) * self.busy_seconds(gpu, t))
 
     def _sample(self, gpu: int) -> _Timeline:
         """The driver's samples up to now."""
@@ -110,6 +117,12 @@ class TimelineNVML(FakeNVML):
     def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeHandle) -> int:
         self._enter("nvmlDeviceGetTotalEnergyConsumption", h)
         return int(self.energy(h.gpu.index, self.clock()) * 1000)
+
+    def nvmlDeviceGetUtilizationRates(self, h: FakeHandle) -> Any:
+        self._enter("nvmlDeviceGetUtilizationRates", h)
+        now = self.clock()
+        busy = self.busy_seconds(h.gpu.index, now) - self.busy_seconds(h.gpu.index, now - 1.0)
+        return N.c_nvmlUtilization_t(gpu=round(100 * busy), memory=0)
 
     def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
         self._enter("nvmlDeviceGetPowerUsage", h)
