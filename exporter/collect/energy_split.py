@@ -29,7 +29,11 @@ A window is the time between two closes on one GPU. At a close the counter has m
   every process was idle before.
 
 The GPU was busy for ``busy`` seconds: its busiest engine's busy time summed over the
-processes, at most the window. The busy part of the counter's increase is the share
+processes, at most the window; where that came from ratios alone and the GPU's own
+``utilization_ratio`` (each reading, of the last second or less, counting for the time
+since the snapshot before, as the power does) says it was busy longer, that (NVML's SM samples
+are the SMs' activity while kernels run: they share the GPU out, the GPU's utilisation
+is the time a kernel ran). The busy part of the counter's increase is the share
 of the window's energy drawn in its ``busy`` highest-power seconds: the power readings
 of the window's snapshots, ranked (where they cover at least ``COVERED`` of the window;
 else ``busy / seconds``, a share by time). A GPU draws more when it works, so a window
