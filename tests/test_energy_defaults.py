@@ -13,10 +13,11 @@ computed here from the timeline alone, by the targets the bench checks on a real
 (bench/energy_outside.py): two at once 1:1 within 20 %, one busy beside an idle one at
 least 90 % of the processes' energy, 2T then T 2:1 within 15 %.
 
-On this model, a split that counted a ratio reading only from the snapshot before it
-and charged a window's busy time at the window's mean power gave up to 2.32:1 for the
-sequential case, each job 13-24 % short of what it drew (3.36:1 was measured on an H200),
-and two at once 38 % short.
+On this model, a split that counted a ratio reading only from the snapshot before it,
+took NVML's SM share for the time the GPU was busy and charged a window's busy time at
+the window's mean power gave up to 2.32:1 for the sequential case (3.36:1 was measured
+on an H200), A 19-26 % and B 22-36 % short of what the GPU drew for them, three to four
+times the idle energy, and two at once 33-46 % short.
 """
 
 from __future__ import annotations
