@@ -6,6 +6,10 @@
 #                                 # 3 rounds of 60 s windows, medians, the table against the
 #                                 # targets (bench/cost_table.py compare; about 7 minutes)
 #   bash bench/h100.sh idle       # the exporter alone, idle, at 100 ms / 1 s / 10 s (about 4 min)
+#   bash bench/h100.sh energy     # per-process energy measured from outside at the defaults:
+#                                 # the daemon, two CUDA workers per GPU, /metrics scraped
+#                                 # around each scenario (bench/energy_outside.py; about
+#                                 # 5.5 minutes; extra arguments go to it, e.g. --gpus 0)
 #   bash bench/h100.sh matrix     # this machine's row of the hardware matrix: the field-values
 #                                 # overrun reproduction, tests/hardware, a soak of SOAK_S
 #                                 # (600) seconds under CUDA load, then the row as a table
@@ -72,6 +76,10 @@ idle)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   $PY bench/cost_table.py idle --window "${WINDOW:-60}" 2>&1 | tee "$OUT/idle.log"
   ;;
+energy)
+  nvidia-smi --query-gpu=index,name,driver_version,power.draw --format=csv,noheader
+  OUT="$OUT" python3 bench/energy_outside.py "${@:2}" 2>&1 | tee "$OUT/energy_outside.log"
+  ;;
 matrix-start)
   DIR=${SOAK_DIR:-/tmp/gpu-exporter-matrix}
   rm -rf "$DIR" && mkdir -p "$DIR"
@@ -100,7 +108,7 @@ matrix)
   bash "$0" matrix-start && WAIT_S=100000 bash "$0" matrix-wait
   ;;
 *)
-  echo "usage: $0 hardware|cost|idle|matrix|matrix-start|matrix-wait" >&2
+  echo "usage: $0 hardware|cost|idle|energy|matrix|matrix-start|matrix-wait" >&2
   exit 2
   ;;
 esac

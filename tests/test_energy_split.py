@@ -176,6 +176,38 @@ def test_intel_split_counts_every_engine_and_the_busiest_sets_the_busy_share(
     assert w.idle == pytest.approx(idle)
 
 
+def test_a_dgpu_without_an_energy_counter_splits_its_power_over_time(tmp_path: Path) -> None:
+    """An RDNA3 dGPU: no energy counter (hwmon power1_average only, gpu_metrics without an
+    accumulator), engine time moving in fdinfo. Its power over the window is the energy
+    it splits, served as gpu_estimated_energy_joules_total."""
+    windows, first, second = _run(tmp_path, "amd-rdna3-rx7800xt", _amd,
+                                  "devices/**/hwmon/*/power1_average")
+    before, after = _device(first, "amd"), _device(second, "amd")
+    assert before.energy_joules is None and after.energy_joules is None  # no counter
+    watts = int((SPLIT / "amd-rdna3-rx7800xt" / "1" / "power1_average").read_text()) / 1e6
+    assert after.power_watts == watts == 180.0
+    joules = watts * WINDOW  # the power read at the second moment counts for the window
+    assert before.estimated_energy_joules == 0.0
+    assert after.estimated_energy_joules == pytest.approx(joules)
+    assert after.source_of("estimated_energy_joules") == SOURCE
+    (w,) = windows
+    assert w.seconds == WINDOW and w.joules == pytest.approx(joules)
+    parts, idle = expected_split("amd-rdna3-rx7800xt", joules)
+    assert parts.keys() == {6100, 6200}  # notebook idle
+    assert w.parts == pytest.approx(parts)
+    assert w.parts[6100] / w.parts[6200] == pytest.approx(4.0)  # 3 s gfx + 1 s compute : 1 s
+    assert sum(w.parts.values()) == pytest.approx(0.4 * joules)  # gfx busy 4 s of 10
+    assert w.idle == pytest.approx(idle)
+    energy = {p.pid: p.energy_joules for p in after.processes}
+    assert energy == pytest.approx({6100: parts[6100], 6200: parts[6200], 6300: 0.0})
+    assert after.idle_energy_joules == pytest.approx(idle)
+    served = {s.name: s for m in snapshot_families(second) for s in m.samples
+              if s.name.startswith(("gpu_estimated_energy", "gpu_energy_joules"))}
+    assert set(served) == {"gpu_estimated_energy_joules_total"}  # no measured counter
+    estimate = served["gpu_estimated_energy_joules_total"]
+    assert estimate.value == pytest.approx(joules) and estimate.labels["source"] == SOURCE
+
+
 def test_served_energy_series_are_estimates_with_the_process_labels(tmp_path: Path) -> None:
     _, _, second = _run(tmp_path, "amd-mi300x", _amd, "devices/**/gpu_metrics")
     samples = [s for m in snapshot_families(second) for s in m.samples
@@ -223,9 +255,10 @@ def test_nvidia_split_follows_the_sm_samples_and_their_sum_is_the_busy_share() -
 INFO = DeviceInfo(vendor="amd", pci_bus_id="0000:03:00.0", uuid="pci-0000:03:00.0")
 
 
-def device(energy: float | None, *processes: ProcessSample, up: bool = True) -> DeviceSample:
+def device(energy: float | None, *processes: ProcessSample, up: bool = True,
+           power: float | None = None, util: float | None = None) -> DeviceSample:
     return DeviceSample(info=INFO, source="sysfs", up=up, energy_joules=energy,
-                        processes=processes)
+                        power_watts=power, utilization_ratio=util, processes=processes)
 
 
 def proc(pid: int, gfx: float | None = None, name: str = "app",
@@ -270,8 +303,9 @@ def test_no_per_process_engine_data_puts_everything_in_idle() -> None:
 
 
 def test_counters_never_go_back_and_windows_always_add_up_through_churn() -> None:
-    """Random processes come, go, come back under the same pid or another name, their
-    counters reset, the GPU counter resets once: every window adds up to the counter's
+    """Random processes (engine counters or ratios) come, go, come back under the same pid
+    or another name, their counters reset, power readings come and go, the GPU counter
+    resets once: every window adds up to the counter's
     increase, and no served counter ever goes back for one process identity."""
     rng = random.Random(31)
     clock, windows = Clock(), list[Window]()
@@ -291,9 +325,13 @@ def test_counters_never_go_back_and_windows_always_add_up_through_churn() -> Non
                 counters[pid] = 0.0
             if rng.random() < 0.8:
                 counters[pid] = counters.get(pid, 0.0) + rng.uniform(0, 3)
-        listed = [proc(pid, gfx=counters[pid], name=names[pid]) for pid in names
+        listed = [proc(pid, gfx=counters[pid], name=names[pid]) if pid % 2 else
+                  proc(pid, ratio=rng.random(), name=names[pid]) for pid in names
                   if pid in counters and rng.random() < 0.7]
-        (d,) = s.attribute(generation, [device(energy, *listed)])
+        power = rng.choice((None, rng.uniform(50, 700)))
+        closed = len(windows)
+        (d,) = s.attribute(generation, [device(energy, *listed, power=power)])
+        fresh = windows[-1].parts if len(windows) > closed else {}
         assert d.idle_energy_joules is not None and d.idle_energy_joules >= idle
         idle = d.idle_energy_joules
         for p in d.processes:
@@ -301,7 +339,8 @@ def test_counters_never_go_back_and_windows_always_add_up_through_churn() -> Non
                 continue
             key = (p.pid, p.process)
             if p.energy_joules < served.get(key, 0.0):  # only a process gone for longer
-                assert p.energy_joules == 0.0  # than max_window starts again, from 0
+                # than max_window starts again: from 0, and this snapshot's part
+                assert p.energy_joules == pytest.approx(fresh.get(p.pid, 0.0))
                 assert clock.now - listed_at[key] > 21.0
             served[key] = p.energy_joules
         for p in d.processes:
@@ -350,3 +389,111 @@ def test_ratio_readings_slower_than_the_energy_counter_close_windows_at_each_rea
     assert [w.parts[1] for w in windows] == pytest.approx([25.0, 25.0, 15.0, 15.0])
     assert d.processes[0].energy_joules == pytest.approx(80.0)
     assert d.idle_energy_joules == pytest.approx(120.0)
+
+
+def test_a_window_that_mixes_busy_and_idle_charges_the_busy_seconds_at_their_power() -> None:
+    """10 s busy at 600 W then 20 s idle at 150 W in one 30 s window: the process's 10 s
+    are the window's 10 highest-power seconds, 6000 of its 9000 J, not a third of it."""
+    clock, windows = Clock(), list[Window]()
+    s = EnergySplit(max_window=61.0, reading_interval=10.0, clock=clock,
+                    on_window=windows.append)
+    energy, busy = 5000.0, 100.0
+    s.attribute(0, [device(energy, proc(1, gfx=busy), power=150.0)])
+    for t in range(1, 31):  # the busy counter moves only at the end (a slow scan)
+        clock.now += 1.0
+        watts = 600.0 if t <= 10 else 150.0
+        energy += watts
+        end = t == 30
+        s.attribute(t, [device(energy, proc(1, gfx=busy + 10.0 if end else busy),
+                               power=watts)])
+    (w,) = windows
+    assert (w.seconds, w.joules, w.busy) == (30.0, 9000.0, 10.0)
+    assert w.parts[1] == pytest.approx(6000.0)  # by time it was 3000 J
+    assert w.idle == pytest.approx(3000.0)
+
+
+def test_without_power_readings_over_the_window_the_busy_share_is_by_time() -> None:
+    clock, windows = Clock(), list[Window]()
+    s = split(clock, windows)
+    s.attribute(0, [device(1000.0, proc(1, gfx=0.0))])
+    clock.now += 10
+    s.attribute(1, [device(1900.0, proc(1, gfx=4.0), power=500.0)])  # 1 reading of 10 s
+    clock.now += 10
+    s.attribute(2, [device(2800.0, proc(1, gfx=8.0))])  # none over the second window
+    assert [w.parts[1] for w in windows] == pytest.approx([360.0, 360.0])
+
+
+def test_a_first_reading_after_every_process_was_idle_counts_for_its_whole_interval() -> None:
+    """NVML's samples every 10 s, the counter every 30 s, snapshots every second: after
+    a long idle (no samples: nothing shown), B's first reading says 60 % of the 10 s
+    before it. It counts 6 s, not the 1 s since the snapshot before."""
+    clock, windows = Clock(), list[Window]()
+    s = EnergySplit(max_window=21.0, reading_interval=10.0, clock=clock,
+                    on_window=windows.append)
+    for t in range(0, 121):  # readings at 100 (0.6), 110 and 120 (0.9)
+        shown = {} if t < 100 else {2: 0.6} if t < 110 else {2: 0.9}
+        energy = 1000.0 + 100.0 * (t - t % 30)  # read every 30 s
+        s.attribute(t, [device(energy, proc(1, name="a"),
+                               *(proc(pid, ratio=r) for pid, r in shown.items()))])
+        clock.now += 1.0
+    last = windows[-1]
+    assert last.seconds == 30.0
+    assert last.parts[2] / last.joules == pytest.approx((6.0 + 9.0 + 9.0) / 30)
+
+
+def test_a_gpu_without_a_counter_integrates_its_power_and_never_goes_back() -> None:
+    """The estimate: each power reading for the time since the snapshot before; nothing
+    while the GPU is down; a long gap counts max_window at most; and when a counter
+    appears, the split follows it from then on, the served totals going on from where
+    they were."""
+    clock, windows = Clock(), list[Window]()
+    s = split(clock, windows)
+    (d,) = s.attribute(0, [device(None, proc(1, gfx=0.0), power=100.0)])
+    assert d.estimated_energy_joules == 0.0 and d.idle_energy_joules == 0.0
+    clock.now += 2
+    (d,) = s.attribute(1, [device(None, proc(1, gfx=1.0), power=50.0)])
+    assert d.estimated_energy_joules == 100.0  # 50 W for 2 s
+    assert d.processes[0].energy_joules == pytest.approx(50.0)  # busy 1 s of 2
+    clock.now += 5
+    s.attribute(2, [device(None, proc(1, gfx=1.0), power=80.0, up=False)])
+    clock.now += 1
+    (d,) = s.attribute(3, [device(None, proc(1, gfx=1.0), power=80.0)])
+    assert d.estimated_energy_joules == 100.0  # the first reading after it was down
+    clock.now += 100
+    (d,) = s.attribute(4, [device(None, proc(1, gfx=1.0), power=10.0)])
+    assert d.estimated_energy_joules == 100.0 + 10.0 * 21.0  # max_window
+    served = d.processes[0].energy_joules
+    assert served is not None and d.idle_energy_joules is not None
+    idle = d.idle_energy_joules
+    clock.now += 1
+    (d,) = s.attribute(5, [device(7000.0, proc(1, gfx=1.0), power=10.0)])  # a counter
+    assert d.estimated_energy_joules is None and d.energy_joules == 7000.0
+    assert (d.processes[0].energy_joules, d.idle_energy_joules) == (served, idle)
+    clock.now += 10
+    (d,) = s.attribute(6, [device(7100.0, proc(1, gfx=6.0), power=10.0)])
+    assert d.processes[0].energy_joules == pytest.approx(served + 50.0)  # 5 s of 10
+    assert d.idle_energy_joules == pytest.approx(idle + 50.0)
+    for w in windows:
+        assert sum(w.parts.values()) + w.idle == pytest.approx(w.joules)
+
+
+@pytest.mark.parametrize("counters", [False, True])
+def test_ratio_samples_share_the_gpu_out_and_its_own_utilisation_says_how_long(
+        counters: bool) -> None:
+    """NVML's per-process SM samples read 87 % for a loop that keeps a kernel running all
+    the time (the GPU's utilisation: 100 %): the process gets the whole window, not 87 %
+    of it. Engine counters (fdinfo) are busy time themselves: the GPU's utilisation
+    changes nothing there."""
+    clock, windows = Clock(), list[Window]()
+    s = EnergySplit(max_window=21.0, reading_interval=10.0, clock=clock,
+                    on_window=windows.append)
+
+    def one(t: int) -> ProcessSample:
+        return proc(1, gfx=8.7 * t / 10) if counters else proc(1, ratio=0.87)
+
+    for t in range(0, 11):
+        s.attribute(t, [device(1000.0 + 100.0 * (t - t % 10), one(t), util=1.0)])
+        clock.now += 1.0
+    (w,) = windows
+    assert w.joules == 1000.0
+    assert w.parts[1] == pytest.approx(870.0 if counters else 1000.0)

@@ -45,6 +45,9 @@ ZEROED = ("gpu_exporter_collection_duration_seconds",
           "gpu_exporter_last_collection_timestamp_seconds", "gpu_exporter_build_info",
           "gpu_exporter_backend_cpu_seconds_total",
           "gpu_xid_last_timestamp_seconds",  # the wall clock when the XID was drained
+          # A GPU without an energy counter: its power over the milliseconds between the
+          # daemon's first snapshots (docs/energy.md), all of it idle.
+          "gpu_estimated_energy_joules_total", "gpu_idle_energy_joules_total",
           # Only with flags (tests/test_golden_flags.py): the wall clock of the config
           # load, and how many OTLP pushes fit in the daemon's life so far.
           "gpu_exporter_config_last_reload_success_timestamp_seconds",

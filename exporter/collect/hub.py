@@ -104,7 +104,8 @@ class Hub:
         # slowest per-process tier (exporter.collect.energy_split).
         self.energy = EnergySplit(
             reading_interval=config.slow_interval,
-            max_window=2 * max(config.slow_interval, config.processes_interval) + config.interval)
+            max_window=2 * max(config.slow_interval, config.processes_interval) + config.interval,
+            clock=self.clock.now, intervals={"fdinfo": config.processes_interval})
         self._generation = 0
         # backend -> when its cycle in flight started: the publisher waits for backends
         # of the same tick before it merges (_due), so they merge once, not once each.

@@ -285,6 +285,14 @@ class DeviceValues:
         "engine data is missing.", Kind.COUNTER, unit="joules",
         note="Source `estimate` (docs/energy.md).",
         otlp=Otlp("gpu.idle_energy"))
+    # Filled after the merge by exporter.collect.energy_split, never by a backend: for a GPU
+    # that reports its power but has no energy counter.
+    estimated_energy_joules: float | None = value(
+        "gpu_estimated_energy_joules_total",
+        "GPU energy estimated from its power draw over time, for a GPU without an energy "
+        "counter.", Kind.COUNTER, unit="joules",
+        note="Source `estimate`; counts from the exporter's start (docs/energy.md).",
+        otlp=Otlp("gpu.estimated_energy"))
     performance_state: int | None = value(
         "gpu_performance_state", "Performance state (P-state number).",
         otlp=Otlp("gpu.performance_state"))

@@ -147,7 +147,7 @@ def outputs(root: Path) -> dict[Path, str]:
 
 
 def main() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[2]  # the repository
     for path, text in outputs(root).items():
         if not path.exists() or path.read_text() != text:
             path.write_text(text)

@@ -30,6 +30,7 @@ process is attributed to its instance.
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +67,14 @@ def newest(nvml: Any, fn: Nvml) -> Callable[[Any], Any]:
             return v2(handle)
 
     return call
+# Per-process utilisation (read_utilization): NVML averages each process's samples newer
+# than the timestamp it is given (CPU time in microseconds, the wall clock's), from a
+# sample buffer of its own. A reading describes the time since the reading before, so
+# NVML is not given a timestamp older than that call (less LATE_US, for samples the driver
+# records late): after a long idle the newest sample seen is old, and a process that
+# turns busy would be averaged over all the idle time the buffer still holds.
+LATE_US = 1_000_000
+SAME_CLOCK_US = 86_400 * 1_000_000  # NVML's timestamps and ours within a day: one clock
 
 
 class ProcessReader:
@@ -82,6 +91,9 @@ class ProcessReader:
         self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
         self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
         self._lists = [(fn, context, newest(nvml, fn)) for fn, context in PROCESS_LISTS]
+        self._last_read_us = 0  # the wall clock (us) at the last utilisation read
+
+    wall: Callable[[], float] = staticmethod(time.time)  # the clock of NVML's timestamps
 
     def read(self, errors: Counter[ErrorReason], slow: bool = True) -> tuple[ProcessSample, ...]:
         """Union of the compute, graphics and MPS client lists; a pid in several is
@@ -126,13 +138,17 @@ class ProcessReader:
         return tuple(out)
 
     def read_utilization(self, errors: Counter[ErrorReason]) -> None:
-        """Per-process SM utilisation since the last slow cycle (slow tier)."""
+        """Per-process SM utilisation since the last slow cycle (slow tier; LATE_US)."""
         not_found = getattr(self.nvml, "NVML_ERROR_NOT_FOUND", 6)
         if self.call.absent(Nvml.DEVICE_GET_PROCESS_UTILIZATION):
             return
+        now = int(self.wall() * 1_000_000)
+        since = self._last_util_ts
+        if self._last_read_us and 0 < since and abs(now - since) < SAME_CLOCK_US:
+            since = max(since, self._last_read_us - LATE_US)
+        self._last_read_us = now
         try:
-            samples = self.nvml.nvmlDeviceGetProcessUtilization(self.call.handle,
-                                                                self._last_util_ts)
+            samples = self.nvml.nvmlDeviceGetProcessUtilization(self.call.handle, since)
         except self.nvml.NVMLError as e:
             if getattr(e, "value", None) == not_found:  # no process ran a kernel since then
                 self._sm_util = {}
@@ -142,8 +158,8 @@ class ProcessReader:
         latest: dict[int, tuple[int, float]] = {}
         for s in samples:
             pid, ts, sm = u32(s.pid), u64(s.timeStamp), ratio(u32(s.smUtil))
-            if pid is None or ts is None or sm is None:
-                continue
+            if pid is None or ts is None or sm is None or ts <= since:
+                continue  # (an entry older than asked for: a stale one of an exited pid)
             if pid not in latest or ts >= latest[pid][0]:
                 latest[pid] = (ts, sm)
             self._last_util_ts = max(self._last_util_ts, ts)
