@@ -159,6 +159,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         return PlainTextResponse("Not ready: first collection not complete\n", status_code=503)
 
     async def snapshot(request: Request) -> Response:
+        renderer.readers.read()  # a reader of every value, as /metrics is
         current = hub.snapshot
         otlp = telemetry.otlp_status()
         body = await off_loop(request, renderer.pages,
