@@ -32,7 +32,8 @@
    (its own Python is then counted too). The driver's share is estimated from the
    call counts times a per-call CPU cost: ``--calls-json`` (bench/nvml_calls.py
    ``--json`` on the GPU machine), else DRIVER_US below (the device measurements of
-   docs/performance.md).
+   docs/performance.md). ``--nvml real`` (on the GPU machine) measures this machine's
+   GPUs as they are, our Python and the driver's time together.
 
 2. ``--daemon``: the daemon itself on the stub library (``--gpus`` GPUs, ``--links``
    NVLinks each, no processes, no scrapes), at each ``--intervals``, each thread's CPU
@@ -85,6 +86,10 @@ DEFAULT_DRIVER_US = 2.0
 
 # -- one machine shape, in a fresh interpreter ---------------------------------------------
 def _nvml(kind: str, gpus: int, links: int, procs: int) -> Any:
+    if kind == "real":  # the machine's GPUs, links and processes
+        import pynvml
+
+        return pynvml
     if kind == "stub":
         from nvml_stub import load
 
@@ -163,7 +168,8 @@ def child(kind: str, gpus: int, links: int, procs: int, cycles: int, gap: float,
     from exporter.output.render import Renderer, RenderOptions
     from exporter.serve.history import History
 
-    with tempfile.TemporaryDirectory(prefix="cost-model-") as proc:  # an empty /proc
+    with tempfile.TemporaryDirectory(prefix="cost-model-") as empty:  # an empty /proc
+        proc = "/proc" if kind == "real" else empty
         config = load_config(["--path.procfs", proc, "--collector.interval", "1s"], {})
         # unread: nobody scrapes (the readings only a reader sees are taken once);
         # else every one is wanted, as under a scraper (exporter.collect.readers).
@@ -175,6 +181,8 @@ def child(kind: str, gpus: int, links: int, procs: int, cycles: int, gap: float,
         hub.subscribe(history.add)
         hub.collect_once()  # opened, the first (slow) cycle, the GPUs numbered
         gpu0 = backend._gpus[0].dev  # its slow-cycle count says which tier is due
+        if kind == "real":
+            gpus, links, procs = len(backend._gpus), len(gpu0.nvlink.remote), 0
 
         def tier_of_next_slow() -> str:
             return "rare" if gpu0._slow_cycles % RARE_EVERY == 0 else "slow"
@@ -291,7 +299,33 @@ def load_calls_json(path: Path | None) -> dict[str, float]:
     return per_call
 
 
+def real(args: argparse.Namespace) -> None:
+    """One machine shape: this machine's GPUs through the real NVML (our Python and the
+    driver's time together, on the calling thread)."""
+    r = shape(args, 0, 0, 0)
+    per_call = load_calls_json(args.calls_json)
+    print(f"\nNVIDIA path on this machine's NVML ({r['gpus']} GPUs, {r['links']} active NVLinks "
+          f"on GPU 0), in process, cycles {args.gap:g} s apart; CPU of the calling thread "
+          f"(ours and the driver's), median:\n")
+    print("| tier | CPU us | NVML calls | field entries | driver estimate us (calls x per-call) |")
+    print("|---|---:|---:|---:|---:|")
+    for tier in TIERS:
+        t = r[tier]
+        print(f"| {tier} | {t['cpu_us']:,.0f} | {sum(t['calls'].values()):g} | "
+              f"{sum(t['fields'].values()):g} | {driver_us(t, per_call):,.0f} |")
+    print("\nPer second at each --collector.interval, % of one core (the NVIDIA thread and "
+          "the publish):")
+    for interval in (0.1, 1.0, 10.0):
+        ours, _ = per_second(r, interval, per_call)
+        print(f"  {interval:g} s: {ours:.3f} %")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": [r], "per_call_us": per_call}, indent=1))
+
+
 def grid(args: argparse.Namespace) -> None:
+    if args.nvml == "real":
+        real(args)
+        return
     per_call = load_calls_json(args.calls_json)
     rows = []
     for links in args.links:
@@ -456,7 +490,8 @@ def main() -> None:
     ap.add_argument("--gpus", type=ints, default=[1, 2, 4, 8, 16])
     ap.add_argument("--procs", type=ints, default=[0, 8, 64])
     ap.add_argument("--links", type=ints, default=[0, 18])
-    ap.add_argument("--nvml", choices=("stub", "fake"), default="stub")
+    ap.add_argument("--nvml", choices=("stub", "fake", "real"), default="stub",
+                    help="real: this machine's GPUs, one shape (on the GPU machine)")
     ap.add_argument("--cycles", type=int, default=60, help="fast cycles timed per shape")
     ap.add_argument("--gap", type=float, default=0.02, help="seconds between timed cycles")
     ap.add_argument("--calls-json", type=Path, help="bench/nvml_calls.py --json output")
