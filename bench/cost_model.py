@@ -4,7 +4,7 @@
                                [--nvml stub|fake] [--gap 0.02] [--calls-json FILE]
                                [--json OUT]
     python bench/cost_model.py --daemon [--gpus 1,4] [--intervals 100ms,1s,10s]
-                               [--window 30] [--links 18]
+                               [--window 30] [--links 18] [--repo OTHER_TREE]
 
 1. In process (one fresh interpreter per machine shape): the NVIDIA backend and the
    Hub, wired as the daemon wires them (the renderer and the live page's history
@@ -451,13 +451,13 @@ def daemon(args: argparse.Namespace) -> None:
         for gpus in args.gpus:
             port = free_port()
             env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
-            env["PYTHONPATH"] = str(REPO)
+            env["PYTHONPATH"] = str(args.repo.resolve())
             with tempfile.TemporaryDirectory(prefix="cost-daemon-") as tmp:
                 cmd = [sys.executable, "-c", STUB_MAIN, str(HERE), str(gpus), str(args.links[-1]),
                        NAMED_THREADS_MAIN, "--web.listen-address", f"127.0.0.1:{port}",
                        "--collector.interval", interval, "--path.procfs", tmp,
                        "--log.format", "json"]
-                proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                proc = subprocess.Popen(cmd, cwd=args.repo, env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL)
                 try:
                     window = max(args.window, 60.0) if interval.endswith("10s") else args.window
@@ -502,6 +502,7 @@ def main() -> None:
     ap.add_argument("--intervals", default="100ms,1s,10s")
     ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--repo", type=Path, default=REPO, help="--daemon: another tree's exporter")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

@@ -218,7 +218,7 @@ class NvmlDevice:
         every counter afresh."""
         self._slow_cycles, self._energy, self.health.events = 0, None, None
         self._rare = self.static = self._base = None  # a reset may have come with new limits
-        self._pcie = {}
+        self._pcie, self._cycle = {}, None
         self.want_pcie.reset()
         self.want_violations.reset()
         self.nvlink.reset()
