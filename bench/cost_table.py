@@ -2,6 +2,7 @@
 
     python bench/cost_table.py compare [--window 60] [--repeats 3] [--load]
     python bench/cost_table.py idle [--window 60] [--intervals 100ms,1s,10s]
+    python bench/cost_table.py model [--window 40] [--rss-window 30] [--repeats 2] [--json F]
 
 On a machine with a real NVIDIA GPU (Python 3.12, nvidia-ml-py; ``compare`` also
 needs nvitop-exporter 1.7.2, ``--load`` torch):
@@ -14,6 +15,13 @@ needs nvitop-exporter 1.7.2, ``--load`` torch):
   (CPU at most 0.25x nvitop-exporter's, RSS at most 0.9x).
 - ``idle``: our daemon alone, no load, no scrapes, at each interval; prints % of one
   core against the targets (0.6 % at 100 ms, 0.15 % at 1 s, 0.05 % at 10 s).
+- ``model``: the device rows of bench/cost_model.py's table. Our daemon alone, idle, no
+  scrapes, at each interval, each thread's CPU (schedstat) and wake-ups; then RSS side by
+  side with nvitop-exporter (both at 1 s, scraped every ``--scrape-every`` seconds,
+  ``--repeats`` alternating rounds of ``--rss-window`` seconds), each process's RSS by
+  mapping (/proc/<pid>/smaps: anonymous, heap, libcuda, libnvidia-ml, ...) and threads;
+  ``--json`` writes everything. The targets: 1 s on one GPU at most 0.2 % of a core, RSS
+  at most 0.9x nvitop-exporter's.
 
 CPU is the sum over the process's threads of /proc/<pid>/task/*/schedstat's time on
 CPU (nanoseconds: a 10 s interval spends a few clock ticks a minute, below what
@@ -25,6 +33,8 @@ window, read once a second. Both processes start from the same Python.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -153,9 +163,111 @@ def idle(args: argparse.Namespace) -> None:
               + (f"<= {target} | {verdict(got.percent <= target)} |" if target else "| |"))
 
 
+def threads_window(pid: int, seconds: float) -> dict[str, tuple[float, float]]:
+    """Per thread name: (% of one core, wake-ups per second) over ``seconds``."""
+    before, t0 = schedstat(pid), time.monotonic()
+    time.sleep(seconds)
+    after, elapsed = schedstat(pid), time.monotonic() - t0
+    out: dict[str, tuple[float, float]] = {}
+    for tid, (name, ns, switches) in after.items():
+        _, ns0, switches0 = before.get(tid, (name, 0, 0))
+        cpu, wake = out.get(name, (0.0, 0.0))
+        out[name] = (cpu + (ns - ns0) / 1e9 / elapsed * 100,
+                     wake + (switches - switches0) / elapsed)
+    return out
+
+
+def rss_window(pid: int, port: int, seconds: float, scrape_every: float) -> dict[str, object]:
+    got = window(pid, port, seconds, scrape_every)
+    from memory import smaps_groups
+
+    groups = smaps_groups(pid)
+    names = sorted(open(f"/proc/{pid}/task/{t}/comm").read().strip()
+                   for t in os.listdir(f"/proc/{pid}/task"))
+    return {"rss_mib": got.rss_mib, "cpu_percent": got.percent,
+            "smaps_mib": {k: round(v, 2) for k, v in sorted(groups.items(),
+                                                            key=lambda kv: -kv[1])[:12]},
+            "threads": names}
+
+
+def model(args: argparse.Namespace) -> None:
+    summary: dict[str, object] = {"intervals": {}, "rss": []}
+    print(f"gpu-exporter alone, idle, no scrapes, {args.window:.0f} s windows, per thread "
+          "(% of one core, wake-ups/s)", flush=True)
+    for interval in args.intervals.split(","):
+        with start_daemon(True, ["--collector.interval", interval]) as target:
+            time.sleep(args.warmup)
+            per = threads_window(target.proc.pid, args.window)
+            rss = rss_mib(target.proc.pid)
+        total = sum(cpu for cpu, _ in per.values())
+        summary["intervals"][interval] = {  # type: ignore[index]
+            "percent": total, "rss_mib": rss, "threads": per}
+        target_pct = TARGET_IDLE.get(interval)
+        print(f"\n{interval}: {total:.3f} % of one core, RSS {rss:.1f} MiB"
+              + (f" (1 s target 0.2 %: {verdict(total <= 0.2)})" if interval == "1s" else "")
+              + (f" (earlier target {target_pct} %)" if target_pct and interval != "1s" else ""))
+        for name, (cpu, wake) in sorted(per.items(), key=lambda kv: -kv[1][0]):
+            print(f"  {name:<18} {cpu:7.3f} %  {wake:6.1f} wake-ups/s")
+    nvitop = args.nvitop or NVITOP.format(py=sys.executable)
+    print(f"\nRSS side by side, both at 1 s, scraped every {args.scrape_every:g} s, "
+          f"{args.rss_window:.0f} s windows, {args.repeats} rounds", flush=True)
+    for r in range(1, args.repeats + 1):
+        row = {}
+        for who, cmd, extra in (("gpu-exporter", None, ["--collector.interval", "1s"]),
+                                ("nvitop-exporter", nvitop, [])):
+            try:
+                with start_daemon(True, extra, cmd=cmd) as target:
+                    scrape(target.port)
+                    time.sleep(args.warmup)
+                    row[who] = rss_window(target.proc.pid, target.port, args.rss_window,
+                                          args.scrape_every)
+            except (SystemExit, OSError) as e:  # nvitop-exporter missing: say so, go on
+                row[who] = {"error": str(e)[-500:]}
+        summary["rss"].append(row)  # type: ignore[attr-defined]
+        ours, theirs = row["gpu-exporter"], row["nvitop-exporter"]
+        if "rss_mib" in ours and "rss_mib" in theirs:
+            ratio = float(ours["rss_mib"]) / float(theirs["rss_mib"])  # type: ignore[arg-type]
+            print(f"round {r}: gpu-exporter {ours['rss_mib']:.1f} MiB "
+                  f"({ours['cpu_percent']:.3f} %), nvitop-exporter {theirs['rss_mib']:.1f} MiB "
+                  f"({theirs['cpu_percent']:.3f} %): {ratio:.2f}x (target <= "
+                  f"{TARGET_RSS_RATIO}x: {verdict(ratio <= TARGET_RSS_RATIO)})", flush=True)
+        for who, got in row.items():
+            print(f"  {who}: " + json.dumps(got.get("smaps_mib", got)))
+            if "threads" in got:
+                print(f"  {who} threads: {' '.join(got['threads'])}")  # type: ignore[arg-type]
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1, default=str))
+
+
+VERSIONS = ("pynvml", "prometheus_client", "starlette", "uvicorn", "structlog", "nvitop",
+            "nvitop_exporter", "psutil")
+SUMMARY = ("nvml_calls", "nvml_memory", "cost_model_real", "cost_model_device")
+
+
+def versions(args: argparse.Namespace) -> None:
+    """What this Python imports: each package's version and file, or that it is missing."""
+    import importlib
+
+    print(sys.version)
+    for name in VERSIONS:
+        try:
+            mod = importlib.import_module(name)
+            print(name, getattr(mod, "__version__", ""), mod.__file__)
+        except Exception as e:  # noqa: BLE001 - reported, the run goes on
+            print(name, "MISSING", e)
+
+
+def summary(args: argparse.Namespace) -> None:
+    """The JSON files of bench/h100.sh costmodel under ``args.out``, in one object."""
+    out = {name: json.loads(f.read_text()) if (f := args.out / f"{name}.json").exists()
+           else None for name in SUMMARY}
+    print(json.dumps(out, indent=1, default=str))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=("compare", "idle"))
+    ap.add_argument("mode", choices=("compare", "idle", "model", "versions", "summary"))
+    ap.add_argument("out", nargs="?", type=Path, default=Path("out"), help="summary: the folder")
     ap.add_argument("--window", type=float, default=60.0)
     ap.add_argument("--warmup", type=float, default=6.0)
     ap.add_argument("--repeats", type=int, default=3)
@@ -163,8 +275,11 @@ def main() -> None:
     ap.add_argument("--load", action="store_true", help="compare: run a CUDA matmul loop")
     ap.add_argument("--intervals", default="100ms,1s,10s")
     ap.add_argument("--nvitop", help="compare: another command ({port} substituted)")
+    ap.add_argument("--rss-window", type=float, default=30.0, help="model: RSS window, s")
+    ap.add_argument("--json", type=Path, help="model: write the summary here")
     args = ap.parse_args()
-    compare(args) if args.mode == "compare" else idle(args)
+    {"compare": compare, "idle": idle, "model": model, "versions": versions,
+     "summary": summary}[args.mode](args)
 
 
 if __name__ == "__main__":

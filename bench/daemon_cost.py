@@ -2,6 +2,7 @@
 
     python bench/daemon_cost.py [--real] [--window 60] [--warmup 10] [--scrape-every 15]
     python bench/daemon_cost.py --cmd 'nvitop-exporter --bind-address 127.0.0.1 --port {port}'
+    python bench/daemon_cost.py --warmup 900 --latency 1000   # 8 x 64, the history full
 
 Starts our daemon (fake NVML 8 GPUs x 64 processes, or ``--real``) or ``--cmd`` (any
 exporter; ``{port}`` is replaced by a free port, ``/metrics`` is scraped), waits for it
@@ -147,6 +148,8 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--processes", type=int, default=64, help="fake processes per GPU")
     ap.add_argument("--interval", default="1s", help="our --collector.interval (default 1s)")
+    ap.add_argument("--latency", type=int, default=0,
+                    help="then this many sequential scrapes per format (scrape_latency.py)")
     args = ap.parse_args()
     extra = [] if args.cmd else ["--collector.interval", args.interval]
     with start_daemon(args.real, extra, args.gpus, args.processes, cmd=args.cmd) as target:
@@ -154,6 +157,11 @@ def main() -> None:
             scrape(target.port)  # a first scrape, as Prometheus would have done by now
         time.sleep(args.warmup)
         measure(target.proc.pid, target.port, args.window, args.scrape_every)
+        if args.latency:
+            from scrape_latency import report
+
+            report(target, args.latency, "the same daemon")
+            print(f"RSS after: {rss_mib(target.proc.pid):.1f} MiB")
         if target.proc.poll() is not None:
             raise SystemExit(f"exporter exited during the window:\n{target.log_tail()}")
 

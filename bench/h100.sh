@@ -10,6 +10,11 @@
 #                                 # the daemon, two CUDA workers per GPU, /metrics scraped
 #                                 # around each scenario (bench/energy_outside.py; about
 #                                 # 5.5 minutes; extra arguments go to it, e.g. --gpus 0)
+#   bash bench/h100.sh costmodel  # the device rows of the cost model (about 7 min on one GPU):
+#                                 # NVML per-call CPU, the memory NVML adds step by step, real
+#                                 # fast/slow/rare cycles and publish, the exporter alone idle at
+#                                 # 100 ms / 1 s / 10 s per thread (40 s windows), RSS side by
+#                                 # side with nvitop-exporter; logs and costmodel.json in $OUT
 #   bash bench/h100.sh matrix     # this machine's row of the hardware matrix: the field-values
 #                                 # overrun reproduction, tests/hardware, a soak of SOAK_S
 #                                 # (600) seconds under CUDA load, then the row as a table
@@ -80,6 +85,27 @@ energy)
   nvidia-smi --query-gpu=index,name,driver_version,power.draw --format=csv,noheader
   OUT="$OUT" python3 bench/energy_outside.py "${@:2}" 2>&1 | tee "$OUT/energy_outside.log"
   ;;
+costmodel)
+  PY=python3
+  if [ -n "${CLEAN:-}" ]; then
+    python3 -m venv --without-pip /tmp/clean && PY=/tmp/clean/bin/python3
+  fi
+  T0=$SECONDS
+  nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv | tee "$OUT/gpus.log"
+  $PY bench/cost_table.py versions 2>&1 | tee "$OUT/versions.log"
+  $PY bench/nvml_calls.py --batch --cycle --n 100 --json "$OUT/nvml_calls.json" \
+    > "$OUT/nvml_calls.log" 2>&1
+  tail -n 45 "$OUT/nvml_calls.log"
+  $PY bench/nvml_memory.py --json "$OUT/nvml_memory.json" 2>&1 | tee "$OUT/nvml_memory.log"
+  $PY bench/cost_model.py --nvml real --calls-json "$OUT/nvml_calls.json" \
+    --json "$OUT/cost_model_real.json" 2>&1 | tee "$OUT/cost_model_real.log"
+  echo "NVML calls, memory and the real cycles took $((SECONDS - T0)) s"
+  $PY bench/cost_table.py model --window "${WINDOW:-40}" --rss-window "${RSS_WINDOW:-30}" \
+    --repeats "${REPEATS:-2}" --json "$OUT/cost_model_device.json" > "$OUT/cost_model_device.log" 2>&1
+  grep -v '^[0-9-]* [0-9:]* \[' "$OUT/cost_model_device.log"
+  $PY bench/cost_table.py summary "$OUT" > "$OUT/costmodel.json"
+  echo "costmodel took $((SECONDS - T0)) s; summary in $OUT/costmodel.json"
+  ;;
 matrix-start)
   DIR=${SOAK_DIR:-/tmp/gpu-exporter-matrix}
   rm -rf "$DIR" && mkdir -p "$DIR"
@@ -108,7 +134,7 @@ matrix)
   bash "$0" matrix-start && WAIT_S=100000 bash "$0" matrix-wait
   ;;
 *)
-  echo "usage: $0 hardware|cost|idle|energy|matrix|matrix-start|matrix-wait" >&2
+  echo "usage: $0 hardware|cost|idle|energy|costmodel|matrix|matrix-start|matrix-wait" >&2
   exit 2
   ;;
 esac

@@ -22,6 +22,7 @@ exporter's Python alone (no GPU needed; ``cc`` must be installed).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -120,6 +121,14 @@ def calls(nvml: Any, h: Any) -> list[tuple[str, Callable[[], Any]]]:
                                                    n.NVML_VOLATILE_ECC,
                                                    n.NVML_MEMORY_LOCATION_DRAM)),
         ("nvmlDeviceGetMigMode", lambda: n.nvmlDeviceGetMigMode(h)),
+        ("nvmlDeviceGetMemoryErrorCounter(corr,vol,sram)",
+         lambda: n.nvmlDeviceGetMemoryErrorCounter(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                                                   n.NVML_VOLATILE_ECC,
+                                                   getattr(n, "NVML_MEMORY_LOCATION_SRAM", 7))),
+        ("nvmlDeviceGetPcieThroughput(rx)",
+         lambda: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES)),
+        ("nvmlDeviceGetViolationStatus(thermal)",
+         lambda: n.nvmlDeviceGetViolationStatus(h, n.NVML_PERF_POLICY_THERMAL)),
     ]
     return out
 
@@ -132,21 +141,37 @@ def batch_rows(n: Any, h: Any, runs: int) -> list[tuple[str, float, float, float
         "MEASURED.md set (+ PCIe replay)": [
             (n.NVML_FI_DEV_MEMORY_TEMP, 0), (n.NVML_FI_DEV_POWER_INSTANT, 0),
             (n.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 0)],
+        "the slow cycle's one batch (fast fields + recovery action)": [
+            (n.NVML_FI_DEV_MEMORY_TEMP, 0), (n.NVML_FI_DEV_POWER_INSTANT, 0),
+            (n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0)],
+        "PCIe tx/rx byte counters (197/198)": [
+            (getattr(n, "NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 197), 0),
+            (getattr(n, "NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 198), 0)],
+        "NVLink error totals (38/45/52/59)": [
+            (n.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, 0),
+            (n.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, 0),
+            (n.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, 0),
+            (n.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, 0)],
         "NVLink tx+rx, 18 links": [
             (fid, link) for link in range(18)
             for fid in (n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
                         n.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)],
     }
+    # Through the exporter's own call (spare entries after the array): nvidia-ml-py's
+    # exactly sized array lets driver 580 write past it when a batch ends in NVLink
+    # throughput fields (exporter.collect.backends.nvidia.fields).
+    from exporter.collect.backends.nvidia.fields import field_values
+
     rows = []
     for label, fields in sets.items():
         def singles(fields: list[tuple[int, int]] = fields) -> None:
             for f in fields:
-                n.nvmlDeviceGetFieldValues(h, (f,))
+                field_values(n, h, (f,))
 
         def batched(fields: list[tuple[int, int]] = fields) -> None:
-            n.nvmlDeviceGetFieldValues(h, tuple(fields))
+            field_values(n, h, tuple(fields))
 
-        codes = sorted({int(v.nvmlReturn) for v in n.nvmlDeviceGetFieldValues(h, tuple(fields))})
+        codes = sorted({int(v.nvmlReturn) for v in field_values(n, h, tuple(fields))})
         rows.append((f"{label}: {len(fields)} calls", *timed(singles, runs)))
         rows.append((f"{label}: 1 call  [field returns {codes}]", *timed(batched, runs)))
     return rows
@@ -193,6 +218,8 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=1, help="--stub: GPUs")
     ap.add_argument("--nvlinks", type=int, default=0, help="--stub: active NVLinks per GPU")
     ap.add_argument("--procs", type=int, default=0, help="--stub: processes per GPU")
+    ap.add_argument("--json", type=Path, help="also write the rows here (bench/cost_model.py "
+                    "--calls-json reads them)")
     args = ap.parse_args()
     if args.stub:
         from bench.nvml_stub import load
@@ -240,6 +267,10 @@ def main() -> None:
     print(f"{'call':<62} {'median us':>10} {'p90 us':>10} {'CPU us':>9}  outcome")
     for name, med, p90, cpu, outcome in rows:
         print(f"{name:<62} {med:>10.1f} {p90:>10.1f} {cpu:>9.1f}  {outcome}")
+    if args.json:
+        args.json.write_text(json.dumps({"driver": driver, "rows": [
+            {"call": name, "median_us": med, "p90_us": p90, "cpu_us": cpu, "outcome": outcome}
+            for name, med, p90, cpu, outcome in rows]}, indent=1))
     if args.probe:
         probe()
 

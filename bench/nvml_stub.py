@@ -9,7 +9,8 @@ zero would stop the code path being measured: the GPU count, handles, UUID and P
 id, field values (SUCCESS, an unsigned long long, NVML's timestamp), NVLink state
 (``nvlinks`` active links, the rest INVALID_ARGUMENT; 0 = NOT_SUPPORTED, as on the
 single-GPU lease), ECC counters (dram and sram only, as on an H100), the process
-lists (``processes`` entries) and the event set (always TIMEOUT: no XID).
+lists (``processes`` entries), GPM (supported, as on Hopper: every metric 0) and the
+event set (always TIMEOUT: no XID).
 
 Entry-point names come from the installed nvidia-ml-py's source, so the stub always
 covers the binding in use. Layouts written here: nvmlFieldValue_t (fieldId, scopeId,
@@ -69,6 +70,7 @@ int nvmlDeviceGetMPSComputeRunningProcesses_v3(void *h, unsigned *c, proc_t *p) 
     (void)h; *c = 0; (void)p; return 0; }
 int nvmlDeviceGetProcessUtilization(void *h, void *s, unsigned *c, unsigned long long t) {
     (void)h; (void)s; (void)c; (void)t; return 6; }
+int nvmlGpmQueryDeviceSupport(void *h, unsigned *s) { (void)h; s[1] = 1; return 0; }
 int nvmlEventSetWait_v2(void *s, void *d, unsigned ms) { (void)s; (void)d; (void)ms; return 10; }
 """
 

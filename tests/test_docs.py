@@ -32,7 +32,8 @@ OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "ta
                             # device plugins (docs/kubernetes.md), nvitop-exporter
                             "device-id-strategy", "shared-dev-num", "bind-address", "port",
                             # bench scripts (docs/performance.md)
-                            "costs", "machines", "duration"}
+                            "costs", "machines", "duration", "nvml", "repeat", "links",
+                            "calls-json", "daemon", "json", "latency", "repo", "unread"}
 
 
 def golden_families() -> set[str]:

@@ -39,6 +39,9 @@ HEAVY = (
     "starlette.middleware.cors", "starlette.middleware.gzip", "starlette.staticfiles",
     "starlette.templating", "jinja2",
     "uvloop", "httptools", "websockets", "wsproto", "watchfiles",
+    # the live page, its script and style, the /snapshot JSON: on their first request
+    "exporter.serve.landing", "exporter.serve.landing_static", "exporter.serve.snapshot",
+    "difflib",  # the "did you mean" of a mistyped flag
 )
 
 
@@ -70,6 +73,32 @@ def test_heavy_list_catches_an_eager_import() -> None:
     for m in ("grpc._channel", "yaml", "bcrypt", "pyudev.core", "opentelemetry.sdk"):
         assert heavy_in(["exporter.app.cli", m]) == [m]
 
+
+
+def test_the_page_imports_its_code_on_its_first_request() -> None:
+    import httpx
+
+    from exporter.collect.hub import Hub
+    from exporter.core.config import Config
+    from exporter.output.render import Renderer
+    from exporter.serve.server import build_app
+    from tests.test_server_hardening import in_process_server
+
+    hub = Hub(Config(), [])
+    renderer = Renderer()
+    renderer.render_now(hub.collect_once())
+    try:
+        with in_process_server(build_app(Config(), hub, renderer)) as port:
+            page = httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
+            script = httpx.get(f"http://127.0.0.1:{port}/static/app.js", timeout=5)
+            snapshot = httpx.get(f"http://127.0.0.1:{port}/snapshot", timeout=5)
+    finally:
+        renderer.stop()
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    assert "script-src" in page.headers["content-security-policy"]
+    assert script.status_code == 200 and script.headers["content-type"].startswith(
+        "text/javascript")
+    assert snapshot.status_code == 200 and snapshot.json()["generation"] >= 1
 
 
 def test_a_config_file_imports_yaml_and_nothing_else_heavy(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from exporter.collect.backends.base import BackendFailed
 from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.device import COUNTERS_EVERY
+from exporter.collect.backends.nvidia.device import COUNTERS_EVERY, RARE_EVERY
 from exporter.core.config import Config
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.fakes.nvml_real import N
@@ -38,9 +38,10 @@ def test_instant_power_absent_where_not_supported_and_not_asked_again() -> None:
     for _ in range(3):
         d = b.sample(slow=False).devices[0]
     assert d.power_instant_watts is None and d.temperatures_celsius["memory"] == 48.0
-    # fast (2), the first cycle's slow batch (the recovery action, NOT_SUPPORTED by this
-    # driver), then fast without instant power: dropped after its first NOT_SUPPORTED
-    assert fake.field_batches == [2, 1, 1, 1]
+    # the first cycle's one batch (the 2 fast fields and the slow tier's recovery action,
+    # NOT_SUPPORTED by this driver), then fast without instant power: dropped after its
+    # first NOT_SUPPORTED
+    assert fake.field_batches == [3, 1, 1]
 
 
 def test_field_values_decode_by_value_type() -> None:
@@ -125,6 +126,9 @@ def test_ecc_by_location_where_the_driver_splits_it() -> None:
                             ("sram", "corrected"): 0, ("sram", "uncorrected"): 2}
     assert d.ecc_errors == {"corrected": 3, "uncorrected": 3}  # the volatile totals stay
     asked = fake.calls["nvmlDeviceGetMemoryErrorCounter"]
+    for _ in range(RARE_EVERY - 1):  # ECC by location is on the rare tier: kept meanwhile
+        assert b.sample(slow=True).devices[0].ras_errors == d.ras_errors
+    assert fake.calls["nvmlDeviceGetMemoryErrorCounter"] == asked
     b.sample(slow=True)
     # 2 locations x 2 severities answer; the 6 other locations were asked once at first.
     assert asked == 8 * 2 and fake.calls["nvmlDeviceGetMemoryErrorCounter"] == asked + 4
@@ -149,8 +153,8 @@ def test_retired_pages_before_ampere_only() -> None:
     fake = FakeNVML([hopper])
     d = backend(fake).sample(slow=True).devices[0]
     assert d.retired_pages == {}
-    # the fast batch, and a slow one with only the recovery action: no retired-page fields
-    assert fake.field_batches == [2, 1]
+    # one batch: the 2 fast fields and the recovery action, no retired-page fields
+    assert fake.field_batches == [3]
 
 
 def test_remap_pending() -> None:
@@ -165,9 +169,10 @@ def test_fast_fields_in_one_call_per_cycle() -> None:
     b = backend(fake)
     for slow in (True, False, False, True):
         b.sample(slow=slow)
-    # no NVLink, Hopper: the only slow field is the recovery action, which this driver
-    # does not have (NOT_SUPPORTED once, then never asked again)
-    assert fake.field_batches == [2, 1, 2, 2, 2]
+    # one call per cycle, the slow fields with the fast ones on a slow cycle. No NVLink,
+    # Hopper: the only slow field is the recovery action, which this driver does not have
+    # (NOT_SUPPORTED once, then never asked again)
+    assert fake.field_batches == [3, 2, 2, 2]
 
 
 def test_energy_only_on_the_slow_tier() -> None:

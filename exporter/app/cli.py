@@ -16,7 +16,6 @@ if __name__ == "__main__":  # python -m exporter.app.cli: hold SIGHUP before the
     hold_sighup()
 
 import argparse
-import difflib
 import os
 import re
 import sys
@@ -40,6 +39,8 @@ def unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | 
         name = arg.split("=", 1)[0]
         if name in known:
             continue
+        import difflib  # only for a mistyped flag
+
         close = difflib.get_close_matches(name, [k for k in known if k.startswith("--")], 1)
         return f"unrecognized argument {name}" + (f" (did you mean {close[0]}?)"
                                                    if close else "")

@@ -96,7 +96,7 @@ class Daemon:
             if serving:
                 # Render ahead only the snapshot that precedes a scrape: one interval.
                 self.renderer = Renderer(lead=config.interval, options=options,
-                                         telemetry=self.telemetry)
+                                         telemetry=self.telemetry, readers=self.shared.readers)
                 self.hub.subscribe(self.renderer.submit)
                 self.hub.subscribe(self.history.add)
             if self.pusher is not None:

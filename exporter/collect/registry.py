@@ -37,6 +37,7 @@ from exporter.collect.backends.base import (
     Cycle,
     ServesFeatures,
 )
+from exporter.collect.readers import Readers
 from exporter.core.config import ALIASES
 
 if TYPE_CHECKING:
@@ -49,11 +50,15 @@ __all__ = ["Backend", "BackendFailed", "BackendUnavailable", "Cycle", "COLLECTOR
 
 class Shared:
     """What several backends share: one DRM discovery for every backend that asks which
-    cards are bound, made on first use (the Daemon stops it)."""
+    cards are bound, made on first use (the Daemon stops it), and the count of reads of
+    the served values (exporter.collect.readers)."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self._discovery: DrmDiscovery | None = None
+        # Who read the served values since a backend's last reading of one only a reader
+        # sees: the renderer and the server mark it; an OTLP push wants every reading.
+        self.readers = Readers(always=config.otlp_endpoint is not None)
 
     @property
     def discovery(self) -> DrmDiscovery:
@@ -86,7 +91,7 @@ class Row:
 def _nvidia(config: Config, shared: Shared) -> Backend:
     from exporter.collect.backends.nvidia.backend import NvidiaBackend
 
-    return NvidiaBackend(config)
+    return NvidiaBackend(config, readers=shared.readers)
 
 
 def _amd(config: Config, shared: Shared) -> Backend:

@@ -27,7 +27,7 @@ import socket
 import ssl
 import stat
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 import structlog
@@ -39,6 +39,7 @@ from starlette.routing import Route
 from starlette.types import Receive
 
 from exporter.collect.hub import Hub
+from exporter.collect.state import Snapshot
 from exporter.core.config import Config, split_listen_address
 from exporter.core.fs import open_files_limit
 from exporter.core.logs import Every
@@ -47,9 +48,6 @@ from exporter.output.render.exposition import Busy, Variant
 from exporter.output.render.telemetry import Telemetry
 from exporter.serve.connections import MAX_CONNECTIONS, Slots, protocol_factory
 from exporter.serve.history import History
-from exporter.serve.landing import CSP
-from exporter.serve.landing import page as landing_page
-from exporter.serve.landing_static import APP_CSS, APP_JS
 from exporter.serve.middleware import (
     BasicAuthMiddleware,
     ChunkedBodyMiddleware,
@@ -57,7 +55,6 @@ from exporter.serve.middleware import (
     PasswordChecker,
     RateLimitMiddleware,
 )
-from exporter.serve.snapshot import snapshot_json
 from exporter.serve.view import MAX_ROWS
 from exporter.serve.webconfig import WebConfig, tls_context
 
@@ -132,6 +129,35 @@ async def off_loop(request: Request, worker: Worker, fn: Callable[[], T]) -> T |
     return result.result()
 
 
+# The live page, its script and style, and the /snapshot JSON are imported on their first
+# request (on the pages' thread), not by every daemon: a daemon whose page nobody opens
+# does not hold them (tests/test_imports.py).
+def _landing_page(snapshot: Snapshot, history: History, telemetry_path: str,
+                  otlp: Mapping[str, Any] | None) -> str:
+    from exporter.serve.landing import page
+
+    return page(snapshot, history, telemetry_path, otlp)
+
+
+def _csp() -> str:
+    from exporter.serve.landing import CSP
+
+    return CSP
+
+
+def _static(name: str) -> str:
+    from exporter.serve import landing_static
+
+    text: str = getattr(landing_static, name)
+    return text
+
+
+def _snapshot_json(snapshot: Snapshot, otlp: Mapping[str, Any] | None) -> bytes:
+    from exporter.serve.snapshot import snapshot_json
+
+    return snapshot_json(snapshot, indent=2, otlp=otlp)
+
+
 def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | None = None,
               history: History | None = None, telemetry: Telemetry | None = None
               ) -> Starlette:
@@ -160,10 +186,11 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         return PlainTextResponse("Not ready: first collection not complete\n", status_code=503)
 
     async def snapshot(request: Request) -> Response:
+        renderer.readers.read()  # a reader of every value, as /metrics is
         current = hub.snapshot
         otlp = telemetry.otlp_status()
         body = await off_loop(request, renderer.pages,
-                              lambda: snapshot_json(current, indent=2, otlp=otlp))
+                              lambda: _snapshot_json(current, otlp))
         if isinstance(body, Response):
             return body
         return Response(body, media_type="application/json")
@@ -171,11 +198,11 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
     async def landing(request: Request) -> Response:
         current = hub.snapshot
         otlp = telemetry.otlp_status()
-        body = await off_loop(request, renderer.pages, lambda: landing_page(
+        body = await off_loop(request, renderer.pages, lambda: _landing_page(
             current, history, config.telemetry_path, otlp))
         if isinstance(body, Response):
             return body
-        return HTMLResponse(body, headers={"Content-Security-Policy": CSP})
+        return HTMLResponse(body, headers={"Content-Security-Policy": _csp()})
 
     async def history_json(request: Request) -> Response:
         try:  # a unix time; anything else is the client's mistake, said as such
@@ -198,10 +225,10 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
                         headers={"Cache-Control": "no-store"})
 
     async def app_js(request: Request) -> Response:
-        return Response(APP_JS, media_type="text/javascript", headers=STATIC_CACHE)
+        return Response(_static("APP_JS"), media_type="text/javascript", headers=STATIC_CACHE)
 
     async def app_css(request: Request) -> Response:
-        return Response(APP_CSS, media_type="text/css", headers=STATIC_CACHE)
+        return Response(_static("APP_CSS"), media_type="text/css", headers=STATIC_CACHE)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -30,6 +30,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
+from exporter.collect.readers import Readers
 from exporter.collect.state import Snapshot
 from exporter.output.render.families import RenderOptions, device_families
 from exporter.output.render.joins import join_families
@@ -262,8 +263,11 @@ class Renderer:
     """
 
     def __init__(self, lead: float = 2.0, options: RenderOptions | None = None,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None, readers: Readers | None = None) -> None:
         self.lead = lead  # render ahead when a scrape is due within this many seconds
+        # Every /metrics request counts as a read (exporter.collect.readers): the backends
+        # take the readings only a reader sees when one came since.
+        self.readers = readers or Readers()
         # The options in force: replaced whole on a reload (select()), never changed.
         self.options = options or RenderOptions()
         self.worker = Worker("renderer")
@@ -337,6 +341,7 @@ class Renderer:
     def body(self, variant: Variant) -> tuple[bytes, Snapshot]:
         """The current snapshot's bytes, rendered on the calling thread if not cached."""
         self._demand[variant].asked(time.monotonic())
+        self.readers.read()
         exposition = self.current
         assert exposition is not None, "Renderer.body() before the first snapshot"
         return exposition.body(variant), exposition.snapshot
@@ -344,6 +349,7 @@ class Renderer:
     async def body_async(self, variant: Variant) -> tuple[bytes, Snapshot]:
         """As body(), for the event loop: a cold render runs on the renderer's thread."""
         self._demand[variant].asked(time.monotonic())
+        self.readers.read()
         exposition = self.current
         assert exposition is not None, "Renderer.body() before the first snapshot"
         body = exposition.cached(variant)

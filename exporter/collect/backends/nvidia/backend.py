@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -31,12 +31,13 @@ import structlog
 
 from exporter.collect.backends.base import LIBRARY, BackendFailed, BackendUnavailable, Cycle
 from exporter.collect.backends.nvidia.calls import GpuLost, Nvml, text
-from exporter.collect.backends.nvidia.device import SOURCE, NvmlDevice, nvml_sample, read_info
+from exporter.collect.backends.nvidia.device import GPM_SOURCE, SOURCE, NvmlDevice, read_info
 from exporter.collect.backends.nvidia.events import XidEvents
 from exporter.collect.backends.nvidia.gpm import GpmSampler, GpmUnsupported
 from exporter.collect.backends.nvidia.mig import MigReader
 from exporter.collect.backends.nvidia.processes import ProcessReader
 from exporter.collect.backends.nvidia.xid import meaning as xid_meaning
+from exporter.collect.readers import ALWAYS, Readers, Wanted
 from exporter.core.config import Config
 from exporter.core.fs import ProcFS
 from exporter.core.labels import ErrorReason
@@ -69,13 +70,17 @@ class _Gpu:
     """One GPU's readers and its last slow-tier values."""
 
     def __init__(self, dev: NvmlDevice, procs: ProcessReader, gpm: GpmSampler | None,
-                 mig: MigReader) -> None:
+                 mig: MigReader, readers: Readers = ALWAYS) -> None:
         self.dev = dev
         self.procs = procs
         self.gpm = gpm
         self.mig = mig
+        self.want_gpm = Wanted(readers)  # GPM ratios: a reader's values only
         self.slow: DeviceValues | None = None  # not read yet
         self.profiling: dict[str, float] = {}
+        # The slow values, XID counts and profiling ratios as present values, with the
+        # sources they name: rebuilt when one of them changes, not every fast cycle.
+        self.tail: tuple[dict[str, Any], Mapping[str, str]] | None = None
 
 
 ALL_LOST_REINIT = 5  # cycles with every GPU lost before NVML is shut down and re-initialised
@@ -89,9 +94,11 @@ class NvidiaBackend:
     priority = LIBRARY
     interval: float | None = None
 
-    def __init__(self, config: Config, nvml: ModuleType | Any | None = None) -> None:
+    def __init__(self, config: Config, nvml: ModuleType | Any | None = None,
+                 readers: Readers = ALWAYS) -> None:
         self._config = config
         self._module = nvml
+        self._readers = readers  # who read the served values since (exporter.collect.readers)
         self._nvml: Any = None
         self._gpus: list[_Gpu] = []
         self._events: XidEvents | None = None
@@ -141,7 +148,7 @@ class NvidiaBackend:
             except nvml.NVMLError as e:
                 log.warning("nvml_gpu_unreadable_at_open", index=index, reason=str(e))
                 continue
-            dev = NvmlDevice(nvml, handle, index, info)
+            dev = NvmlDevice(nvml, handle, index, info, self._readers)
             try:
                 dev.read_static(errors)
                 dev.prime(errors)
@@ -160,7 +167,8 @@ class NvidiaBackend:
                     self._gpm_reason = None
             handles[info.uuid] = handle
             mig = MigReader(nvml, dev, self._proc, gpm_wanted)
-            self._gpus.append(_Gpu(dev, ProcessReader(nvml, dev.call, self._proc), gpm, mig))
+            self._gpus.append(_Gpu(dev, ProcessReader(nvml, dev.call, self._proc), gpm, mig,
+                                   self._readers))
         try:
             self._events = XidEvents(nvml, handles)
         except nvml.NVMLError as e:
@@ -206,19 +214,21 @@ class NvidiaBackend:
             for g in self._gpus:  # an XID may come with an ECC error or a row remap
                 if g.dev.info.uuid == uuid:
                     g.dev.invalidate()
+                    g.tail = None  # its XID counts changed
         if failed:
             errors[ErrorReason.XID_EVENT] += failed
 
     def _sample_gpu(self, g: _Gpu, slow: bool, errors: Counter[ErrorReason]) -> list[DeviceSample]:
         """The GPU's sample, then one per MIG instance."""
         try:
-            g.mig.refresh(errors, slow or g.slow is None)
-            values = g.dev.read_fast(errors, slow or g.slow is None)
-            if slow or g.slow is None:  # the first cycle fills the slow values too
-                g.slow = g.dev.read_slow(errors)
+            first = g.slow is None  # the first cycle fills the slow values too
+            g.mig.refresh(errors, slow or first)
+            values = g.dev.fast_values(errors, slow or first)
+            if slow or first:
+                g.slow, g.tail = g.dev.read_slow(errors), None
                 if not g.mig.enabled:
                     g.procs.read_utilization(errors)
-                if g.gpm is not None:
+                if g.gpm is not None and g.want_gpm.due():
                     g.profiling = self._gpm(g, errors)
             # With MIG on, processes belong to their instance (read on its handle), not twice.
             processes = () if g.mig.enabled else g.procs.read(errors, slow)
@@ -226,20 +236,34 @@ class NvidiaBackend:
         except GpuLost:
             # Counted here; the change of state is logged once by the collector.
             errors[ErrorReason.GPU_LOST] += 1
-            g.slow, g.profiling = None, {}  # re-read in full once the GPU answers again
+            g.slow, g.profiling, g.tail = None, {}, None  # re-read in full once it answers
+            g.want_gpm.reset()
             g.dev.reset_counters()
             return [DeviceSample(info=g.dev.info, source=SOURCE, up=False), *g.mig.down()]
-        info = g.dev.info
-        xids = self._xids.get(info.uuid)
+        tail, sources = g.tail or self._tail(g)
+        values.update(tail)
+        parent = DeviceSample(info=g.dev.info, source=SOURCE, field_sources=sources,
+                              processes=processes, **values)
+        return [parent, *instances]
+
+    def _tail(self, g: _Gpu) -> tuple[dict[str, Any], Mapping[str, str]]:
+        """What a GPU's sample takes on top of its fast values until the next slow cycle or
+        XID: the slow values, the XID counts, the GPM ratios under their own source (as
+        ``nvml_sample`` builds it for a MIG device)."""
+        uuid = g.dev.info.uuid
+        xids = self._xids.get(uuid)
         xid = DeviceValues(
             xid_errors={} if xids is None else dict(xids),
             xid_info={} if xids is None else {(code, xid_meaning(code)): True
                                               for code in xids if code != XID_MARKER},
-            xid_last_timestamp_seconds=self._xid_last_at.get(info.uuid),
-            xid_last=self._xid_last.get(info.uuid, 0 if xids is not None else None),
-            xid_seen_seconds=dict(self._xid_seen.get(info.uuid, {})))
-        parent = nvml_sample(info, values.overlay(g.slow, xid), g.profiling, processes)
-        return [parent, *instances]
+            xid_last_timestamp_seconds=self._xid_last_at.get(uuid),
+            xid_last=self._xid_last.get(uuid, 0 if xids is not None else None),
+            xid_seen_seconds=dict(self._xid_seen.get(uuid, {})))
+        assert g.slow is not None
+        tail = g.slow.overlay(xid, DeviceValues(profiling_ratio=dict(g.profiling))).present()
+        sources: Mapping[str, str] = {"profiling_ratio": GPM_SOURCE} if g.profiling else {}
+        g.tail = (tail, sources)
+        return g.tail
 
     def _gpm(self, g: _Gpu, errors: Counter[ErrorReason]) -> dict[str, float]:
         assert g.gpm is not None

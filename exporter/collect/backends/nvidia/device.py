@@ -23,6 +23,7 @@ from exporter.collect.backends.nvidia.calls import Caller, Nvml, text, u32, u64
 from exporter.collect.backends.nvidia.fields import FieldKey, FieldReader, field_id
 from exporter.collect.backends.nvidia.health import Health
 from exporter.collect.backends.nvidia.nvlink import NvLinks
+from exporter.collect.readers import ALWAYS, Readers, Wanted
 from exporter.core.labels import (
     Clock,
     Direction,
@@ -158,21 +159,34 @@ COUNTERS_EVERY = 3
 #     performance state and clock-event reasons.
 #   slow (every --collector.slow-interval): current PCIe link generation and width (they
 #     follow the power state; the width getter costs 26 us, the most of any fast getter),
-#     NVLink state, and everything read_slow reads.
+#     and everything read_slow reads every slow cycle.
 #   rare (RARE_EVERY-th slow cycle, at open, and on the next cycle after an XID event on
-#     the GPU or after it was lost): enforced power limit, volatile ECC totals, remapped
-#     rows. They change only when an administrator sets a limit or the memory reports an
-#     error (an uncorrectable one comes with an XID, which re-reads them at once); the
-#     counters lose nothing by being read less often.
+#     the GPU or after it was lost): enforced power limit, volatile ECC totals and ECC by
+#     location, remapped rows, PCIe replays, NVLink state. They change only when an
+#     administrator sets a limit, the memory or a link reports an error (an uncorrectable
+#     one, a link that trains down, comes with an XID, which re-reads them at once) or
+#     are counters, which lose nothing by being read less often. NVLink state was 18
+#     calls per NVLinked GPU every slow cycle; ECC by location 4 (H100) and the replay
+#     counter 130-176 us (as a field value too: MEASURED.md).
 #   static (at open, and after the GPU was lost): temperature thresholds, maximum clocks,
 #     maximum PCIe link, fan count, identity (name, VBIOS, serial: read_info).
+# Readings only a reader of the metrics sees (exporter.collect.readers: PCIe throughput,
+# clock-event times, NVLink throughput and errors, GPM) are taken on their tier only when
+# a scrape, /snapshot or push came since they were last taken.
 RARE_EVERY = COUNTERS_EVERY
+
+
+def _present(values: dict[str, Any]) -> dict[str, Any]:
+    """The values a fragment of these would have (DeviceValues.present): None and empty
+    mappings dropped, falsy scalars such as 0.0 kept."""
+    return {k: v for k, v in values.items() if v is not None and not (type(v) is dict and not v)}
 
 
 class NvmlDevice:
     """Reads one GPU. ``read_static`` once at open; ``read_fast`` / ``read_slow`` per tier."""
 
-    def __init__(self, nvml: Any, handle: Any, index: int, info: DeviceInfo) -> None:
+    def __init__(self, nvml: Any, handle: Any, index: int, info: DeviceInfo,
+                 readers: Readers = ALWAYS) -> None:
         self.nvml = nvml
         self.handle = handle
         self.index = index
@@ -183,33 +197,47 @@ class NvmlDevice:
         self.fields = FieldReader(self.call)
         self.fast_fields = {k: (fid, 0) for k, n in FAST_FIELDS.items()
                             if (fid := field_id(nvml, n)) is not None}
-        self.nvlink = NvLinks(self.call)
+        self.nvlink = NvLinks(self.call, readers)
         self.health = Health(self.call, info.architecture)
-        # Slow cycles read since open or the last loss: which of them read the spinning
-        # counters (COUNTERS_EVERY) and NVLink throughput and errors (nvlink.due).
+        self.want_pcie = Wanted(readers)  # PCIe throughput: a reader's value only
+        self.want_violations = Wanted(readers)  # clock-event times: a reader's counters only
+        # Slow cycles read since open or the last loss: which of them read the rare tier,
+        # the spinning counters (COUNTERS_EVERY) and NVLink throughput and errors
+        # (nvlink.due).
         self._slow_cycles = 0
         self._energy: float | None = None  # the last total energy read, J
+        self._pcie: dict[str, float] = {}  # the last PCIe throughput read
         self._rare: DeviceValues | None = None  # rare-tier values; None: read them next cycle
-        self._slow_state = DeviceValues()  # the slow tier's PCIe link and NVLink state
-        self._state_due = False  # read the slow state on the next cycle (after an XID)
+        self._slow_state = DeviceValues()  # the slow tier's PCIe link and the NVLink state
+        self._state_due = False  # read the NVLink state on the next cycle (after an XID)
+        # The slow cycle in progress (read_fast's batch holds its field values).
+        self._cycle: tuple[int, bool, dict[FieldKey, Any]] | None = None
+        # static + slow state + rare, as present values: what every fast cycle starts from
+        # (rebuilt when one of them changes, not every cycle).
+        self._base: dict[str, Any] | None = None
 
     def reset_counters(self) -> None:
         """After the GPU was lost: the next cycle reads the static and rare tiers and
         every counter afresh."""
         self._slow_cycles, self._energy, self.health.events = 0, None, None
-        self._rare = self.static = None  # a reset may have come with new limits
+        self._rare = self.static = self._base = None  # a reset may have come with new limits
+        self._pcie, self._cycle = {}, None
+        self.want_pcie.reset()
+        self.want_violations.reset()
         self.nvlink.reset()
 
     def invalidate(self) -> None:
         """An event (an XID: ECC, row remap, NVLink, fallen off the bus) may have changed
         the rare-tier values and the link state: read them on the next cycle."""
-        self._rare, self._state_due = None, True
+        self._rare, self._state_due, self._base = None, True, None
 
     def forget_unsupported(self) -> None:
-        """Ask again for everything once found unsupported (after a MIG mode change)."""
+        """Ask again for everything once found unsupported (after a MIG mode change), the
+        rare tier and the link state on this cycle."""
         self.call.unsupported.clear()
         self.fields.dropped.clear()
         self.nvlink.absent = False
+        self.invalidate()
 
     def c(self, name: str) -> Any:
         return getattr(self.nvml, name)
@@ -236,18 +264,38 @@ class NvmlDevice:
             pcie_link_max_width=u32(g(errors, Nvml.DEVICE_GET_MAX_PCIE_LINK_WIDTH)),
         )
         self.fans = u32(g(errors, Nvml.DEVICE_GET_NUM_FANS)) or 0
+        self._base = None
 
     def read_fast(self, errors: Counter[ErrorReason], slow: bool = False) -> DeviceValues:
         """Cheap getters (1-30 us each, see backend.py TIERS), every --collector.interval,
         with the rare tier when it is due (``slow``: this cycle is a slow one) and the
         last rare and slow-tier state values otherwise."""
+        return DeviceValues(**self.fast_values(errors, slow))
+
+    def fast_values(self, errors: Counter[ErrorReason], slow: bool = False) -> dict[str, Any]:
+        """``read_fast``'s values as a mapping of the present ones (what a sample is built
+        from, without a fragment per reading). On a slow cycle the one field-values call
+        of the cycle also asks for the slow tier's fields (read_slow uses them)."""
         g = self.call.get
         if self.static is None:  # lost at open, or lost and back: limits not read yet
             self.read_static(errors)
-        if self._rare is None or (slow and self._slow_cycles % RARE_EVERY == 0):
+        cycle = self._slow_cycles
+        rare = self._rare is None or (slow and cycle % RARE_EVERY == 0)
+        if rare:
             self._rare = self.read_rare(errors)
         if slow or self._state_due:
-            self.read_state(errors)
+            self.read_state(errors, nvlink=rare or self._state_due)
+        if self._base is None:
+            assert self.static is not None and self._rare is not None
+            self._base = self.static.overlay(self._slow_state, self._rare).present()
+        wanted = list(self.fast_fields.values())
+        throughput_due = False
+        if slow:
+            throughput_due = self.nvlink.throughput_due(cycle)
+            wanted += self._slow_field_keys(throughput_due)
+        fv = self.fields.read(errors, wanted)
+        if slow:
+            self._cycle = (cycle, throughput_due, fv)
         util = g(errors, Nvml.DEVICE_GET_UTILIZATION_RATES)
         temps: dict[str, float] = {}
         temp = u32(g(errors, Nvml.DEVICE_GET_TEMPERATURE, self.c("NVML_TEMPERATURE_GPU")))
@@ -265,7 +313,6 @@ class NvmlDevice:
             if (hz := gated(errors, mhz, 1e6, "hertz")) is not None:
                 clocks[clock] = hz
         pstate = u32(g(errors, Nvml.DEVICE_GET_PERFORMANCE_STATE))
-        fv = self.fields.read(errors, self.fast_fields.values())
         mem_temp = self._field(fv, "memory_temp")
         # 0 is what cards without an HBM sensor answer instead of failing
         if mem_temp and (celsius := gated(errors, mem_temp, 1, "celsius")) is not None:
@@ -276,22 +323,25 @@ class NvmlDevice:
             r = g(errors, fn)
             if r is not None and (busy := ratio(u32(r[0]))) is not None:
                 engines[engine] = busy
-        assert self.static is not None
-        return self.static.overlay(self._slow_state, self._rare, DeviceValues(
-            utilization_ratio=None if util is None else ratio(u32(util.gpu)),
-            memory_utilization_ratio=None if util is None else ratio(u32(util.memory)),
-            temperatures_celsius=temps,
-            power_watts=gated(errors, power, 1e-3, "watts"),
-            fan_speed_ratio=fans,
-            clocks_hertz=clocks,
-            performance_state=None if pstate is None or pstate >= PSTATE_UNKNOWN else pstate,
-            throttle_reasons=self._throttle(errors),
-            power_instant_watts=instant,
-            engine_utilization_ratio=engines,
-        ), read_memory(self.call, errors))
+        out = dict(self._base)
+        out.update(_present({
+            "utilization_ratio": None if util is None else ratio(u32(util.gpu)),
+            "memory_utilization_ratio": None if util is None else ratio(u32(util.memory)),
+            "temperatures_celsius": temps,
+            "power_watts": gated(errors, power, 1e-3, "watts"),
+            "fan_speed_ratio": fans,
+            "clocks_hertz": clocks,
+            "performance_state": None if pstate is None or pstate >= PSTATE_UNKNOWN else pstate,
+            "throttle_reasons": self._throttle(errors),
+            "power_instant_watts": instant,
+            "engine_utilization_ratio": engines,
+        }))
+        out.update(memory_values(self.call, errors))
+        return out
 
     def read_rare(self, errors: Counter[ErrorReason]) -> DeviceValues:
-        """The rare tier (RARE_EVERY above): power limit, ECC totals, remapped rows."""
+        """The rare tier (RARE_EVERY above): power limit, ECC totals and by location,
+        remapped rows, PCIe replays."""
         g = self.call.get
         limit = u32(g(errors, Nvml.DEVICE_GET_ENFORCED_POWER_LIMIT))
         ecc: dict[str, int] = {}
@@ -300,20 +350,25 @@ class NvmlDevice:
                       self.c("NVML_VOLATILE_ECC")))
             if v is not None:
                 ecc[severity] = v
+        self._base = None
         return DeviceValues(
             power_limit_watts=gated(errors, limit, 1e-3, "watts") if limit else None,
             ecc_errors=ecc,
+            pcie_replay_errors=u32(g(errors, Nvml.DEVICE_GET_PCIE_REPLAY_COUNTER)),
+            ras_errors=self.health.read_ras(errors),
         ).overlay(self._remapped(errors))
 
-    def read_state(self, errors: Counter[ErrorReason]) -> DeviceValues:
+    def read_state(self, errors: Counter[ErrorReason], nvlink: bool = True) -> DeviceValues:
         """Slow-tier state (read by read_fast on a slow cycle, served by it between):
-        PCIe link now, NVLink up/down."""
+        PCIe link now; NVLink up/down when ``nvlink`` (the rare tier, or after an XID)."""
         g = self.call.get
-        self._state_due = False
+        if nvlink:
+            self._state_due = False
         self._slow_state = DeviceValues(
             pcie_link_generation=u32(g(errors, Nvml.DEVICE_GET_CURR_PCIE_LINK_GENERATION)),
             pcie_link_width=u32(g(errors, Nvml.DEVICE_GET_CURR_PCIE_LINK_WIDTH)),
-            nvlink_up=self.nvlink.read_state(errors))
+            nvlink_up=self.nvlink.read_state(errors) if nvlink else self._slow_state.nvlink_up)
+        self._base = None
         return self._slow_state
 
     def _remapped(self, errors: Counter[ErrorReason]) -> DeviceValues:
@@ -342,55 +397,68 @@ class NvmlDevice:
 
     def read_slow(self, errors: Counter[ErrorReason]) -> DeviceValues:
         """Expensive getters (milliseconds each), every --collector.slow-interval; the two
-        counters whose reads spin in the driver every COUNTERS_EVERY-th time."""
+        counters whose reads spin in the driver every COUNTERS_EVERY-th time; the readings
+        only a reader sees when one came since they were last taken (exporter.collect.readers)."""
         g = self.call.get
-        cycle, self._slow_cycles = self._slow_cycles, self._slow_cycles + 1
+        if self._cycle is None:  # read_fast did not run this slow cycle: its own batch
+            cycle = self._slow_cycles
+            throughput_due = self.nvlink.throughput_due(cycle)
+            values = self.fields.read(errors, self._slow_field_keys(throughput_due))
+        else:
+            cycle, throughput_due, values = self._cycle
+        self._cycle, self._slow_cycles = None, cycle + 1
         due = cycle % COUNTERS_EVERY == 0
         if due:
             self._energy = gated(errors, u64(g(errors, Nvml.DEVICE_GET_TOTAL_ENERGY_CONSUMPTION)),
                                  1e-3, "joules")
-        pcie: dict[str, float] = {}
-        for key, const in ((Direction.TX, "NVML_PCIE_UTIL_TX_BYTES"),
-                           (Direction.RX, "NVML_PCIE_UTIL_RX_BYTES")):
-            kb = u32(g(errors, Nvml.DEVICE_GET_PCIE_THROUGHPUT, self.c(const)))
-            if (rate := gated(errors, kb, KIB, "bytes_per_second")) is not None:
-                pcie[key] = rate
-        replays = u32(g(errors, Nvml.DEVICE_GET_PCIE_REPLAY_COUNTER))
-        throughput_due, errors_due = self.nvlink.due(cycle)
-        values = self._slow_fields(errors, throughput_due)
+        if self.want_pcie.due():
+            pcie: dict[str, float] = {}
+            for key, const in ((Direction.TX, "NVML_PCIE_UTIL_TX_BYTES"),
+                               (Direction.RX, "NVML_PCIE_UTIL_RX_BYTES")):
+                kb = u32(g(errors, Nvml.DEVICE_GET_PCIE_THROUGHPUT, self.c(const)))
+                if (rate := gated(errors, kb, KIB, "bytes_per_second")) is not None:
+                    pcie[key] = rate
+            self._pcie = pcie
+        errors_due = self.nvlink.errors_due(cycle)
         return DeviceValues(
             energy_joules=self._energy,
-            pcie_replay_errors=replays,
-            pcie_throughput_bytes_per_second=pcie,
+            pcie_throughput_bytes_per_second=self._pcie,
             nvlink_throughput_bytes_per_second=self.nvlink.throughput(
                 errors, values, self.fields.dropped, throughput_due),
             nvlink_errors=self.nvlink.read_errors(errors, errors_due),
-        ).overlay(self.health.read(errors, values, due))
+        ).overlay(self.health.read(errors, values,
+                                   (due or self.health.events is None)
+                                   and self.want_violations.due()))
 
-    def _slow_fields(self, errors: Counter[ErrorReason],
-                     nvlink: bool = True) -> dict[FieldKey, Any]:
-        return self.fields.read(errors, self.health.fields()
-                                + (self.nvlink.throughput_fields() if nvlink else []))
+    def _slow_field_keys(self, nvlink: bool) -> list[FieldKey]:
+        return self.health.fields() + (self.nvlink.throughput_fields() if nvlink else [])
 
     def prime(self, errors: Counter[ErrorReason]) -> None:
         """At open: find the active NVLinks and take a first throughput reading, so the
         first collection already reports a rate (over the time since open)."""
         self.read_state(errors)
         if self.nvlink.remote:
-            self.nvlink.throughput(errors, self._slow_fields(errors), self.fields.dropped)
+            self.nvlink.throughput(errors, self.fields.read(errors, self._slow_field_keys(True)),
+                                   self.fields.dropped)
 
 
-def read_memory(call: Caller, errors: Counter[ErrorReason]) -> DeviceValues:
-    """Device memory of a GPU or MIG device handle, v2 (with the reservation) where it answers."""
+def memory_values(call: Caller, errors: Counter[ErrorReason]) -> dict[str, Any]:
+    """Device memory of a GPU or MIG device handle, v2 (with the reservation) where it
+    answers: the present values by field name."""
     v2 = getattr(call.nvml, "nvmlMemory_v2", None)
     mem = None if v2 is None else call.get(errors, Nvml.DEVICE_GET_MEMORY_INFO, version=v2)
     if mem is not None:
         # v2 splits off the driver-reserved memory; its `used` is what nvidia-smi shows.
-        return DeviceValues(memory_total_bytes=u64(mem.total), memory_used_bytes=u64(mem.used),
-                            memory_free_bytes=u64(mem.free),
-                            memory_reserved_bytes=u64(mem.reserved))
+        return _present({"memory_total_bytes": u64(mem.total), "memory_used_bytes": u64(mem.used),
+                         "memory_free_bytes": u64(mem.free),
+                         "memory_reserved_bytes": u64(mem.reserved)})
     mem = call.get(errors, Nvml.DEVICE_GET_MEMORY_INFO)
     if mem is None:
-        return DeviceValues()
-    return DeviceValues(memory_total_bytes=u64(mem.total), memory_used_bytes=u64(mem.used),
-                        memory_free_bytes=u64(mem.free))
+        return {}
+    return _present({"memory_total_bytes": u64(mem.total), "memory_used_bytes": u64(mem.used),
+                     "memory_free_bytes": u64(mem.free)})
+
+
+def read_memory(call: Caller, errors: Counter[ErrorReason]) -> DeviceValues:
+    """``memory_values`` as a fragment."""
+    return DeviceValues(**memory_values(call, errors))

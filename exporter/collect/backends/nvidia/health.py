@@ -1,4 +1,4 @@
-"""Health counters of one NVIDIA GPU that change slowly: read on the slow tier.
+"""Health counters of one NVIDIA GPU that change slowly: read on the slow or rare tier.
 
 - Clock-event durations -> ``clock_event_seconds[reason]``: ``nvmlDeviceGetViolationStatus``
   per perf policy (nvml.h nvmlViolationTime_t: ``violationTime`` in nanoseconds since
@@ -7,8 +7,9 @@
   nvidia-smi -q lists under "Clocks Event Reasons Counters" that this API carries. The
   hardware slowdown and power-brake durations exist only as field ids that NVIDIA
   renumbered between releases (see fields.py), so they are not exported.
-- ECC by location -> ``ras_errors[(block, severity)]``: ``nvmlDeviceGetMemoryErrorCounter``
-  with the VOLATILE counter (since driver load, like ``gpu_ecc_errors_total``) for every
+- ECC by location -> ``ras_errors[(block, severity)]`` (rare tier):
+  ``nvmlDeviceGetMemoryErrorCounter`` with the VOLATILE counter (since driver load, like
+  ``gpu_ecc_errors_total``) for every
   nvmlMemoryLocation_t; a location this GPU does not split out answers NOT_SUPPORTED once
   and is not asked again (an H100 has ``dram`` and ``sram``; Volta also L1/L2/register
   file/texture). The AGGREGATE counters (lifetime, kept in the InfoROM) are not exported:
@@ -95,9 +96,9 @@ class Health:
 
     def read(self, errors: Counter[ErrorReason], values: dict[FieldKey, FieldValue],
              counters_due: bool = True) -> DeviceValues:
-        """clock_event_seconds, ras_errors, retired_pages, retired_pages_pending,
-        recovery_action. The violation times are read when ``counters_due`` (every
-        COUNTERS_EVERY-th slow cycle, exporter.collect.backends.nvidia.device), else kept."""
+        """clock_event_seconds, retired_pages, retired_pages_pending, recovery_action.
+        The violation times are read when ``counters_due`` (every COUNTERS_EVERY-th slow
+        cycle when a reader came since, exporter.collect.backends.nvidia.device), else kept."""
         g = self.call.get
         if counters_due or self.events is None:
             events: dict[str, float] = {}
@@ -108,14 +109,6 @@ class Health:
                     events[reason] = seconds
             self.events = events
         events = self.events
-        ras: dict[tuple[str, str], int] = {}
-        if self.volatile is not None:
-            for location, block in self.locations.items():
-                for severity, kind in self.severities.items():
-                    n = u64(g(errors, Nvml.DEVICE_GET_MEMORY_ERROR_COUNTER, kind, self.volatile,
-                              location))
-                    if n is not None:
-                        ras[(block, severity)] = n
         retired: dict[str, int] = {}
         for cause, fid in self.retired.items():
             pages = self._value(values, fid)
@@ -128,9 +121,21 @@ class Health:
             recovery = RECOVERY_ACTIONS.get(action)
             if recovery is None:
                 errors[ErrorReason.PARSE] += 1
-        return DeviceValues(clock_event_seconds=events, ras_errors=ras, retired_pages=retired,
+        return DeviceValues(clock_event_seconds=events, retired_pages=retired,
                             retired_pages_pending=None if pending is None else pending != 0,
                             recovery_action=recovery)
+
+    def read_ras(self, errors: Counter[ErrorReason]) -> dict[tuple[str, str], int]:
+        """ECC by location (the rare tier: device.py RARE_EVERY)."""
+        ras: dict[tuple[str, str], int] = {}
+        if self.volatile is not None:
+            for location, block in self.locations.items():
+                for severity, kind in self.severities.items():
+                    n = u64(self.call.get(errors, Nvml.DEVICE_GET_MEMORY_ERROR_COUNTER, kind,
+                                          self.volatile, location))
+                    if n is not None:
+                        ras[(block, severity)] = n
+        return ras
 
     @staticmethod
     def _value(values: dict[FieldKey, FieldValue], fid: int | None) -> int | None:

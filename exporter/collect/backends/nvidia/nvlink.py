@@ -17,7 +17,12 @@ links cost 57 ms per GPU; the 36 throughput fields cost 13 ms in one batched cal
 on the slow tier, an HGX board of 8 GPUs would spend 5.6 % of a core on NVLink alone.
 So throughput is read every THROUGHPUT_EVERY-th slow cycle (30 s by default: the rate
 is the average over that time) and the error counters every ERRORS_EVERY-th (60 s: a
-counter read less often loses nothing), about 1.4 ms of CPU per GPU per second.
+counter read less often loses nothing), about 1.4 ms of CPU per GPU per second. No
+health verdict, chart or dashboard uses them, so both are read on those cycles only
+when a scrape, ``/snapshot`` or push came since their last read
+(exporter.collect.readers: a rate needs two reads, not a fixed cadence); a daemon
+nobody scrapes reads them once. The link state (18 calls on an H100 or H200) is read on
+the rare tier (device.py RARE_EVERY) and on the cycle after an XID.
 
 Throughput (every THROUGHPUT_EVERY slow cycles): the cumulative KiB counters
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX with the link in scopeId, batched with the
@@ -38,6 +43,7 @@ from collections import Counter
 
 from exporter.collect.backends.nvidia.calls import Caller, Nvml, u32, u64
 from exporter.collect.backends.nvidia.fields import FieldKey, FieldValue, field_id
+from exporter.collect.readers import ALWAYS, Readers, Wanted
 from exporter.core.labels import Direction, ErrorReason, NvLinkError, Remote
 from exporter.core.units import bounded
 
@@ -53,14 +59,14 @@ ERROR_COUNTERS = {NvLinkError.REPLAY: "NVML_NVLINK_ERROR_DL_REPLAY",
 THROUGHPUT_FIELDS = {Direction.TX: "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
                      Direction.RX: "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX"}
 DEFAULT_MAX_LINKS = 18  # nvml.h NVML_NVLINK_MAX_LINKS before it grew to 36
-THROUGHPUT_EVERY = 3  # slow cycles between throughput reads (see the module docstring)
-ERRORS_EVERY = 6  # slow cycles between error-counter reads
+THROUGHPUT_EVERY = 3  # slow cycles between throughput reads: the rare tier (device.RARE_EVERY)
+ERRORS_EVERY = 6  # slow cycles between error-counter reads: every 2nd rare cycle
 
 
 class NvLinks:
     """The NVLinks of one device handle."""
 
-    def __init__(self, call: Caller) -> None:
+    def __init__(self, call: Caller, readers: Readers = ALWAYS) -> None:
         self.call = call
         nvml = call.nvml
         self.max_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", DEFAULT_MAX_LINKS))
@@ -75,15 +81,22 @@ class NvLinks:
         self._last: dict[tuple[int, str], tuple[int, float]] = {}  # (link, dir) -> (B, s)
         self._rates: dict[tuple[str, str], float] = {}
         self._errors: dict[tuple[str, str], int] = {}
+        # Throughput and error counters are a reader's only (no verdict or chart uses
+        # them): read when due and a scrape came since (exporter.collect.readers).
+        self._want_rates, self._want_errors = Wanted(readers), Wanted(readers)
 
-    @staticmethod
-    def due(cycle: int) -> tuple[bool, bool]:
-        """(read throughput now, read errors now) on the device's ``cycle``-th slow cycle
-        since it was opened or lost (NvmlDevice counts them); the first reads both."""
-        return cycle % THROUGHPUT_EVERY == 0, cycle % ERRORS_EVERY == 0
+    def throughput_due(self, cycle: int) -> bool:
+        """Read throughput on the device's ``cycle``-th slow cycle since it was opened or
+        lost (NvmlDevice counts them)? Every THROUGHPUT_EVERY-th, when a reader came since
+        the last read (exporter.collect.readers); the first cycle reads."""
+        return bool(self.remote) and cycle % THROUGHPUT_EVERY == 0 and self._want_rates.due()
+
+    def errors_due(self, cycle: int) -> bool:
+        """Read the error counters now? As ``throughput_due``, every ERRORS_EVERY-th."""
+        return bool(self.remote) and cycle % ERRORS_EVERY == 0 and self._want_errors.due()
 
     def read_state(self, errors: Counter[ErrorReason]) -> dict[tuple[str, str], bool]:
-        """(link, remote) -> up, for every link that has been active (fast tier)."""
+        """(link, remote) -> up, for every link that has been active (rare tier)."""
         out: dict[tuple[str, str], bool] = {}
         if self.absent:
             return out
@@ -171,4 +184,6 @@ class NvLinks:
         """After a GPU loss: rates restart from a fresh pair of readings, read at once."""
         self._last.clear()
         self._rates, self._errors = {}, {}
+        self._want_rates.reset()
+        self._want_errors.reset()
 
