@@ -92,6 +92,8 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
             except ProcessLookupError:
                 pass
             p.wait(timeout=10)
+        if p.stdout is not None:  # the pipe each client wrote its readiness to
+            p.stdout.close()
 
 
 def _quit_daemon(env: dict[str, str], pipe: Path) -> None:
