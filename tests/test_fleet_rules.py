@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from test_deploy_dashboards import load, targets
 from test_kubernetes_rules import parse_series
 
 from exporter.client.fleetql import FleetQL
@@ -28,6 +29,7 @@ ENERGY = TESTS / "gpu-waste-energy.test.yml"
 RULES = REPO / "deploy" / "prometheus" / "gpu-exporter.rules.yml"
 GOLDEN = REPO / "tests" / "golden" / "k8s-node.prom"
 NODE1 = {"job": "gpu-exporter", "instance": "node1:9445"}
+DASHBOARD = 'instance=~"$instance", vendor=~"$vendor", gpu=~"$gpu"'  # its variables
 Key = tuple[tuple[str, str], ...]
 
 
@@ -75,7 +77,8 @@ def firing(case: dict[str, Any], alert: str) -> list[dict[str, str]]:
 
 def rule(name: str) -> str:
     doc = yaml.safe_load(RULES.read_text())
-    (expr,) = [r["expr"] for g in doc["groups"] for r in g["rules"] if r.get("alert") == name]
+    (expr,) = [r["expr"] for g in doc["groups"] for r in g["rules"]
+               if name in (r.get("alert"), r.get("record"))]
     return str(expr)
 
 
@@ -87,10 +90,28 @@ def words(text: str) -> str:
 
 
 def test_the_alerts_are_the_fleet_views_expressions() -> None:
-    """``gpu-exporter top --prometheus`` judges waste with the alerts' own text."""
+    """The fleet reader judges waste with the alerts' own text."""
     ql = FleetQL()
     assert words(rule("GpuAllocatedIdle")) == words(ql.idle_allocated())
     assert words(rule("GpuProcessMemoryIdle")) == words(ql.idle_processes())
+    assert words(rule("namespace:gpu_idle_energy_joules:rate5m")) == \
+        words(ql.idle_power_by_namespace())
+
+
+def test_the_dashboards_waste_row_is_the_same_text() -> None:
+    """The processes dashboard's waste row: the rules' expressions under the dashboard's
+    variables; the day's energy is the increase1d record's sum at the same steps."""
+    board = dict(targets(load("gpu-processes")))
+    ql = FleetQL(matchers=DASHBOARD)
+    assert words(board["Allocated GPUs left idle"]) == words(ql.idle_allocated())
+    assert words(board["Processes holding memory with no engine time"]) == \
+        words(ql.idle_processes())
+    assert words(board["Idle power of allocated GPUs by namespace"]) == \
+        words(ql.idle_power_by_namespace("$__rate_interval"))
+    day = rule("namespace:gpu_idle_energy_joules:increase1d")
+    assert words(day) == "sum_over_time(namespace:gpu_idle_energy_joules:rate5m[1d:5m]) * 300"
+    assert words(board["Idle energy by namespace, last 24 hours"]) == words(
+        f"sum_over_time(( {ql.idle_power_by_namespace()} )[1d:5m]) * 300 / 3600000")
 
 
 def test_the_fleet_view_narrows_the_same_text_to_a_node() -> None:
@@ -205,12 +226,12 @@ def test_idle_energy_per_namespace_follows_the_allocations() -> None:
         elif name == "gpu_kubernetes_allocation_info":
             holders[key].append((labels["namespace"], values))
     want: dict[str, float] = defaultdict(float)
-    for key, counter in energy.items():
-        for step in range(1, 289):
-            now, before = counter[step], counter[step - 1]
+    for key, counter in energy.items():  # a sample a minute
+        for minute in range(5, 24 * 60 + 1, 5):
+            now, before = counter[minute], counter[minute - 5]
             assert now is not None and before is not None
             held = [ns for ns, alloc in holders[key]
-                    if step < len(alloc) and alloc[step] is not None]
+                    if minute < len(alloc) and alloc[minute] is not None]
             for ns in held:
                 want[ns] += (now - before) / len(held)
     check = [t for t in case["promql_expr_test"]
