@@ -9,8 +9,9 @@ engine time, the idle power of each namespace's GPUs) are written once, here: th
 ``namespace:gpu_idle_energy_joules:rate5m`` of deploy/prometheus/gpu-exporter.rules.yml
 are this text with no selector, the processes dashboard's waste row is it with the
 dashboard's variables (tests/test_fleet_rules.py compares them), and the fleet reader
-runs it with a node's selector. Each answer has one series per node, per GPU or per process; nothing here
-selects a whole fleet's per-process series at once.
+runs it with a node's selector. Each answer has one series per node, or per GPU or
+process of one node: the fleet's per-GPU and per-process series are summed and counted
+by Prometheus, never sent.
 """
 
 from __future__ import annotations
