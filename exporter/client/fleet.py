@@ -308,8 +308,9 @@ def load_node(api: PrometheusAPI, node: str, names: MetricNames = MetricNames.GP
             if not s.labels.get("gpu"):
                 continue
             key = _gpu_key(s.labels, dcgm)
-            row = rows.setdefault(key, {"gpu": key[0], "uuid": s.labels.get(
-                "UUID" if dcgm else "uuid", key[1])})
+            row = rows.setdefault(key, {"gpu": key[0], "uuid": ""})
+            if not row["uuid"]:  # DCGM series: the parent's UUID; ours: the device's
+                row["uuid"] = s.labels.get("UUID") or s.labels.get("uuid", "")
             row.setdefault("vendor", s.labels.get("vendor", "nvidia" if dcgm else ""))
             if name == "info":
                 row["name"] = s.labels.get("modelName" if dcgm else "name", "")

@@ -248,7 +248,9 @@ class FleetQL:
                                                 "power", "temp", "health")}
         if self.dcgm:
             out["info"] = self.sel("DCGM_FI_DEV_GPU_TEMP", m)  # modelName, UUID, pods
-            out["alloc"] = self.sel("DCGM_FI_DEV_GPU_UTIL", m, IN_A_POD)
+            # pods are labels of every DCGM series: the two that every vendor fills
+            out["alloc"] = (f"{self.sel('DCGM_FI_DEV_GPU_TEMP', m, IN_A_POD)} or "
+                            f"{self.sel('DCGM_FI_DEV_GPU_UTIL', m, IN_A_POD)}")
         else:
             out["info"] = self.sel("gpu_info", m)
             out["alloc"] = self.sel("gpu_kubernetes_allocation_info", m)
