@@ -311,7 +311,8 @@ def load_node(api: PrometheusAPI, node: str, names: MetricNames = MetricNames.GP
             row = rows.setdefault(key, {"gpu": key[0], "uuid": ""})
             if not row["uuid"]:  # DCGM series: the parent's UUID; ours: the device's
                 row["uuid"] = s.labels.get("UUID") or s.labels.get("uuid", "")
-            row.setdefault("vendor", s.labels.get("vendor", "nvidia" if dcgm else ""))
+            if not row.get("vendor"):  # the DCGM series carry none; our families do
+                row["vendor"] = s.labels.get("vendor", "")
             if name == "info":
                 row["name"] = s.labels.get("modelName" if dcgm else "name", "")
     seen, util, used = values("seen"), values("util"), values("mem_used")
