@@ -422,3 +422,14 @@ def test_a_node_that_only_some_queries_answer_has_no_data_for_the_rest() -> None
     assert node.utilization is None and node.power_watts is None and node.health is None
     assert node.up is None and not node.waste.any
     assert fleet.errors == () and fleet.idle_threshold == 0.05
+
+
+def test_nodes_sort_by_waste_then_down_then_name() -> None:
+    from exporter.client.fleet import NodeSummary, Waste, sort_by_waste
+
+    nodes = [NodeSummary("a", up=True), NodeSummary("b", up=False),
+             NodeSummary("c", up=True, waste=Waste(idle_processes=3, idle_memory_bytes=1e9)),
+             NodeSummary("d", up=True, waste=Waste(idle_gpus=1, idle_watts=60)),
+             NodeSummary("e", up=True, waste=Waste(idle_gpus=1, idle_watts=90)),
+             NodeSummary("f", up=True, waste=Waste(alerts=1))]
+    assert [n.node for n in sort_by_waste(nodes)] == ["f", "e", "d", "c", "b", "a"]
