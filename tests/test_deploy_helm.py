@@ -56,6 +56,9 @@ TOGGLES: dict[str, dict[str, Any]] = {
     "prometheusRule-filtered": {"prometheusRule": {
         "enabled": True, "recordingRules": False,
         "alerts": {"GpuLost": False, "GpuXidErrors": False}}},
+    "prometheusRule-waste": {"prometheusRule": {"enabled": True, "waste": {
+        "idleUtilization": 0.1, "idleFor": "3h", "processIdleFor": "30m",
+        "namespaceIdleEnergyKwh": 2.5}}},
     "webConfig-tls": {"webConfig": {"enabled": True, "config": TLS, "tlsSecretName": "gpu-tls"},
                       "serviceMonitor": {"enabled": True}},
     "webConfig-basicAuth": {"webConfig": {"enabled": True, "config": BASIC_AUTH}},
@@ -277,18 +280,56 @@ def test_prometheus_rule_carries_the_rules_file_unchanged() -> None:
 
 def test_alert_switches_filter_the_rules_file() -> None:
     rule = by_kind(render(TOGGLES["prometheusRule-filtered"]), "PrometheusRule")
+    # recordingRules=false keeps only the recording rules the kept alerts read, directly
+    # or through another record (tests/test_deploy_helm_switches.py checks each alert).
+    rules = [r for g in rules_file()["groups"] for r in g["rules"]]
+    records = {r["record"]: r["expr"] for r in rules if "record" in r}
+    todo = [r["expr"] for r in rules if r.get("alert") not in (None, "GpuLost", "GpuXidErrors")]
+    read: set[str] = set()
+    while todo:
+        expr = todo.pop()
+        for name in records:
+            if name not in read and re.search(rf"(^|[^\w:]){re.escape(name)}($|[^\w:])", expr):
+                read.add(name)
+                todo.append(records[name])
     expected = []
-    # recordingRules=false keeps only the recording rule the kept alerts join on
-    # (tests/test_deploy_helm_switches.py works out what each alert reads).
-    join = "instance_gpu:gpu_kubernetes_allocation_info:exclusive"
     for group in rules_file()["groups"]:
         kept = [r for r in group["rules"]
                 if r.get("alert", "GpuLost") not in ("GpuLost", "GpuXidErrors")
-                or r.get("record") == join]
+                or r.get("record") in read]
         if kept:
             expected.append({**group, "rules": kept})
     assert rule["spec"]["groups"] == expected
-    assert [len(g["rules"]) for g in expected][0] == 1  # the other recording rules are gone
+    assert {"instance_gpu:gpu_kubernetes_allocation_info:exclusive",
+            ":gpu_waste_idle_utilization_ratio:threshold"} <= read  # GpuUnhealthy, waste
+    assert "vendor:gpu_utilization_ratio:avg" not in read  # dashboards' records are gone
+
+
+def test_waste_values_set_the_thresholds_and_durations() -> None:
+    """prometheusRule.waste rewrites the threshold records and the waste alerts' `for`,
+    and nothing else: the rest equals the rules file."""
+    rule = by_kind(render(TOGGLES["prometheusRule-waste"]), "PrometheusRule")
+    got = {r.get("record") or r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert got[":gpu_waste_idle_utilization_ratio:threshold"]["expr"] == "vector(0.1)"
+    assert got[":gpu_waste_namespace_idle_energy_joules:threshold"]["expr"] == \
+        "vector(2.5 * 3600000)"
+    assert got["GpuAllocatedIdle"]["for"] == "3h"
+    assert got["GpuProcessMemoryIdle"]["for"] == "30m"
+    file = {r.get("record") or r["alert"]: r for g in rules_file()["groups"] for r in g["rules"]}
+    changed = {name for name in file if got[name] != file[name]}
+    assert changed == {":gpu_waste_idle_utilization_ratio:threshold",
+                       ":gpu_waste_namespace_idle_energy_joules:threshold",
+                       "GpuAllocatedIdle", "GpuProcessMemoryIdle"}
+
+
+@pytest.mark.parametrize("values, where", [
+    ({"idleUtilization": 5}, "idleUtilization"),  # a percentage where a ratio goes
+    ({"idleFor": "1 hour"}, "idleFor"),
+    ({"namespaceIdleEnergyKwh": "10kWh"}, "namespaceIdleEnergyKwh"),
+])
+def test_schema_rejects_bad_waste_values(values: dict[str, Any], where: str) -> None:
+    with pytest.raises(HelmValuesError, match=where):
+        render_text({"prometheusRule": {"enabled": True, "waste": values}})
 
 
 def test_an_unknown_alert_switch_fails_the_render() -> None:
@@ -307,7 +348,7 @@ def test_values_have_a_switch_for_every_alert() -> None:
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")
 def test_rendered_rules_pass_promtool(tmp_path: Path) -> None:
-    for toggle in ("prometheusRule", "prometheusRule-filtered"):
+    for toggle in ("prometheusRule", "prometheusRule-filtered", "prometheusRule-waste"):
         path = tmp_path / f"{toggle}.yml"
         path.write_text(yaml.safe_dump(by_kind(render(TOGGLES[toggle]), "PrometheusRule")["spec"]))
         out = subprocess.run([str(PROMTOOL), "check", "rules", str(path)],

@@ -1,0 +1,470 @@
+"""A small client of the Prometheus HTTP API (``/api/v1/query``, ``/api/v1/query_range``),
+on the standard library, for ``gpu-exporter top --prometheus``.
+
+Answers are bounded: a byte cap on the reply (gzip included: the inflated size counts),
+a deadline for the whole exchange (not only per socket read), the ``limit`` and
+``timeout`` parameters sent with each query (servers that do not know ``limit`` ignore
+it) and a series cap applied here in any case. Nothing here raises on a bad reply: an
+``Answer`` carries the series, or the reason there are none.
+
+The connection options mirror Prometheus' own ``http_config`` (what promtool reads with
+``--http.config.file``): ``basic_auth`` (``username``, ``password``, ``password_file``),
+``authorization`` (``type``, ``credentials``, ``credentials_file``; the older
+``bearer_token``/``bearer_token_file``), ``tls_config`` (``ca_file``, ``cert_file``,
+``key_file``, ``server_name``, ``insecure_skip_verify``). Secret files are read at each
+request, as Prometheus does, so a rotated token is picked up.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import http.client
+import json
+import math
+import ssl
+import time
+import urllib.parse
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exporter import __version__
+from exporter.client.fetch import redact_url
+
+DEFAULT_TIMEOUT = 30.0  # seconds for one exchange, connection to last byte
+DEFAULT_MAX_BYTES = 64 << 20  # one reply, inflated
+DEFAULT_MAX_SERIES = 20_000  # one answer
+SECRET_FILE_MAX = 64 << 10
+_CHUNK = 64 << 10
+
+
+class ConfigError(ValueError):
+    """An HTTP client configuration that cannot be used (the message says which key)."""
+
+
+@dataclass(frozen=True)
+class BasicAuth:
+    username: str = ""
+    password: str = field(default="", repr=False)
+    password_file: str = ""
+
+
+@dataclass(frozen=True)
+class Authorization:
+    """``Authorization: <type> <credentials>``; Prometheus' default type is Bearer."""
+
+    type: str = "Bearer"
+    credentials: str = field(default="", repr=False)
+    credentials_file: str = ""
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""
+    insecure_skip_verify: bool = False
+
+
+@dataclass(frozen=True)
+class HTTPClientConfig:
+    """Prometheus' ``http_config``, the parts this client honours."""
+
+    basic_auth: BasicAuth | None = None
+    authorization: Authorization | None = None
+    tls_config: TLSConfig = TLSConfig()
+
+    def validate(self) -> None:
+        """Raise ConfigError for combinations Prometheus rejects too."""
+        if self.basic_auth is not None and self.authorization is not None:
+            raise ConfigError("at most one of basic_auth, authorization and bearer_token")
+        if self.basic_auth and self.basic_auth.password and self.basic_auth.password_file:
+            raise ConfigError("basic_auth: at most one of password and password_file")
+        if self.authorization is not None:
+            a = self.authorization
+            if a.credentials and a.credentials_file:
+                raise ConfigError("authorization: at most one of credentials and "
+                                  "credentials_file")
+            if not a.type or any(c.isspace() for c in a.type):
+                raise ConfigError("authorization: type must be one word (Bearer)")
+        tls = self.tls_config
+        if bool(tls.cert_file) != bool(tls.key_file):
+            raise ConfigError("tls_config: cert_file and key_file go together")
+
+
+_KNOWN = {
+    "basic_auth": {"username", "password", "password_file"},
+    "authorization": {"type", "credentials", "credentials_file"},
+    "tls_config": {"ca_file", "cert_file", "key_file", "server_name", "insecure_skip_verify"},
+}
+_TOP = {*_KNOWN, "bearer_token", "bearer_token_file"}
+
+
+def http_config_from_mapping(data: Mapping[str, Any]) -> HTTPClientConfig:
+    """An ``http_config`` mapping (the YAML of promtool's ``--http.config.file``) ->
+    HTTPClientConfig. Keys this client cannot honour (proxy_url, oauth2, ...) are an
+    error, never silently dropped."""
+    if not isinstance(data, Mapping):
+        raise ConfigError("the HTTP client configuration must be a mapping")
+    unknown = sorted(str(k) for k in data if k not in _TOP)
+    if unknown:
+        raise ConfigError(f"not supported here: {', '.join(unknown)}")
+    sections: dict[str, dict[str, Any]] = {}
+    for name, keys in _KNOWN.items():
+        section = data.get(name)
+        if section is None:
+            continue
+        if not isinstance(section, Mapping):
+            raise ConfigError(f"{name}: must be a mapping")
+        bad = sorted(str(k) for k in section if k not in keys)
+        if bad:
+            raise ConfigError(f"{name}: not supported here: {', '.join(bad)}")
+        for key, value in section.items():
+            want = bool if key == "insecure_skip_verify" else str
+            if not isinstance(value, want):
+                raise ConfigError(f"{name}.{key}: must be a {want.__name__}")
+        sections[name] = dict(section)
+    authorization = None
+    if "authorization" in sections:
+        authorization = Authorization(**sections["authorization"])
+    for key in ("bearer_token", "bearer_token_file"):
+        value = data.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: must be a str")
+        if authorization is not None:
+            raise ConfigError("at most one of authorization, bearer_token and "
+                              "bearer_token_file")
+        authorization = (Authorization(credentials=value) if key == "bearer_token"
+                         else Authorization(credentials_file=value))
+    config = HTTPClientConfig(
+        basic_auth=BasicAuth(**sections["basic_auth"]) if "basic_auth" in sections else None,
+        authorization=authorization,
+        tls_config=TLSConfig(**sections.get("tls_config", {})))
+    config.validate()
+    return config
+
+
+def load_http_config(path: str | Path) -> HTTPClientConfig:
+    """Read an ``http_config`` YAML file (ConfigError when unreadable or invalid)."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return http_config_from_mapping(data)
+
+
+def _secret(path: str) -> str:
+    """A secret file's first 64 KiB, surrounding whitespace trimmed (Prometheus trims)."""
+    with open(path, "rb") as f:
+        return f.read(SECRET_FILE_MAX).decode("utf-8", "replace").strip()
+
+
+def _ssl_context(tls: TLSConfig) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=tls.ca_file or None)
+    if tls.cert_file:
+        context.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.insecure_skip_verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+# ---------------------------------------------------------------- answers
+
+
+@dataclass(frozen=True)
+class Series:
+    """One series of an instant answer: its labels (``__name__`` included where the
+    server kept it) and its value, never NaN or infinite."""
+
+    labels: Mapping[str, str]
+    value: float
+
+
+@dataclass(frozen=True)
+class RangeSeries:
+    """One series of a range answer: (unix time, value) points, finite values only."""
+
+    labels: Mapping[str, str]
+    points: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one query returned. ``error`` set: no usable reply (the reason, for one line
+    of a view). ``truncated``: more series existed than the cap. ``dropped``: series or
+    points of the reply that were malformed or not finite, left out."""
+
+    expr: str
+    series: tuple[Series, ...] = ()
+    ranges: tuple[RangeSeries, ...] = ()
+    error: str | None = None
+    truncated: bool = False
+    dropped: int = 0
+    warnings: tuple[str, ...] = ()
+    seconds: float = 0.0
+    bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _value(raw: Any) -> float | None:
+    """``[<unix time>, "<value>"]`` -> the finite value, else None."""
+    if not isinstance(raw, list) or len(raw) != 2 or not isinstance(raw[1], str):
+        return None
+    try:
+        v = float(raw[1])
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _labels(raw: Any) -> dict[str, str] | None:
+    if not isinstance(raw, dict):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        return None
+    return raw
+
+
+def parse_reply(expr: str, body: bytes, max_series: int = DEFAULT_MAX_SERIES,
+                status: int = 200) -> Answer:
+    """A Prometheus API reply -> Answer. Never raises."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        text = "not JSON" if status == 200 else f"HTTP {status}"
+        return Answer(expr, error=text, bytes=len(body))
+    if not isinstance(doc, dict):
+        return Answer(expr, error="not a Prometheus API reply", bytes=len(body))
+    warnings = tuple(str(w)[:200] for w in doc.get("warnings") or () if isinstance(w, str)) \
+        if isinstance(doc.get("warnings"), list) else ()
+    if doc.get("status") != "success":
+        kind, msg = doc.get("errorType"), doc.get("error")
+        reason = f"{kind}: {msg}" if isinstance(kind, str) and isinstance(msg, str) \
+            else f"HTTP {status}"
+        return Answer(expr, error=reason[:300], warnings=warnings, bytes=len(body))
+    data = doc.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("result"), (list, str)):
+        return Answer(expr, error="no result in the reply", bytes=len(body))
+    kind, result = data.get("resultType"), data["result"]
+    if kind == "scalar":
+        v = _value(result)
+        return Answer(expr, series=() if v is None else (Series({}, v),),
+                      dropped=int(v is None), warnings=warnings, bytes=len(body))
+    if kind not in ("vector", "matrix") or not isinstance(result, list):
+        return Answer(expr, error=f"unexpected result type {str(kind)[:20]}", bytes=len(body))
+    truncated = len(result) > max_series
+    dropped = 0
+    series: list[Series] = []
+    ranges: list[RangeSeries] = []
+    for item in result[:max_series]:
+        labels = _labels(item.get("metric")) if isinstance(item, dict) else None
+        if labels is None:
+            dropped += 1
+            continue
+        if kind == "vector":
+            v = _value(item.get("value"))
+            if v is None:
+                dropped += 1
+                continue
+            series.append(Series(labels, v))
+            continue
+        raw_points = item.get("values")
+        if not isinstance(raw_points, list):
+            dropped += 1
+            continue
+        points = []
+        for raw in raw_points:
+            v = _value(raw)
+            if v is None or not isinstance(raw[0], (int, float)) or isinstance(raw[0], bool):
+                dropped += 1
+                continue
+            points.append((float(raw[0]), v))
+        ranges.append(RangeSeries(labels, tuple(points)))
+    return Answer(expr, series=tuple(series), ranges=tuple(ranges), truncated=truncated,
+                  dropped=dropped, warnings=warnings, bytes=len(body))
+
+
+# ---------------------------------------------------------------- transport
+
+
+class _Failed(Exception):
+    """A transport failure, with the message a view may show."""
+
+
+class PrometheusAPI:
+    """The HTTP API of one Prometheus (or Thanos, Mimir, VictoriaMetrics...) at ``url``
+    (``https://prometheus.example:9090``, a path prefix kept: ``.../prometheus``;
+    ``user:password@`` in the URL is basic auth). Safe to share between threads: each
+    request has its own connection."""
+
+    def __init__(self, url: str, http_config: HTTPClientConfig | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_series: int = DEFAULT_MAX_SERIES) -> None:
+        config = http_config or HTTPClientConfig()
+        config.validate()
+        address = url if "://" in url else f"http://{url}"
+        parts = urllib.parse.urlsplit(address)  # ValueError: a bad IPv6 literal
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{redact_url(url)}: not an http:// or https:// URL with a host")
+        _ = parts.port  # ValueError when not a number or out of range
+        if parts.username is not None:
+            if config.basic_auth is not None or config.authorization is not None:
+                raise ConfigError("credentials in the URL and in the HTTP configuration")
+            config = HTTPClientConfig(
+                basic_auth=BasicAuth(urllib.parse.unquote(parts.username),
+                                     urllib.parse.unquote(parts.password or "")),
+                tls_config=config.tls_config)
+        self.config = config
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port
+        self.prefix = parts.path.rstrip("/")
+        self.display = redact_url(urllib.parse.urlunsplit(
+            (parts.scheme, parts.netloc.rpartition("@")[2], self.prefix, "", "")))
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+        self.max_series = max_series
+        self._context = _ssl_context(config.tls_config) if self.https else None
+
+    # -- the two queries
+
+    def query(self, expr: str, at: float | None = None) -> Answer:
+        """An instant query (``/api/v1/query``), evaluated at ``at`` (unix time) or now."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        return self._call("/api/v1/query", expr, params)
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> Answer:
+        """A range query (``/api/v1/query_range``); ``ranges`` holds the series."""
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                  "step": f"{max(step, 0.001):.3f}"}
+        return self._call("/api/v1/query_range", expr, params)
+
+    # -- plumbing
+
+    def _call(self, endpoint: str, expr: str, params: dict[str, str]) -> Answer:
+        params = {**params, "timeout": f"{max(int(self.timeout), 1)}s",
+                  "limit": str(self.max_series + 1)}
+        started = time.monotonic()
+        try:
+            status, body = self._exchange(endpoint, params, started + self.timeout)
+        except _Failed as e:
+            return Answer(expr, error=str(e), seconds=time.monotonic() - started)
+        answer = parse_reply(expr, body, self.max_series, status)
+        if answer.ok and status != 200:  # a success body under an error status
+            answer = Answer(expr, error=f"HTTP {status}", bytes=len(body))
+        return dataclasses.replace(answer, seconds=time.monotonic() - started)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "Accept-Encoding": "gzip",
+                   "User-Agent": f"gpu-exporter/{__version__}"}
+        try:
+            auth = self.config.basic_auth
+            if auth is not None:
+                password = _secret(auth.password_file) if auth.password_file else auth.password
+                token = base64.b64encode(f"{auth.username}:{password}".encode()).decode()
+                headers["Authorization"] = f"Basic {token}"
+            bearer = self.config.authorization
+            if bearer is not None:
+                credentials = (_secret(bearer.credentials_file) if bearer.credentials_file
+                               else bearer.credentials)
+                headers["Authorization"] = f"{bearer.type} {credentials}"
+        except OSError as e:
+            raise _Failed(f"secret file: {e.strerror or e}") from None
+        return headers
+
+    def _connection(self, deadline: float) -> http.client.HTTPConnection:
+        timeout = max(deadline - time.monotonic(), 0.001)
+        if not self.https:
+            return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        server_name = self.config.tls_config.server_name
+        conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                           context=self._context)
+        if server_name:  # verify (and send SNI) for this name, connect to the URL's host
+            context = self._context
+            assert context is not None
+
+            def connect() -> None:
+                http.client.HTTPConnection.connect(conn)
+                conn.sock = context.wrap_socket(conn.sock, server_hostname=server_name)
+
+            conn.connect = connect  # type: ignore[method-assign]
+        return conn
+
+    def _exchange(self, endpoint: str, params: dict[str, str],
+                  deadline: float) -> tuple[int, bytes]:
+        body = urllib.parse.urlencode(params)
+        headers = self._headers()
+        path = self.prefix + endpoint
+        for method in ("POST", "GET"):
+            conn = self._connection(deadline)
+            try:
+                if method == "POST":
+                    conn.request("POST", path, body=body, headers={
+                        **headers, "Content-Type": "application/x-www-form-urlencoded"})
+                else:
+                    conn.request("GET", f"{path}?{body}", headers=headers)
+                response = conn.getresponse()
+                if response.status == 405 and method == "POST":  # a GET-only proxy
+                    continue
+                if 300 <= response.status < 400:
+                    raise _Failed(f"HTTP {response.status} redirect (not followed: give the "
+                                  "final URL)")
+                if response.status in (401, 403):
+                    raise _Failed(f"HTTP {response.status} {response.reason[:60]}: check the "
+                                  "credentials")
+                return response.status, self._read(response, deadline)
+            except ssl.SSLError as e:
+                raise _Failed(f"TLS: {e.reason or e}") from None
+            except TimeoutError:
+                raise _Failed(f"no answer from {self.display} within {self.timeout:g} s") \
+                    from None
+            except (OSError, http.client.HTTPException) as e:
+                raise _Failed(f"{self.display}: {type(e).__name__}: {e}"[:300]) from None
+            finally:
+                conn.close()
+        raise _Failed("HTTP 405: the server takes neither POST nor GET")
+
+    def _read(self, response: http.client.HTTPResponse, deadline: float) -> bytes:
+        gzipped = response.getheader("Content-Encoding", "").strip().lower() == "gzip"
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
+        sock = getattr(getattr(response.fp, "raw", None), "_sock", None)
+        out = bytearray()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Failed(f"reply from {self.display} not complete within "
+                              f"{self.timeout:g} s")
+            if sock is not None:  # each read waits at most until the deadline
+                sock.settimeout(left)
+            chunk = response.read1(_CHUNK)
+            if not chunk:
+                if inflate is not None:
+                    out += inflate.flush()
+                    if len(out) > self.max_bytes:
+                        raise _Failed(f"reply larger than {self.max_bytes >> 20} MiB")
+                break
+            if inflate is not None:
+                try:
+                    chunk = inflate.decompress(chunk, self.max_bytes + 1 - len(out))
+                except zlib.error:
+                    raise _Failed("reply is not valid gzip") from None
+            out += chunk
+            if len(out) > self.max_bytes:
+                raise _Failed(f"reply larger than {self.max_bytes >> 20} MiB: narrow the "
+                              "query (a selector) or raise the cap")
+        return bytes(out)
