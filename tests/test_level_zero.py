@@ -139,7 +139,8 @@ def test_b580_reads_every_family_from_sysman(stub: ctypes.CDLL) -> None:
     assert second.throttle_reasons == dict.fromkeys(
         ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_power_brake"), False)
 
-    comm = {p.name: (p / "comm").read_text().strip() for p in (B580 / "proc").iterdir()}
+    comm = {p.name: (p / "comm").read_text().strip() for p in (B580 / "proc").iterdir()
+            if p.name.isdigit()}
     expected = {(int(pid), comm[pid], int(mem), int(shared))
                 for pid, mem, shared, _engines in rows["process"]}
     assert {(p.pid, p.process, p.memory_used_bytes, p.shared_memory_used_bytes)
