@@ -153,6 +153,7 @@ NVIDIA: dict[str, Move] = {
     "power_watts": _set(power_mw=250000),
     "power_instant_watts": _set(power_instant_mw=260000),
     "power_limit_watts": _set(power_limit_mw=450000),
+    "power_limit_default_watts": _set(power_default_limit_mw=600000),
     "energy_joules": _set(energy_mj=10**12),
     "performance_state": _set(pstate=2),
     "pcie_link_generation": _set(pcie_generation=3),
@@ -417,7 +418,7 @@ def test_each_backend_is_checked_at_every_cadence_it_declares() -> None:
                      "amdsmi": fast_slow}
     assert {k for k in NVIDIA if spec_of(k).cadence_of("nvidia") is Cadence.STATIC} == {
         "temperature_limits_celsius", "clocks_max_hertz", "pcie_link_max_generation",
-        "pcie_link_max_width"}
+        "pcie_link_max_width", "power_limit_default_watts"}
 
 
 def test_every_value_spec_declares_a_cadence_and_metrics_md_shows_it() -> None:

@@ -90,6 +90,18 @@ def test_fast_values_in_base_units() -> None:
     assert d.remap_failed is True
 
 
+def test_default_power_limit_is_read_once_in_watts() -> None:
+    """nvmlDeviceGetPowerManagementDefaultLimit (mW) as gpu_power_limit_default_watts: the
+    H100 SXM's nvidia-smi -q says "Default Power Limit : 700.00 W"; one a user lowered
+    to 650 W keeps its default (static: read at open, not on every cycle)."""
+    nvml = FakeNVML([FakeGPU(power_limit_mw=650000, power_default_limit_mw=700000)])
+    b = backend(nvml)
+    d = b.sample(slow=False).devices[0]
+    assert (d.power_limit_watts, d.power_limit_default_watts) == (650.0, 700.0)
+    assert b.sample(slow=True).devices[0].power_limit_default_watts == 700.0
+    assert nvml.calls["nvmlDeviceGetPowerManagementDefaultLimit"] == 1
+
+
 def test_slow_values_in_base_units() -> None:
     gpu = FakeGPU(energy_mj=987654321, pcie_tx_kbps=7258, pcie_rx_kbps=15128, pcie_replays=9)
     d = one(FakeNVML([gpu]), slow=True)

@@ -273,6 +273,10 @@ class DeviceValues:
         "gpu_power_limit_watts", "Enforced power limit.", unit="watts",
         cadence=SLOW, cadence_by={"amdsmi": FAST},
         otlp=Otlp("gpu.power.limit"))
+    power_limit_default_watts: float | None = value(
+        "gpu_power_limit_default_watts",
+        "Default power limit: the one the driver sets again when it is reloaded.",
+        unit="watts", cadence=STATIC, otlp=Otlp("gpu.power.limit.default"))
     energy_joules: float | None = value(  # counter since driver load
         "gpu_energy_joules_total", "Energy consumed since the driver loaded.", Kind.COUNTER,
         unit="joules",

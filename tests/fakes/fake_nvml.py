@@ -89,6 +89,7 @@ class FakeGPU:
         "shutdown": 92, "slowdown": 89, "gpu_max": 87, "mem_max": 95})
     power_mw: int = 69850
     power_limit_mw: int = 700000
+    power_default_limit_mw: int = 700000  # H100 SXM: "Default Power Limit : 700.00 W"
     energy_mj: int = 123456789
     energy_step_mj: int = 69850  # added after every energy read (1 s at power_mw)
     fans: list[int] = field(default_factory=list)  # percent per fan; H100 SXM has none
@@ -419,6 +420,10 @@ class FakeNVML(LinksAndMig):
     def nvmlDeviceGetEnforcedPowerLimit(self, h: FakeHandle) -> int:
         self._enter("nvmlDeviceGetEnforcedPowerLimit", h)
         return h.gpu.power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: FakeHandle) -> int:
+        self._enter("nvmlDeviceGetPowerManagementDefaultLimit", h)
+        return h.gpu.power_default_limit_mw
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeHandle) -> int:
         self._enter("nvmlDeviceGetTotalEnergyConsumption", h)

@@ -58,6 +58,7 @@ class Nvml(str, Enum):
     DEVICE_GET_DECODER_UTILIZATION = "nvmlDeviceGetDecoderUtilization"
     DEVICE_GET_ENCODER_UTILIZATION = "nvmlDeviceGetEncoderUtilization"
     DEVICE_GET_ENFORCED_POWER_LIMIT = "nvmlDeviceGetEnforcedPowerLimit"
+    DEVICE_GET_POWER_MANAGEMENT_DEFAULT_LIMIT = "nvmlDeviceGetPowerManagementDefaultLimit"
     DEVICE_GET_FIELD_VALUES = "nvmlDeviceGetFieldValues"
     DEVICE_GET_FAN_SPEED_V2 = "nvmlDeviceGetFanSpeed_v2"
     DEVICE_GET_GPU_INSTANCE_ID = "nvmlDeviceGetGpuInstanceId"

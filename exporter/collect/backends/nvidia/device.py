@@ -262,6 +262,9 @@ class NvmlDevice:
             clocks_max_hertz=max_clocks,
             pcie_link_max_generation=u32(g(errors, Nvml.DEVICE_GET_MAX_PCIE_LINK_GENERATION)),
             pcie_link_max_width=u32(g(errors, Nvml.DEVICE_GET_MAX_PCIE_LINK_WIDTH)),
+            power_limit_default_watts=gated(
+                errors, u32(g(errors, Nvml.DEVICE_GET_POWER_MANAGEMENT_DEFAULT_LIMIT)), 1e-3,
+                "watts"),
         )
         self.fans = u32(g(errors, Nvml.DEVICE_GET_NUM_FANS)) or 0
         self._base = None
