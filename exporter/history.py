@@ -10,6 +10,13 @@ GPU gone for a whole window is forgotten. Beside the samples, each GPU's top pro
 the latest recorded snapshot (``top_processes``: computed once per recorded snapshot, the
 same rows the page renders), so the page's tables refresh without a reload.
 bench/history_memory.py measures its size.
+
+Time: the one-sample-per-interval throttle and the forgetting of a gone GPU run on the
+monotonic clock, so a wall clock stepped back (NTP, a bad RTC) never stops the recording.
+Wall time is only the label of a sample (``t``, and the reply's ``now``): the wall clock,
+or, while it reads earlier than the last label, that label plus half the monotonic time
+since, so labels never go back (a client's ``since``, the last label it has, always finds
+the samples after it) and meet the wall clock again after twice the step.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from exporter.model import DeviceSample
 from exporter.state import BackendState, Snapshot
 
 TOP_PROCESSES = 5  # the rows of a GPU's "Top processes" table
+CATCH_UP = 0.5  # how fast labels move while the wall clock reads earlier than the last
 MAX_CAPACITY = 86_400  # a day of 1 s samples per GPU: a hard bound whatever the flags say
 # Where two sensors read the same, the one named first (die, edge, package) is shown.
 TEMPERATURE_SENSORS = (Sensor.GPU, Sensor.EDGE, Sensor.PACKAGE, Sensor.JUNCTION,
@@ -285,33 +293,47 @@ class History:
         # recorded (the JSON's null: "not known yet", not "none").
         self._recorded: Snapshot | None = None
         self._tables: tuple[Snapshot, list[dict[str, Any]], list[dict[str, Any]]] | None = None
-        self._added = -math.inf  # when add() last read a snapshot
+        self._added = -math.inf  # when add() last read a snapshot (monotonic)
+        self._label: tuple[float, float] | None = None  # the last label, its monotonic time
         self._lock = threading.Lock()
+
+    def _now(self, now: float | None) -> tuple[float, float]:
+        """(monotonic time, wall-time label): ``now``, where a caller gives one, is both
+        (a test's or a bench's synthetic time)."""
+        if now is not None:
+            return now, now
+        mono, wall = time.monotonic(), time.time()
+        if self._label is not None:
+            label, at = self._label
+            # The wall clock stepped back: go on at half speed until it catches up.
+            wall = max(wall, label + (mono - at) * CATCH_UP)
+        return mono, wall
 
     def add(self, snapshot: Snapshot, now: float | None = None) -> None:
         """Hub listener: one sample per GPU per interval from the snapshot's merged devices."""
-        now = time.time() if now is None else now
         # Backends publish several times an interval: before anything else, keep the
         # first of each interval, so a publish in between costs nothing here (the
         # snapshot arrives merged: exporter.state.merged_view).
         if not snapshot.ready:  # not every backend has had its first cycle: GPUs missing
             return
         with self._lock:
-            if now - self._added < self.interval * 0.9:
+            mono, label = self._now(now)
+            if mono - self._added < self.interval * 0.9:
                 return
-            self._added = now
+            self._added = mono
+            self._label = (label, mono)
             self._recorded = snapshot
             for gpu, d in snapshot.devices:
                 if not d.up or d.info.parent_key:  # charts are per whole GPU
                     continue
-                self._last[gpu] = now
+                self._last[gpu] = mono
                 ring = self._rings.get(gpu)
                 if ring is None:
                     ring = self._rings[gpu] = _Ring(self.capacity)
                 self._names[gpu] = d.info.name
                 self._top[gpu] = top_processes(d)
-                ring.append((round(now, 3), *(_finite(s.read(d)) for s in SERIES)))
-            for gpu in [g for g, t in self._last.items() if now - t > self.window]:
+                ring.append((round(label, 3), *(_finite(s.read(d)) for s in SERIES)))
+            for gpu in [g for g, t in self._last.items() if mono - t > self.window]:
                 del self._rings[gpu], self._last[gpu], self._names[gpu], self._top[gpu]
 
     def points(self, since: float = 0.0, limit: int | None = MAX_POINTS
@@ -357,7 +379,10 @@ class History:
             for i, s in enumerate(SERIES, start=1):
                 columns[s.key] = cols[i]
             gpus.append(columns)
-        return {"now": round(time.time() if now is None else now, 3),
+        if now is None:
+            with self._lock:
+                now = self._now(None)[1]
+        return {"now": round(now, 3),
                 "interval": self.interval, "window": self.window, "capacity": self.capacity,
                 "series": [{"key": s.key, "title": s.title, "unit": s.unit, "max": s.high}
                            for s in SERIES],
