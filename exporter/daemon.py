@@ -145,7 +145,15 @@ class Daemon:
 
         from exporter.fs import raise_open_files_limit
         from exporter.reload import Reloader, apply_live
-        from exporter.server import bind_sockets, build_app, close_sockets, serve, unix_files
+        from exporter.server import (
+            bind_sockets,
+            build_app,
+            close_sockets,
+            connection_limit,
+            serve,
+            unix_files,
+        )
+        from exporter.slots import Slots
         from exporter.webconfig import load_web_config
 
         config = self.config
@@ -179,8 +187,10 @@ class Daemon:
         app = build_app(config, self.hub, self.renderer, web, history=self.history)
         reloader.passwords = getattr(app.state, "passwords", None)
         reloader.start()
+        slots = Slots(connection_limit())
+        self.renderer.connections = slots.counts
         try:  # until SIGTERM or SIGINT
-            serve(config, app, web, sockets, reloader.context, reloader.on_connection)
+            serve(config, app, web, sockets, reloader.context, reloader.on_connection, slots)
         finally:
             self.stop()
             close_sockets(sockets, files)

@@ -76,9 +76,18 @@ RELOAD_TIME = MetricSpec("gpu_exporter_config_last_reload_success_timestamp_seco
                          "When the configuration was last loaded successfully (start-up "
                          "included).", unit="seconds",
                          otlp=Otlp("gpu_exporter.config.last_reload.success_timestamp"))
+EVICTED = MetricSpec(
+    "gpu_exporter_http_connections_evicted_total",
+    "Connections the HTTP server closed to make room for a new one when every connection "
+    "slot was taken, by the state they were in.", Kind.COUNTER, labels=("state",),
+    note="`state`: `stalled` (its answer not read, or pipelining), `unproven` (in its TLS "
+    "handshake, before its first request, or failing authentication), `idle` (a keep-alive "
+    "connection between requests). Served by a daemon that listens; see "
+    "[security.md](security.md).",
+    otlp=Otlp("gpu_exporter.http.connections.evicted", "{connection}"))
 # In the order served.
 EXPORTER = (BUILD, UP, BACKEND_UP, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED, CPU, OTLP,
-            RELOAD_OK, RELOAD_TIME)
+            RELOAD_OK, RELOAD_TIME, EVICTED)
 
 
 def _labels(spec: MetricSpec, value: float | None) -> list[str] | None:
@@ -112,9 +121,11 @@ def thread_cpu_seconds(thread: threading.Thread) -> float | None:
 
 def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thread]],
                       otlp: Mapping[str, int] | None = None,
-                      reload: tuple[bool, float] | None = None) -> Iterator[Metric]:
+                      reload: tuple[bool, float] | None = None,
+                      connections: Mapping[str, int] | None = None) -> Iterator[Metric]:
     """``otlp``: the OTLP pusher's export counts by result, with --otlp.endpoint only;
-    ``reload``: (last reload successful, when it last succeeded), from a serving daemon."""
+    ``reload``: (last reload successful, when it last succeeded), from a serving daemon;
+    ``connections``: the HTTP server's evictions by state, from a serving daemon."""
     build = _gauge(BUILD)
     build.add_metric([__version__, platform.python_version()], 1)
     yield build
@@ -154,3 +165,8 @@ def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thre
     if reload is not None:
         yield _gauge(RELOAD_OK, 1 if reload[0] else 0)
         yield _gauge(RELOAD_TIME, reload[1])
+    if connections is not None:
+        evicted = _counter(EVICTED)
+        for kind, n in sorted(connections.items()):
+            evicted.add_metric([kind], n)
+        yield evicted
