@@ -25,15 +25,15 @@ from exporter.state import DURATION_BUCKETS, Snapshot
 
 BUILD = MetricSpec("gpu_exporter_build_info", "Build information; value 1.",
                    labels=("version", "python_version"),
-                   otlp=Otlp("gpu_exporter.build.info",
+                   otlp=Otlp("gpu_exporter.build.info", "{info}",
                              labels={"version": "gpu_exporter.version",
                                      "python_version": "gpu_exporter.python_version"}))
 UP = MetricSpec("gpu_exporter_up", "1 once the first collection has completed.",
-                otlp=Otlp("gpu_exporter.up"))
+                otlp=Otlp("gpu_exporter.up", "{state}"))
 BACKEND_UP = MetricSpec(
     "gpu_exporter_backend_up", "1 if the backend is open and answering.", labels=("backend",),
     note="The reason it is off is logged once and shown by `gpu-exporter snapshot`.",
-    otlp=Otlp("gpu_exporter.backend.up"))
+    otlp=Otlp("gpu_exporter.backend.up", "{state}"))
 DURATION = MetricSpec("gpu_exporter_collection_duration_seconds",
                       "Time one collection cycle took.", Kind.HISTOGRAM, "seconds",
                       labels=("backend",),
@@ -71,7 +71,8 @@ RELOAD_OK = MetricSpec("gpu_exporter_config_last_reload_successful",
                        "file) succeeded; 0 while the old settings are kept after an error.",
                        note="Served by the daemon with --config.file or --web.config.file "
                        "(what a reload reads); see [reload](reload.md).",
-                       otlp=Otlp("gpu_exporter.config.last_reload.successful"))
+                       otlp=Otlp("gpu_exporter.config.last_reload.successful",
+                                 "{state}"))
 RELOAD_TIME = MetricSpec("gpu_exporter_config_last_reload_success_timestamp_seconds",
                          "When the configuration was last loaded successfully (start-up "
                          "included).", unit="seconds",
