@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE / "bench"))
@@ -73,8 +74,9 @@ def one(port: int, context: ssl.SSLContext, auth: str) -> str:
         conn.close()
 
 
-def client_process(port: int, cert: str, threads: int, left: "multiprocessing.Value[int]",
-                   out: "multiprocessing.Queue[dict[str, int]]") -> None:
+def client_process(port: int, cert: str, threads: int, left: Any,
+                   out: multiprocessing.Queue[dict[str, int]]) -> None:
+    """``threads`` clients until ``left`` (a shared int) runs out; their counts to ``out``."""
     context = ssl.create_default_context(cafile=cert)
     auth = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     counts: collections.Counter[str] = collections.Counter()
