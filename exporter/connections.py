@@ -224,9 +224,15 @@ class BoundedH11(H11Protocol):
 
     def eof_received(self) -> None:
         """The client has closed its end: the slot is free unless a request is served."""
-        if self.state is not BUSY:
+        if not self.serving():
             self.slots.release(self)
         super().eof_received()
+
+    def serving(self) -> bool:
+        """A request is in progress (its answer not complete): its password checked, or
+        being checked, or served. Such a connection keeps its slot until the end."""
+        cycle = self.cycle
+        return self.state is BUSY or (cycle is not None and not cycle.response_complete)
 
     def _client_behind(self) -> bool:
         """A pipelined request is buffered while the answers before it still wait in
@@ -291,7 +297,7 @@ class TLSAccept(sslproto.SSLProtocol):
 
     def eof_received(self) -> bool | None:  # type: ignore[override]  # True: kept open
         """The client has closed its end of the TCP connection."""
-        if self.app.state is not BUSY:
+        if not self.app.serving():
             self.app.slots.release(self.app)
         keep: bool | None = super().eof_received()
         return keep
@@ -303,7 +309,7 @@ class TLSAccept(sslproto.SSLProtocol):
         before = getattr(self, "_state", None)
         super()._set_state(new_state)  # type: ignore[misc]
         if before is not _UNWRAPPED and getattr(self, "_state", None) in _CLOSING and \
-                self.app.state is not BUSY:
+                not self.app.serving():
             self.app.slots.release(self.app)
 
     def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
