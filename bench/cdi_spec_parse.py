@@ -20,7 +20,9 @@ Cases: ``--devices`` (default 45,708 devices, ~4.2 MB of JSON, just under the ol
 cap: the figure of the report this was measured for), and the worst specs still
 accepted now (the device cap, names padded to just under the byte cap; JSON and YAML),
 and a directory of such JSON specs up to the registry's total device cap (after only:
-what the registry can hold at most).
+what the registry can hold at most), and YAML specs whose 4,096 devices alias one list
+of 30,000 or 77,000 device nodes (320 KiB and 496 KiB: under both caps), ``unbounded``
+(the registry without its alias bound) against ``after``.
 ``--rounds`` (default 3) loads per case; medians printed. Usage:
 ``python bench/cdi_spec_parse.py [--devices 45708] [--rounds 3] [--skip-before]``.
 """
@@ -72,6 +74,8 @@ if mode == "before":
                 d["containerEdits"]["deviceNodes"]) for d in doc["devices"]}
         del doc
 else:
+    if mode == "unbounded":  # the registry as it was before YAML aliases were bounded
+        cdi.excessive_aliasing = lambda node: False
     reg = cdi.CdiRegistry([os.path.dirname(path)])
     errors = reg.refresh()
     kept = dict(reg.devices) if not errors else None
@@ -95,6 +99,15 @@ def yaml_text(doc: dict[str, object]) -> str:
         lines += [f"  - name: {d['name']}", "    containerEdits:", "      deviceNodes:"]
         lines += [f"        - path: {n['path']}" for n in d["containerEdits"]["deviceNodes"]]
     return "\n".join(lines) + "\n"
+
+
+def aliased_yaml(devices: int, nodes: int) -> str:
+    """Every device's deviceNodes an alias of one list of ``nodes`` aliases of one node."""
+    listed = ", ".join(["&p {path: /dev/nvidia0}"] + ["*p"] * (nodes - 1))
+    return "\n".join(["cdiVersion: 0.5.0", "kind: k8s.gpu.nvidia.com/device", "devices:",
+                      f"- {{name: g0, containerEdits: {{deviceNodes: &n [{listed}]}}}}",
+                      *(f"- {{name: g{d}, containerEdits: {{deviceNodes: *n}}}}"
+                        for d in range(1, devices))]) + "\n"
 
 
 def at_caps(limit: int, render: object) -> dict[str, object]:
@@ -144,19 +157,27 @@ def main() -> None:
             doc["kind"] = f"k8s.gpu{k}.nvidia.com/device"
             (full / f"spec{k}.json").write_text(dumps(doc))
         cases.append((f"{cdi.MAX_TOTAL_DEVICES} devices, {k + 1} JSON specs", full / "spec0.json"))
+        aliased = []
+        for nodes in (30_000, 77_000):
+            path = Path(tmp, f"alias{nodes}") / "k8s.gpu.nvidia.com-device_alias.yaml"
+            path.parent.mkdir()
+            path.write_text(aliased_yaml(n, nodes))
+            cases.append((f"{n} devices x {nodes} aliased nodes", path))
+            aliased.append(path)
         print(f"caps now: JSON {cdi.MAX_JSON_BYTES} B, YAML {cdi.MAX_YAML_BYTES} B, "
               f"{cdi.MAX_SPEC_DEVICES} devices; libyaml: {cdi.LIBYAML}")
-        print(f"{'case':34} {'bytes':>9} {'mode':7} {'cpu s':>8} {'peak MB':>8} "
+        print(f"{'case':34} {'bytes':>9} {'mode':9} {'cpu s':>8} {'peak MB':>8} "
               f"{'kept MB':>8} {'devices':>7}")
         for name, path in cases:
             size = os.path.getsize(path)
             if path.parent == full:
                 size = sum(os.path.getsize(p) for p in full.iterdir())
-            for mode in ("before", "after"):
+            modes = ("unbounded", "after") if path in aliased else ("before", "after")
+            for mode in modes:
                 if mode == "before" and (args.skip_before or path.parent == full):
                     continue
                 r = run(mode, path, args.rounds)
-                print(f"{name:34} {size:9d} {mode:7} {r['cpu_s']:8.3f} "
+                print(f"{name:34} {size:9d} {mode:9} {r['cpu_s']:8.3f} "
                       f"{r['peak_rss_mb']:8.1f} {r['kept_rss_mb']:8.1f} {int(r['kept']):7d}")
 
 

@@ -242,3 +242,63 @@ def test_the_registry_keeps_at_most_its_total_of_devices(tmp_path: Path) -> None
     assert len(reg.devices) == cdi.MAX_TOTAL_DEVICES
     assert [os.path.basename(p) for p in reg.bad] == [f"spec{files - 1:02d}.json"]
     assert not any(k.startswith(f"v{files - 1}.example.com/") for k in reg.devices)
+
+
+def aliased_yaml_spec(devices: int, nodes: int, one_node: bool = False) -> str:
+    """Every device's deviceNodes an alias of the first device's list of ``nodes``
+    (``one_node``: each of them an alias of the first)."""
+    listed = ", ".join(f"{{path: /dev/nvidia{i % 8}}}" for i in range(nodes))
+    if one_node:
+        listed = ", ".join(["&p {path: /dev/nvidia0}"] + ["*p"] * (nodes - 1))
+    return "\n".join([
+        "cdiVersion: 0.5.0", "kind: k8s.gpu.nvidia.com/device", "devices:",
+        f"- {{name: g0, containerEdits: {{deviceNodes: &n [{listed}]}}}}",
+        *(f"- {{name: g{d}, containerEdits: {{deviceNodes: *n}}}}" for d in range(1, devices)),
+    ]) + "\n"
+
+
+def test_yaml_aliases_that_expand_past_gos_bound_are_refused(tmp_path: Path) -> None:
+    from exporter.collect.kubernetes import cdi
+
+    run = tmp_path / "run"
+    run.mkdir()
+    # 4,096 devices x 30,000 nodes: 123 million node paths in 320 KiB, under every cap.
+    amplified = aliased_yaml_spec(cdi.MAX_SPEC_DEVICES, 30_000, one_node=True)
+    assert len(amplified) < 330 * 1024 < cdi.MAX_YAML_BYTES
+    (run / "amplified.yaml").write_text(amplified)
+    # A billion laughs beside a well-formed spec: 9 levels of 9 aliases each.
+    laughs = ["x-laughs:", "  l0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    laughs += [f"  l{k}: &a{k} [" + ", ".join([f"*a{k - 1}"] * 9) + "]" for k in range(1, 9)]
+    (run / "laughs.yaml").write_text("\n".join(laughs) + "\n" + aliased_yaml_spec(2, 1))
+    # An anchor that holds itself.
+    (run / "itself.yaml").write_text(
+        "kind: v.com/c\ndevices: &d [{name: a, containerEdits: {deviceNodes: *d}}]\n")
+    # A few aliases, as a hand-written spec may use them: read as written.
+    (run / "shared.yaml").write_text(aliased_yaml_spec(50, 3).replace("k8s.gpu.nvidia.com",
+                                                                      "shared.example.com"))
+    reg = CdiRegistry([str(run)])
+    assert reg.refresh() == {"cdi_spec_too_large": 3}
+    assert sorted(os.path.basename(p) for p in reg.bad) == \
+        ["amplified.yaml", "itself.yaml", "laughs.yaml"]
+    assert len(reg.devices) == 50
+    assert reg.devices["shared.example.com/device=g49"] == ("/dev/nvidia0", "/dev/nvidia1",
+                                                             "/dev/nvidia2")
+
+
+def test_the_alias_bound_is_gos_ratio() -> None:
+    """go-yaml's decode.go: refused once more than 100 of more than 1,000 decoded nodes
+    came from aliases and their share passes allowedAliasRatio (99 %, sliding to 10 %)."""
+    from exporter.collect.kubernetes import cdi
+
+    assert cdi.allowed_alias_ratio(1000) == cdi.allowed_alias_ratio(400_000) == 0.99
+    assert cdi.allowed_alias_ratio(2_200_000) == pytest.approx(0.545)
+    assert cdi.allowed_alias_ratio(4_000_000) == cdi.allowed_alias_ratio(10**9) == 0.10
+    # A device is 7 nodes of its own; each alias of the list of E entries ({path: p}: 3
+    # nodes each) decodes 3E + 1 nodes of the anchor's tree.
+    # 10 aliases of 100 entries: 3,010 of 3,394 nodes aliased (88.7 %): accepted.
+    assert len(parse_spec(aliased_yaml_spec(11, 100)) or {}) == 11
+    # 1 alias of 30,000 entries: half of the 180,000 nodes: accepted.
+    assert len(parse_spec(aliased_yaml_spec(2, 30_000)) or {}) == 2
+    # 299 aliases of 1,000 entries: 897,299 of 902,400 (99.4 %): refused.
+    with pytest.raises(cdi.SpecTooLarge):
+        parse_spec(aliased_yaml_spec(300, 1000))

@@ -1,20 +1,35 @@
-"""A crash is in the log of the next start: the real daemon killed by SIGSEGV and restarted."""
+"""A crash is in the log of the next start: the real daemon killed by SIGSEGV and restarted.
+The state directory is untrusted input: FIFOs, symlinks and odd records in it."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+from structlog.testing import capture_logs
 
-from exporter.app.lastrun import CRASH_FILE, RUN_FILE, RunRecord, crash_summary, state_dir
+from exporter.app.lastrun import (
+    CRASH_FILE,
+    RUN_FILE,
+    Previous,
+    RunRecord,
+    crash_summary,
+    state_dir,
+)
 from tests.daemon import FIXTURES, machine_args, running
 
-pytestmark = pytest.mark.slow
 MACHINE = FIXTURES / "amd-rdna3-rx7800xt"
+T = TypeVar("T")
 
 
 def test_a_segfault_is_logged_by_the_next_start_and_a_clean_stop_is_not(tmp_path: Path) -> None:
@@ -74,3 +89,111 @@ def test_a_corrupt_record_reads_as_no_record(tmp_path: Path) -> None:
     record.stop()
     assert previous is not None and previous.clean and previous.starts_last_hour == 1
     assert json.loads((tmp_path / RUN_FILE).read_text())["clean"] is True
+
+
+def _ignored(logs: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [e for e in logs if e["event"] == "state file ignored"]
+
+
+def _unblocked(call: Callable[[], T], fifo: Path) -> tuple[T | None, bool]:
+    """call() on its own thread: (what it returned, whether it ever blocked). A call
+    blocked in open() on ``fifo`` is freed by opening the FIFO's other end, so that the
+    test ends either way."""
+    out: list[T] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(5)
+    blocked = thread.is_alive()
+    deadline = time.monotonic() + 10
+    while thread.is_alive() and time.monotonic() < deadline:
+        for flags in (os.O_RDONLY | os.O_NONBLOCK, os.O_WRONLY | os.O_NONBLOCK):
+            try:
+                os.close(os.open(fifo, flags))
+            except OSError:
+                pass
+        thread.join(0.05)
+    return (out[0] if out else None), blocked
+
+
+@pytest.mark.parametrize("name", [CRASH_FILE, RUN_FILE, RUN_FILE + ".tmp"])
+def test_a_fifo_in_the_state_directory_blocks_nothing(tmp_path: Path, name: str) -> None:
+    os.mkfifo(tmp_path / name)
+    record = RunRecord(str(tmp_path))
+    with capture_logs() as logs:
+        previous, blocked = _unblocked(lambda: record.start(now=1000.0), tmp_path / name)
+    assert not blocked, f"start() blocked in open() on the FIFO {name}"
+    assert _unblocked(record.stop, tmp_path / name)[1] is False
+    assert previous is not None and previous.clean and previous.starts_last_hour == 1
+    assert len(_ignored(logs)) == (0 if name.endswith(".tmp") else 1)
+    for state in (RUN_FILE, CRASH_FILE):  # both are this run's regular files now
+        assert stat.S_ISREG((tmp_path / state).lstat().st_mode)
+    assert json.loads((tmp_path / RUN_FILE).read_text())["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize("content", [
+    '{"starts": 5}', '{"starts": null}', '{"starts": "abc"}', '{"starts": [1, "x"]}',
+    '{"started": "yesterday"}', '{"pid": true}', '{"clean": "no"}', '{"started": NaN}',
+    "[" * 1001 + "]" * 1001,  # deeper than the interpreter's stack
+    '"run"', "x" * (64 * 1024 + 1),
+], ids=lambda c: c[:20])
+def test_an_oddly_shaped_record_is_discarded_with_one_warning(tmp_path: Path,
+                                                             content: str) -> None:
+    (tmp_path / RUN_FILE).write_text(content)
+    record = RunRecord(str(tmp_path))
+    with capture_logs() as logs:
+        previous = record.start(now=1000.0)
+    record.stop()
+    assert previous == Previous(clean=True, pid=None, ran_seconds=None, crash="",
+                                starts_last_hour=1)
+    (warning,) = _ignored(logs)
+    assert warning["path"] == str(tmp_path / RUN_FILE) and warning["log_level"] == "warning"
+    assert [e["event"] for e in logs] == ["state file ignored"]  # nothing else said
+    written = json.loads((tmp_path / RUN_FILE).read_text())  # rewritten: no crash loop
+    assert written == {"pid": os.getpid(), "started": 1000.0, "clean": True,
+                       "starts": [1000.0]}
+
+
+def test_a_well_formed_record_is_read_whole(tmp_path: Path) -> None:
+    (tmp_path / RUN_FILE).write_text(json.dumps(
+        {"pid": 4242, "started": 900.0, "clean": False, "starts": [-3000.0, 800, 900.0],
+         "later": "a field a newer version may add"}))
+    record = RunRecord(str(tmp_path))
+    with capture_logs() as logs:
+        previous = record.start(now=1000.0)
+    record.stop()
+    assert previous == Previous(clean=False, pid=4242, ran_seconds=100.0, crash="",
+                                starts_last_hour=3)  # -3000.0 is older than the hour
+    assert [e["event"] for e in logs] == ["previous run ended without a clean stop"]
+
+
+def test_a_planted_symlink_is_never_followed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    victims = {name: tmp_path / f"victim-{name}" for name in
+               (CRASH_FILE, RUN_FILE, RUN_FILE + ".tmp")}
+    for name, victim in victims.items():
+        victim.write_text('{"pid": 7, "started": 1.0, "clean": false}')
+        (state / name).symlink_to(victim)
+    record = RunRecord(str(state))
+    with capture_logs() as logs:
+        previous = record.start(now=1000.0)
+    record.stop()
+    for victim in victims.values():  # neither truncated nor overwritten
+        assert victim.read_text() == '{"pid": 7, "started": 1.0, "clean": false}'
+    assert previous is not None and previous.pid is None  # run.json's link not read
+    assert sorted(str(e["path"]) for e in _ignored(logs)) == \
+        [str(state / CRASH_FILE), str(state / RUN_FILE)]
+    for name in (CRASH_FILE, RUN_FILE):  # the links replaced by this run's own files
+        assert stat.S_ISREG((state / name).lstat().st_mode)
+    assert json.loads((state / RUN_FILE).read_text())["pid"] == os.getpid()
+    assert (state / (RUN_FILE + ".tmp")).is_symlink()  # a name never written to
+
+
+def test_the_daemon_serves_with_a_fifo_in_its_state_directory(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    os.mkfifo(state / CRASH_FILE)
+    os.mkfifo(state / RUN_FILE)
+    with running([*machine_args(MACHINE), "--path.state", str(state)], tmp_path) as daemon:
+        assert daemon.get().status_code == 200
+        assert len(daemon.records("state file ignored")) == 2

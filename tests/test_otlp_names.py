@@ -5,14 +5,19 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import socket
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
+from exporter.core.fieldspec import GAUGE, SUM
 from exporter.output.catalogue import FAMILIES, LABELS, attribute_name
 from exporter.output.metricsdoc import generate as metrics_doc
+from tests.daemon import REPO
 
 
 def need(module: str) -> Any:
@@ -105,3 +110,67 @@ def test_resource_attributes_and_the_standard_variables_over_them(
     assert metrics_endpoint("http://c:4318") == "http://c:4318/v1/metrics"
     assert metrics_endpoint("http://c:4318/") == "http://c:4318/v1/metrics"
     assert metrics_endpoint("https://c/otlp/v1/metrics") == "https://c/otlp/v1/metrics"
+
+
+# Prometheus's OTLP translation with suffixes (UnderscoreEscapingWithSuffixes, the OTLP
+# receiver's default): prometheus/otlptranslator metric_namer.go, normalizeName and
+# buildUnitSuffixes. Modelled for what a name ends with: tokens of [a-zA-Z0-9:], the
+# unit's suffix unless the unit holds braces (an annotation) or is "1", _total for a
+# monotonic sum, _ratio for a gauge of unit "1".
+PROM_UNITS = {"s": "seconds", "By": "bytes", "V": "volts", "J": "joules", "W": "watts",
+              "Cel": "celsius", "Hz": "hertz", "1": "", "%": "percent"}
+PROM_PER_UNITS = {"s": "second", "m": "minute", "h": "hour", "d": "day"}
+
+
+def prometheus_name(name: str, unit: str, kind: str) -> str:
+    tokens = [t for t in re.split(r"[^a-zA-Z0-9:]", name) if t]
+    main, _, per = (u.strip() for u in unit.partition("/"))
+    main = "" if not main or set(main) & {"{", "}"} else PROM_UNITS.get(main, main)
+    per = "" if not per or set(per) & {"{", "}"} else PROM_PER_UNITS.get(per, per)
+    if main and main not in tokens:
+        tokens.append(main)
+    if per and per not in tokens:
+        tokens += ["per", per]
+    if kind == SUM:
+        tokens = [t for t in tokens if t != "total"] + ["total"]
+    if unit == "1" and kind == GAUGE:
+        tokens = [t for t in tokens if t != "ratio"] + ["ratio"]
+    return "_".join(tokens)
+
+
+def test_prometheus_otlp_translation_adds_ratio_to_ratios_only() -> None:
+    """Gauges of unit "1" that are no ratio (gpu_info, gpu_performance_state,
+    gpu_pcie_link_generation, gpu_exporter_up, ...) became gpu_info_ratio and the like in
+    Prometheus: a state, flag, info series or number has an annotation unit."""
+    assert prometheus_name("hw.gpu.utilization", "1", GAUGE) == "hw_gpu_utilization_ratio"
+    assert prometheus_name("gpu.fan.speed_ratio", "1", GAUGE) == "gpu_fan_speed_ratio"
+    assert prometheus_name("gpu.energy", "J", SUM) == "gpu_energy_joules_total"
+    assert prometheus_name("gpu.info", "{info}", GAUGE) == "gpu_info"
+    translated = {family: prometheus_name(t.name, t.unit, t.kind)
+                  for family, t in FAMILIES.items()}
+    wrong = {family: name for family, name in translated.items()
+             if name.endswith("_ratio") != family.endswith("_ratio")}
+    assert wrong == {}
+    assert translated["gpu_performance_state"] == "gpu_performance_state"
+    assert translated["gpu_exporter_up"] == "gpu_exporter_up"
+
+
+def _instance_id(env: dict[str, str]) -> str:
+    """service.instance.id as a fresh process (a restart) computes it."""
+    code = ("from exporter.output.otlp import resource; import os; "
+            "print(resource(os.environ).attributes['service.instance.id'])")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "NODE_NAME"))}
+    done = subprocess.run([sys.executable, "-c", code], env={**base, **env}, cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+def test_the_service_instance_id_survives_a_restart() -> None:
+    """The SDK's service.instance.id was a random UUID per process; Prometheus's OTLP
+    receiver makes it the instance label, so every restart began new series."""
+    need("opentelemetry.sdk")
+    assert _instance_id({}) == _instance_id({}) == socket.gethostname()
+    assert _instance_id({"NODE_NAME": "gpu-node-7"}) == "gpu-node-7"
+    assert _instance_id({"NODE_NAME": "gpu-node-7",
+                         "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=rack3-gpu7"}) == \
+        "rack3-gpu7"

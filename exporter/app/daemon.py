@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from exporter.collect.registry import Shared
 from exporter.core.config import Config
 from exporter.output.render.selection import Selection
-from exporter.output.render.telemetry import Telemetry
+from exporter.output.render.telemetry import ConnectionCounts, Telemetry
 
 if TYPE_CHECKING:
     from exporter.app.reload import Reloader
@@ -71,7 +71,7 @@ class Daemon:
 
         return forced_but_unavailable(self.config, self.backends)
 
-    def start(self, serving: bool = True) -> None:
+    def start(self, serving: bool = True, connections: ConnectionCounts | None = None) -> None:
         """The renderer (``serving``: an HTTP server will serve it and the history), the
         OTLP pusher (--otlp.endpoint), then collection: the Hub's first opens wait up to
         OPEN_WAIT, on a thread of their own, so the server answers (not ready) meanwhile."""
@@ -90,7 +90,8 @@ class Daemon:
                                                         config.web_config_file)
             self.telemetry = Telemetry(
                 otlp=self.pusher.status if self.pusher is not None else None,
-                reload=self.reloader.status if reloads and self.reloader else None)
+                reload=self.reloader.status if reloads and self.reloader else None,
+                connections=connections)
             if self.pusher is not None:
                 self.telemetry.threads.add("otlp", self.pusher.thread)
             if serving:
@@ -157,7 +158,15 @@ class Daemon:
 
         from exporter.app.reload import Reloader, apply_live
         from exporter.core.fs import raise_open_files_limit
-        from exporter.serve.server import bind_sockets, build_app, close_sockets, serve, unix_files
+        from exporter.serve.server import (
+            bind_sockets,
+            build_app,
+            close_sockets,
+            connection_limit,
+            serve,
+            unix_files,
+        )
+        from exporter.serve.slots import Slots
         from exporter.serve.webconfig import load_web_config
 
         config = self.config
@@ -186,14 +195,15 @@ class Daemon:
 
         if take_held():  # SIGHUPs that came during start-up (exporter.app.early): one reload
             reloader.request("sighup")
-        self.start()
+        slots = Slots(connection_limit())
+        self.start(connections=slots.counts)
         assert self.renderer is not None  # start() made it: serving
         app = build_app(config, self.hub, self.renderer, web, history=self.history,
                         telemetry=self.telemetry)
         reloader.passwords = getattr(app.state, "passwords", None)
         reloader.start()
         try:  # until SIGTERM or SIGINT
-            serve(config, app, web, sockets, reloader.context, reloader.on_connection)
+            serve(config, app, web, sockets, reloader.context, reloader.on_connection, slots)
         finally:
             self.stop()
             close_sockets(sockets, files)

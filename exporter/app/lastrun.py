@@ -15,14 +15,25 @@ At the next start one warning line says that the previous run ended without a cl
 with its pid, how long it ran, the signal and innermost frame from ``crash.txt`` and how
 many starts the last hour saw. Nothing here ever stops the daemon: an unusable state
 directory is one warning line and the run goes on without it.
+
+The directory is untrusted input like any other file the daemon reads: a state file is
+opened without following a symlink and without blocking (a FIFO or device is not read),
+only a regular file is read, at most ``MAX_READ`` bytes of it, and a record of any other
+shape is discarded with one warning. Nothing is ever written through an existing name:
+each file is written to a fresh temporary file (``O_EXCL``, a random name) and renamed
+over the old name, which replaces a planted symlink or FIFO instead of following it.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import json
+import math
 import os
+import stat
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -36,6 +47,8 @@ CRASH_FILE = "crash.txt"
 WINDOW_S = 3600.0
 KEEP_STARTS = 64
 MAX_READ = 64 * 1024  # of either file: a state file is never trusted to be small
+# Opened without following a symlink (ELOOP) and without waiting for a FIFO's writer.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -57,12 +70,60 @@ def state_dir(flag: str | None, environ: Any) -> str | None:
     return systemd or None
 
 
-def _read(path: Path) -> str:
+def read_state_file(path: Path) -> tuple[bytes, str]:
+    """(the file's first ``MAX_READ`` bytes plus one, why it was not read): a missing file
+    is (b"", ""); a symlink, FIFO, socket, device or directory is (b"", the reason)."""
     try:
-        with path.open("rb") as f:
-            return f.read(MAX_READ).decode("utf-8", "replace")
-    except OSError:
-        return ""
+        fd = os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        return b"", ""
+    except OSError as e:  # ELOOP: a symlink; ENXIO: a socket; EACCES, ...
+        return b"", "symlink" if os.path.islink(path) else (e.strerror or str(e))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return b"", "not a regular file"
+        chunks: list[bytes] = []
+        left = MAX_READ + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), ""
+    except OSError as e:
+        return b"", e.strerror or str(e)
+    finally:
+        os.close(fd)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def parse_record(raw: bytes) -> tuple[dict[str, Any], str]:
+    """(run.json's fields, why it was discarded): anything that is not an object of the
+    fields ``_write`` writes, each of its type, is ({}, the reason). Never raises."""
+    if not raw:
+        return {}, ""
+    if len(raw) > MAX_READ:
+        return {}, f"larger than {MAX_READ} bytes"
+    try:
+        data = json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):  # RecursionError: [[[...]]] deeper than the stack
+        return {}, "not JSON"
+    if not isinstance(data, dict):
+        return {}, "not a JSON object"
+    checks: dict[str, Callable[[Any], bool]] = {
+        "pid": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+        "started": _number, "clean": lambda v: isinstance(v, bool),
+        "starts": lambda v: isinstance(v, list) and all(_number(t) for t in v)}
+    wrong = sorted(key for key, ok in checks.items() if key in data and not ok(data[key]))
+    if wrong:
+        return {}, "unexpected " + ", ".join(wrong)
+    return {key: data[key] for key in checks if key in data}, ""
 
 
 def crash_summary(text: str) -> str:
@@ -80,6 +141,25 @@ def crash_summary(text: str) -> str:
     return f"{fatal}; {frame}" if frame else fatal
 
 
+def _fresh(directory: Path, name: str) -> tuple[IO[bytes], Path]:
+    """A new file of a random name beside ``name`` (O_CREAT | O_EXCL, mode 0600)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    return os.fdopen(fd, "wb"), Path(tmp)
+
+
+def _put(directory: Path, name: str) -> IO[bytes]:
+    """A fresh file renamed over ``name``: whatever was there (a symlink, a FIFO) is
+    replaced, never opened. The caller writes to and closes the returned file."""
+    f, tmp = _fresh(directory, name)
+    try:
+        os.replace(tmp, directory / name)
+    except OSError:
+        f.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return f
+
+
 class RunRecord:
     """This run's entry in the state directory; ``stop()`` marks it clean."""
 
@@ -95,13 +175,13 @@ class RunRecord:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             old = self._load()
-            crash = crash_summary(_read(self.dir / CRASH_FILE))
-            starts = [t for t in old.get("starts", []) if isinstance(t, (int, float))
-                      and now - WINDOW_S <= t <= now][-(KEEP_STARTS - 1):] + [now]
+            crash = crash_summary(self._read(CRASH_FILE).decode("utf-8", "replace"))
+            starts = [t for t in old.get("starts", [])
+                      if now - WINDOW_S <= t <= now][-(KEEP_STARTS - 1):] + [now]
             self._record = {"pid": os.getpid(), "started": now, "clean": False,
                             "starts": starts}
             self._write()
-            self._crash = (self.dir / CRASH_FILE).open("wb")  # truncated: this run's only
+            self._crash = _put(self.dir, CRASH_FILE)  # empty: this run's only
             faulthandler.enable(file=self._crash, all_threads=True)
         except OSError as e:
             log.warning("state directory unusable: the next start cannot say how this run "
@@ -109,9 +189,8 @@ class RunRecord:
             return None
         started = old.get("started")
         previous = Previous(
-            clean=bool(old.get("clean", True)) and not crash,
-            pid=old.get("pid") if isinstance(old.get("pid"), int) else None,
-            ran_seconds=round(now - started, 1) if isinstance(started, (int, float))
+            clean=bool(old.get("clean", True)) and not crash, pid=old.get("pid"),
+            ran_seconds=round(now - started, 1) if started is not None
             and started <= now else None,
             crash=crash, starts_last_hour=len(starts))
         if old and not previous.clean:
@@ -134,14 +213,25 @@ class RunRecord:
             self._crash.close()
             self._crash = None
 
+    def _read(self, name: str) -> bytes:
+        """A state file's bytes, or b"" and one warning when it is not a regular file."""
+        raw, why = read_state_file(self.dir / name)
+        if why:
+            log.warning("state file ignored", path=str(self.dir / name), reason=why)
+        return raw[:MAX_READ] if name == CRASH_FILE else raw
+
     def _load(self) -> dict[str, Any]:
-        try:
-            data = json.loads(_read(self.dir / RUN_FILE) or "{}")
-        except ValueError:
-            return {}
-        return data if isinstance(data, dict) else {}
+        record, why = parse_record(self._read(RUN_FILE))
+        if why:
+            log.warning("state file ignored", path=str(self.dir / RUN_FILE), reason=why)
+        return record
 
     def _write(self) -> None:
-        tmp = self.dir / (RUN_FILE + ".tmp")
-        tmp.write_text(json.dumps(self._record))
-        os.replace(tmp, self.dir / RUN_FILE)
+        f, tmp = _fresh(self.dir, RUN_FILE)
+        try:
+            with f:
+                f.write(json.dumps(self._record).encode())
+            os.replace(tmp, self.dir / RUN_FILE)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise

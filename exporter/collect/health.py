@@ -230,12 +230,12 @@ STATUS = MetricSpec("gpu_health_status",
                     "Health verdict of the GPU: 0 healthy, 1 degraded, 2 failed (the worst check).",
                     note="Source `health`; the reasons are in `/snapshot` and on `/` "
                     "(see health.md).",
-                    otlp=Otlp("gpu.health.status"))
+                    otlp=Otlp("gpu.health.status", "{state}"))
 CHECK = MetricSpec("gpu_health_check_status",
                    "One health check of the GPU: 0 healthy, 1 degraded, 2 failed.",
                    labels=("check",), note="`check` is " + ", ".join(f"`{c}`" for c in CHECKS)
                    + "; a check is served where one of its rules can fire for the GPU.",
-                   otlp=Otlp("gpu.health.check.status"))
+                   otlp=Otlp("gpu.health.check.status", "{state}"))
 LABELS = ("gpu", "uuid", "vendor", "source")
 
 

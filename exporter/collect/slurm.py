@@ -46,7 +46,7 @@ log = structlog.get_logger(__name__)
 SPEC = MetricSpec("gpu_slurm_job_info",
                   "A Slurm job on this GPU (--slurm.job-mapping-dir, dcgm-exporter's layout); "
                   "value 1.", labels=("gpu", "uuid", "job", "source"), note="Source `slurm`.",
-                  otlp=Otlp("gpu.slurm.job", labels={"job": "gpu.slurm.job.id"}))
+                  otlp=Otlp("gpu.slurm.job", "{info}", labels={"job": "gpu.slurm.job.id"}))
 FAMILY, DOC = SPEC.name, SPEC.help
 MAX_FILE_BYTES = 64 * 1024
 MAX_JOB_CHARS = 128

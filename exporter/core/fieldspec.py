@@ -43,9 +43,12 @@ class Kind(str, Enum):
 # (non-monotonic cumulative sum: the conventions' UpDownCounter) and histogram.
 GAUGE, SUM, UPDOWN, HISTOGRAM = "gauge", "sum", "updown", "histogram"
 # units.RANGES key -> UCUM unit of the OTLP metric. "count" has none: a family of counts
-# names what it counts, as the conventions do ({error}, {row}).
+# names what it counts, as the conventions do ({error}, {row}); so does a family of states
+# or flags ({state}), of info series ({info}) or of other numbers ({generation}), declared
+# in its Otlp: only a ratio is "1", since Prometheus's OTLP translation (otlptranslator's
+# normalizeName) appends _ratio to every gauge of unit "1" and drops an annotation unit.
 UCUM: Mapping[str, str] = MappingProxyType({
-    "": "1", "ratio": "1", "bytes": "By", "bytes_per_second": "By/s", "watts": "W",
+    "ratio": "1", "bytes": "By", "bytes_per_second": "By/s", "watts": "W",
     "joules": "J", "celsius": "Cel", "hertz": "Hz", "seconds": "s", "volts": "V"})
 
 

@@ -182,7 +182,7 @@ class ProcessSample:
         "(a client of the CUDA MPS server, whose work runs in the server's context).",
         "context",
         note="NVIDIA only (NVML's compute, graphics and MPS client process lists).",
-        otlp=Otlp("gpu.process.context"))
+        otlp=Otlp("gpu.process.context", "{info}"))
     # Filled after the merge by exporter.collect.energy_split, never by a backend.
     energy_joules: float | None = value(
         "gpu_process_energy_joules_total",
@@ -299,11 +299,11 @@ class DeviceValues:
         otlp=Otlp("gpu.estimated_energy"))
     performance_state: int | None = value(
         "gpu_performance_state", "Performance state (P-state number).",
-        otlp=Otlp("gpu.performance_state"))
+        otlp=Otlp("gpu.performance_state", "{state}"))
     pcie_link_generation: int | None = value(
         "gpu_pcie_link_generation", "Current PCIe link generation.",
         cadence=SLOW,
-        otlp=Otlp("gpu.pcie.link.generation"))
+        otlp=Otlp("gpu.pcie.link.generation", "{generation}"))
     pcie_link_width: int | None = value(
         "gpu_pcie_link_width", "Current PCIe link width (lanes).",
         cadence=SLOW,
@@ -311,7 +311,7 @@ class DeviceValues:
     pcie_link_max_generation: int | None = value(
         "gpu_pcie_link_max_generation", "Maximum PCIe generation.",
         cadence=SLOW, cadence_by={"nvidia": STATIC},
-        otlp=Otlp("gpu.pcie.link.max_generation"))
+        otlp=Otlp("gpu.pcie.link.max_generation", "{generation}"))
     pcie_link_max_width: int | None = value(
         "gpu_pcie_link_max_width", "Maximum PCIe link width (lanes).",
         cadence=SLOW, cadence_by={"nvidia": STATIC},
@@ -323,11 +323,11 @@ class DeviceValues:
     remap_failed: bool | None = value(
         "gpu_memory_remap_failed", "1 if a memory row remapping failed.",
         cadence=SLOW,
-        otlp=Otlp("gpu.memory.remap.failed"))
+        otlp=Otlp("gpu.memory.remap.failed", "{state}"))
     remap_pending: bool | None = value(  # a row remap waits for the next GPU reset
         "gpu_memory_remap_pending", "1 while a memory row remap waits for the next GPU reset.",
         cadence=SLOW,
-        otlp=Otlp("gpu.memory.remap.pending"))
+        otlp=Otlp("gpu.memory.remap.pending", "{state}"))
     xid_last_timestamp_seconds: float | None = value(  # wall clock of the newest XID event
         "gpu_xid_last_timestamp_seconds",
         "When the most recent XID event happened (seconds since the epoch).",
@@ -364,7 +364,7 @@ class DeviceValues:
         otlp=Otlp("gpu.clock.max_frequency"))
     throttle_reasons: Mapping[str, bool] = mapping(  # reason -> active
         "gpu_clock_throttle_active", "1 while this clock throttle reason is active.", "reason",
-        otlp=Otlp("gpu.clock.throttle.active"))
+        otlp=Otlp("gpu.clock.throttle.active", "{state}"))
     clock_event_seconds: Mapping[str, float] = mapping(  # throttle reason -> counter
         "gpu_clock_event_seconds_total", "Time the clocks were held back by this reason.",
         "reason", kind=Kind.COUNTER, unit="seconds",
@@ -407,7 +407,7 @@ class DeviceValues:
         "(unknown for a code the exporter's table does not list).", "xid", "meaning",
         note="Join on `xid` with `gpu_xid_errors_total`; no series for the `xid=\"0\"` "
         "marker.",
-        otlp=Otlp("gpu.xid.info"))
+        otlp=Otlp("gpu.xid.info", "{info}"))
     memory_bandwidth_bytes_per_second: Mapping[str, float] = mapping(  # read / write
         "gpu_memory_bandwidth_bytes_per_second",
         "Device memory bandwidth, where the source measures it.", "direction",
@@ -417,7 +417,7 @@ class DeviceValues:
         "gpu_nvlink_up", "1 if this NVLink link is up; remote is what it connects to.",
         "link", "remote",
         cadence=SLOW, cadence_by={"amd": FAST, "amdsmi": FAST},
-        otlp=Otlp("gpu.nvlink.up"))
+        otlp=Otlp("gpu.nvlink.up", "{state}"))
     nvlink_throughput_bytes_per_second: Mapping[tuple[str, str], float] = mapping(
         "gpu_nvlink_throughput_bytes_per_second", "NVLink throughput.", "link", "direction",
         unit="bytes_per_second",

@@ -87,10 +87,15 @@ def metrics_endpoint(url: str) -> str:
 
 
 def resource(environ: Mapping[str, str]) -> Resource:
-    """host.name, service.name/version and k8s.node.name (the downward API's NODE_NAME);
-    OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME override them, as in any SDK."""
-    ours: dict[str, str] = {"host.name": socket.gethostname(), "service.name": "gpu-exporter",
-                            "service.version": __version__}
+    """host.name, service.name/version, k8s.node.name (the downward API's NODE_NAME) and
+    service.instance.id: the node name, else the host name, so that it stays the same
+    across restarts (the SDK's own is a random UUID per process, and Prometheus's OTLP
+    receiver makes service.instance.id the ``instance`` label: every restart began new
+    series). OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME override them, as in any SDK."""
+    host = socket.gethostname()
+    ours: dict[str, str] = {"host.name": host, "service.name": "gpu-exporter",
+                            "service.version": __version__,
+                            "service.instance.id": environ.get("NODE_NAME") or host}
     if environ.get("NODE_NAME"):
         ours["k8s.node.name"] = environ["NODE_NAME"]
     return Resource.create(ours, schema_url=SCHEMA_URL).merge(OTELResourceDetector().detect())

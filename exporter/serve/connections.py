@@ -6,16 +6,12 @@ after its handshake, so counting there let 1000 silent TCP connections hold 300 
 of TLS buffers uncounted). A handshake must finish within ``HANDSHAKE_TIMEOUT``
 (Go's TLS servers use a few seconds too), a request head within ``HEADER_TIMEOUT``.
 
-When every slot is taken, the oldest *stalled* connection makes room: one whose
-answer waits for the client to read it, or that is served a pipelined request (no
-scraper or probe pipelines). Then the oldest *unproven* one: one still in its
-handshake, one that has not sent a request yet, one waiting for its password to be
-checked, or one whose last request failed authentication. Only when none is left
-does the oldest idle keep-alive connection of a good client (a Prometheus
-between two scrapes) go; a connection serving a good request is never closed for
-room. So a flood of wrong passwords on keep-alive connections cannot keep a probe or
-a scrape with the right password out. A refused connection is one log line per
-minute that names the limit.
+When every slot is taken, a connection makes room: who, and when a slot is given back,
+is exporter.serve.slots's.
+
+A TLS handshake the server refuses (no client certificate, one from another CA, no
+common cipher or curve) sends the client the alert OpenSSL wrote (asyncio drops it: the
+client saw only EOF) and is one log line per reason per minute, with the count.
 
 Slow readers: what a connection has waiting to be sent is bounded. The kernel's send
 buffer of each accepted socket is ``SEND_BUFFER`` (not the autotuned megabytes), the
@@ -38,17 +34,18 @@ import sys
 import termios
 from asyncio import sslproto
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from exporter.core.logs import Every
+from exporter.serve.slots import BUSY, IDLE, MAX_CONNECTIONS, STALLED, UNPROVEN, Slots
 
+__all__ = ["AUTH_MARK", "CHUNK", "IDLE", "MAX_CONNECTIONS", "BoundedH11", "Slots",
+           "protocol_factory"]
 log = structlog.get_logger(__name__)
 
-MAX_CONNECTIONS = 256  # open connections at most (fewer when file descriptors are scarce)
 HEADER_TIMEOUT = 10.0  # seconds a connection may take to send a complete request head
 HANDSHAKE_TIMEOUT = 5  # seconds a TLS handshake may take
 TLS_READ_BUFFER = 16 * 1024  # asyncio's default is 256 KiB per connection, zero-filled
@@ -56,69 +53,6 @@ WRITE_TIMEOUT = 10.0  # seconds an answer may wait for the client to read it
 SEND_BUFFER = 64 * 1024  # SO_SNDBUF of an accepted socket (Linux doubles it: 128 KiB)
 CHUNK = 64 * 1024  # an answer is handed to the transport this much at a time
 PIPELINE_POLL = 0.05  # seconds between looks at whether a pipelining client has read
-
-# The states a connection is in, for choosing which one makes room.
-UNPROVEN = "unproven"  # handshake, no request yet, password being checked, auth failed
-BUSY = "busy"  # a good request in progress: never closed for room
-STALLED = "stalled"  # its answer waits for the client to read, or a pipelined request
-IDLE = "idle"  # a good client's keep-alive connection between requests
-
-
-class Slots:
-    """The connections of one server: counted from accept, oldest first per state."""
-
-    def __init__(self, limit: int = MAX_CONNECTIONS) -> None:
-        self.limit = limit
-        self.open: set[BoundedH11] = set()
-        self._unproven: dict[BoundedH11, None] = {}
-        self._stalled: dict[BoundedH11, None] = {}
-        self._idle: dict[BoundedH11, None] = {}
-        self._refused = Every()
-        self._crowded = False  # half the slots or more were taken since the last trim
-
-    def admit(self, connection: BoundedH11) -> bool:
-        """Take a slot for a just-accepted connection, closing another if need be."""
-        if len(self.open) >= self.limit:
-            victim = next(iter(self._stalled), None) or next(iter(self._unproven), None) \
-                or next(iter(self._idle), None)
-            if victim is None:
-                held = self._refused.allow("refused")
-                if held is not None:
-                    log.warning("connection refused: every connection slot is serving a "
-                                "request", limit=self.limit, suppressed_since_last=held)
-                return False
-            self.release(victim)
-            victim.evict()
-        self.open.add(connection)
-        self._unproven[connection] = None
-        return True
-
-    def mark(self, connection: BoundedH11, state: str) -> None:
-        if connection not in self.open:
-            return
-        if state == STALLED and connection in self._stalled:
-            return  # stays where it is: the oldest stall goes first
-        self._unproven.pop(connection, None)
-        self._stalled.pop(connection, None)
-        self._idle.pop(connection, None)
-        if state == UNPROVEN:
-            self._unproven[connection] = None
-        elif state == STALLED:
-            self._stalled[connection] = None
-        elif state == IDLE:
-            self._idle[connection] = None
-
-    def release(self, connection: BoundedH11) -> None:
-        self.open.discard(connection)
-        if len(self.open) >= self.limit // 2:
-            self._crowded = True
-        elif self._crowded and len(self.open) <= self.limit // 8:
-            self._crowded = False  # a crowd has gone: give its buffers back
-            return_free_memory()
-        self._unproven.pop(connection, None)
-        self._stalled.pop(connection, None)
-        self._idle.pop(connection, None)
-
 
 AUTH_MARK = "gpu_exporter.auth"  # scope["extensions"] key: the auth middleware's report
 
@@ -281,10 +215,24 @@ class BoundedH11(H11Protocol):
             super().on_response_complete()
         finally:
             self._completing = False
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+        if self.transport.is_closing():
+            self.slots.release(self)  # answered, and closing: its slot is free now
+        elif self.conn.their_state is h11.IDLE:
             # kept alive, waiting for the next request (none was pipelined)
             self.pipelined = False
             self._mark(UNPROVEN if self.failed_auth else IDLE)
+
+    def eof_received(self) -> None:
+        """The client has closed its end: the slot is free unless a request is served."""
+        if not self.serving():
+            self.slots.release(self)
+        super().eof_received()
+
+    def serving(self) -> bool:
+        """A request is in progress (its answer not complete): its password checked, or
+        being checked, or served. Such a connection keeps its slot until the end."""
+        cycle = self.cycle
+        return self.state is BUSY or (cycle is not None and not cycle.response_complete)
 
     def _client_behind(self) -> bool:
         """A pipelined request is buffered while the answers before it still wait in
@@ -315,6 +263,12 @@ class BoundedH11(H11Protocol):
         super().connection_lost(exc)
 
 
+_STATES = getattr(sslproto, "SSLProtocolState", None)  # Python 3.11+
+_UNWRAPPED = getattr(_STATES, "UNWRAPPED", None)
+_CLOSING = tuple(getattr(_STATES, name) for name in ("FLUSHING", "SHUTDOWN", "UNWRAPPED")
+                 if _STATES is not None)
+
+
 class TLSAccept(sslproto.SSLProtocol):
     """asyncio's server-side TLS, made by the protocol factory, so the connection has
     its slot from accept and its handshake ``HANDSHAKE_TIMEOUT``."""
@@ -341,17 +295,36 @@ class TLSAccept(sslproto.SSLProtocol):
         self.app.slots.release(self.app)  # also when the handshake never finished
         super().connection_lost(exc)
 
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # True: kept open
+        """The client has closed its end of the TCP connection."""
+        if not self.app.serving():
+            self.app.slots.release(self.app)
+        keep: bool | None = super().eof_received()
+        return keep
 
-def return_free_memory() -> None:
-    """glibc's malloc_trim(0): the pages freed by many connections' buffers (TLS above
-    all) go back to the system instead of staying in the process's RSS. No-op off
-    glibc."""
-    try:
-        import ctypes
+    def _set_state(self, new_state: Any) -> None:
+        """(Python 3.11+, asyncio's TLS state machine) A connection that starts its TLS
+        shutdown, or is unwrapped after a failed handshake, gives its slot back now,
+        unless it serves a request (its answer's end releases it then)."""
+        before = getattr(self, "_state", None)
+        super()._set_state(new_state)  # type: ignore[misc]
+        if before is not _UNWRAPPED and getattr(self, "_state", None) in _CLOSING and \
+                not self.app.serving():
+            self.app.slots.release(self.app)
 
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
+        if isinstance(handshake_exc, ssl.SSLError):  # refused here, not a client gone
+            # The alert OpenSSL wrote for the client (certificate required, unknown CA,
+            # handshake failure): asyncio closes without sending it.
+            transport = cast(asyncio.Transport | None, self._transport)
+            outgoing = getattr(self, "_outgoing", None)  # Python 3.11+
+            if transport is not None and outgoing is not None and not transport.is_closing():
+                alert = outgoing.read()
+                if alert:
+                    transport.write(alert)
+            self.app.slots.handshake_refused(
+                handshake_exc, transport.get_extra_info("peername") if transport else None)
+        super()._on_handshake_complete(handshake_exc)
 
 
 def bound_send_buffer(transport: asyncio.BaseTransport) -> None:

@@ -12,6 +12,13 @@ recorded snapshot, when first asked for), so the page's tables refresh without a
 reload. What it serves is exporter.serve.view's typed view (``History.view``), the
 contract with the page, the JSON and ``gpu-exporter top``.
 bench/history_memory.py measures its size.
+
+Time: the one-sample-per-interval throttle and the forgetting of a gone GPU run on the
+monotonic clock, so a wall clock stepped back (NTP, a bad RTC) never stops the recording.
+Wall time is only the label of a sample (``t``, and the reply's ``now``): the wall clock,
+or, while it reads earlier than the last label, that label plus half the monotonic time
+since, so labels never go back (a client's ``since``, the last label it has, always finds
+the samples after it) and meet the wall clock again after twice the step.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from exporter.serve.tables import (
 )
 from exporter.serve.view import MAX_ROWS
 
+CATCH_UP = 0.5  # how fast labels move while the wall clock reads earlier than the last
 MAX_CAPACITY = 86_400  # a day of 1 s samples per GPU: a hard bound whatever the flags say
 # Samples per GPU one page or /api/v1/history serves at most (every k-th beyond it): a
 # day of 1 s samples on 8 GPUs was a 22 MiB body and +206 MiB while it was built.
@@ -163,37 +171,51 @@ class History:
         self._recorded: Snapshot | None = None
         self._tables: tuple[Snapshot, tuple[view.Device, ...],
                             tuple[view.Backend, ...]] | None = None
-        self._added = -math.inf  # when add() last read a snapshot
+        self._added = -math.inf  # when add() last read a snapshot (monotonic)
+        self._label: tuple[float, float] | None = None  # the last label, its monotonic time
         self._lock = threading.Lock()
+
+    def _now(self, now: float | None) -> tuple[float, float]:
+        """(monotonic time, wall-time label): ``now``, where a caller gives one, is both
+        (a test's or a bench's synthetic time)."""
+        if now is not None:
+            return now, now
+        mono, wall = time.monotonic(), time.time()
+        if self._label is not None:
+            label, at = self._label
+            # The wall clock stepped back: go on at half speed until it catches up.
+            wall = max(wall, label + (mono - at) * CATCH_UP)
+        return mono, wall
 
     def add(self, snapshot: Snapshot, now: float | None = None) -> None:
         """Hub subscriber: one sample per GPU per interval from the snapshot's merged devices."""
-        now = time.time() if now is None else now
         # Backends publish several times an interval: before anything else, keep the
         # first of each interval, so a publish in between costs nothing here (the
         # snapshot arrives merged: exporter.collect.state.merged_view).
         if not snapshot.ready:  # not every backend has had its first cycle: GPUs missing
             return
         with self._lock:
-            if now - self._added < self.interval * 0.9:
+            mono, label = self._now(now)
+            if mono - self._added < self.interval * 0.9:
                 return
-            self._added = now
+            self._added = mono
+            self._label = (label, mono)
             self._recorded = snapshot
             for gpu, d in snapshot.devices:
                 if not d.up or d.info.parent_key:  # charts are per whole GPU
                     continue
-                self._last[gpu] = now
+                self._last[gpu] = mono
                 ring = self._rings.get(gpu)
                 if ring is None:
                     ring = self._rings[gpu] = _Ring(self.capacity)
                 self._names[gpu] = d.info.name
                 self._top[gpu] = d
-                ring.append((round(now, 3), *(_finite(s.read(d)) for s in SERIES)))
+                ring.append((round(label, 3), *(_finite(s.read(d)) for s in SERIES)))
                 scale = self._scale.setdefault(gpu, {})
                 for s in SCALED:
                     if (top := s.scale(d)) is not None and math.isfinite(top):  # type: ignore[misc]
                         scale[s.key] = float(top)
-            for gpu in [g for g, t in self._last.items() if now - t > self.window]:
+            for gpu in [g for g, t in self._last.items() if mono - t > self.window]:
                 del self._rings[gpu], self._last[gpu], self._names[gpu], self._top[gpu]
                 self._scale.pop(gpu, None)
                 self._rows.pop(gpu, None)
@@ -259,8 +281,11 @@ class History:
         OTLP pusher's (``otlp``, where it runs); ``rows``: process rows per GPU at most
         (the page asks for the ones it shows)."""
         devices, backends = self.tables()
+        if now is None:
+            with self._lock:
+                now = self._now(None)[1]
         return view.HistoryView(
-            now=round(time.time() if now is None else now, 3), interval=self.interval,
+            now=round(now, 3), interval=self.interval,
             window=self.window, capacity=self.capacity, series=SERIES_VIEW,
             gpus=self.columns(since), processes=self.processes(rows), devices=devices,
             backends=backends, otlp=otlp_view(otlp))

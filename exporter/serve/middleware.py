@@ -78,9 +78,13 @@ class PasswordChecker:
     when ``MAX_QUEUED`` are waiting a newcomer takes the place of the newest check of
     the address with the longest line (that one is answered 429). So wrong passwords
     from many addresses delay the right one from another by one check per address,
-    never shut it out. An unknown user is checked against a configured hash too, so
-    a known and an unknown name take the same time. Passwords longer than bcrypt's 72
-    bytes never match (as in Go's bcrypt, which exporter-toolkit uses).
+    never shut it out. Requests that carry the same credentials while their check is
+    queued or running share it (one bcrypt, one guess, one place in the line): a
+    freshly started daemon that a client opens many connections to at once answers
+    them all when the first check ends, instead of 429 to all but two. An unknown user
+    is checked against a configured hash too, so a known and an unknown name take the
+    same time. Passwords longer than bcrypt's 72 bytes never match (as in Go's bcrypt,
+    which exporter-toolkit uses).
     """
 
     WORKERS = 1
@@ -101,6 +105,9 @@ class PasswordChecker:
         self._lines: OrderedDict[str, deque[_Check]] = OrderedDict()  # next address first
         self._queued = 0
         self._running = 0
+        # digest -> the check of those credentials in the queue or running, and how many
+        # requests wait for it (when none is left, it is dropped unchecked)
+        self._pending: dict[bytes, tuple[asyncio.Future[bool | None], list[int]]] = {}
         self._key = os.urandom(32)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(self.WORKERS, thread_name_prefix="auth",
@@ -213,15 +220,26 @@ class PasswordChecker:
             if hashed is not None and self._verified.get(digest) == name:
                 self._verified.move_to_end(digest)
                 return OK
-        if not self._may_guess(address):
-            return LIMITED
-        future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
-        if not self._enqueue(address, _Check(
-                password, hashed if hashed is not None else self._decoy, future)):
-            return LIMITED
+        pending = self._pending.get(digest)
+        if pending is None or pending[0].cancelled():
+            if not self._may_guess(address):
+                return LIMITED
+            future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
+            if not self._enqueue(address, _Check(
+                    password, hashed if hashed is not None else self._decoy, future)):
+                return LIMITED
+            pending = self._pending[digest] = (future, [0])
+            future.add_done_callback(lambda _: self._pending.pop(digest, None))
         if checking is not None:
             checking()
-        ok = await future
+        future, waiting = pending
+        waiting[0] += 1
+        try:
+            ok = await asyncio.shield(future)
+        finally:
+            waiting[0] -= 1
+            if not waiting[0] and not future.done():
+                future.cancel()  # every client waiting for it has gone: not checked
         if ok is None:
             return LIMITED  # its place went to another address
         if not ok or hashed is None:

@@ -427,16 +427,18 @@ def close_sockets(sockets: list[socket.socket], files: list[tuple[str, int]]) ->
 def serve(config: Config, app: Starlette, web: WebConfig | None,
           sockets: list[socket.socket],
           context: Callable[[], ssl.SSLContext | None] | None = None,
-          on_connection: Callable[[], None] | None = None) -> None:
+          on_connection: Callable[[], None] | None = None,
+          slots: Slots | None = None) -> None:
     """``context``: the TLS context for the next connection (a reload replaces it; default:
     the one built from ``web``); ``on_connection``: called as each connection arrives (the
-    web config's reload check)."""
+    web config's reload check); ``slots``: the connection slots (default: new ones of
+    ``connection_limit()``)."""
     # TLS is set up here, not by uvicorn: the protocol factory wraps each accepted
     # connection itself, so the connection is counted before its handshake.
     if context is None:
         fixed = tls_context(web) if web is not None and web.tls else None
         context = lambda: fixed  # noqa: E731
-    slots = Slots(connection_limit())
+    slots = slots if slots is not None else Slots(connection_limit())
     sans = frozenset(web.client_allowed_sans) if web else frozenset()
 
     def protocol(**kwargs: Any) -> asyncio.BaseProtocol:

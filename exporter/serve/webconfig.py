@@ -20,9 +20,17 @@
 
 Every key of the format (prometheus/exporter-toolkit docs/web-configuration.md) is
 accepted; unknown keys are errors (a typo must not silently switch TLS or auth off).
-What Python's ssl cannot do is said once at start: HTTP/2 (uvicorn serves HTTP/1.1),
-and several curve preferences (one curve can be set; with more, OpenSSL's defaults).
+What Python's ssl cannot do is said once at start: HTTP/2 (uvicorn serves HTTP/1.1).
 Every problem with the file, its certificates or its hashes is one line at start.
+
+TLS defaults are exporter-toolkit's, which are Go's crypto/tls defaults (the toolkit
+sets only MinVersion TLS 1.2): TLS 1.2 offers Go's default suites (``GO_CIPHERS``:
+ECDHE with AES-GCM, ChaCha20-Poly1305 or AES-CBC-SHA, never the CBC-SHA256/SHA384
+suites OpenSSL adds, nor RSA key exchange), TLS 1.3 its three suites, and the key
+exchange groups are Go's (``GO_CURVES``: X25519, P-256, P-384, P-521; Go's hybrid
+X25519MLKEM768 needs OpenSSL 3.5). ``curve_preferences`` sets the groups, in order, through
+OpenSSL's ``SSL_CTX_set1_groups_list`` (Python's ssl sets one curve only); where that
+cannot be reached, one curve is set through ssl and several are refused at start.
 
 Response headers are limited to exporter-toolkit's security headers, as there.
 Inline PEM is loaded through memory and never written to a file that stays (the
@@ -33,11 +41,13 @@ the ASGI middlewares of exporter.serve.middleware.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import ssl
+import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,8 +93,24 @@ CIPHER_SUITES = {
     "TLS_AES_256_GCM_SHA384": "",
     "TLS_CHACHA20_POLY1305_SHA256": "",
 }
-CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1",
+# What Go's crypto/tls offers when Config.CipherSuites is unset, in its order
+# (cipher_suites.go's cipherSuitesPreferenceOrder without disabledCipherSuites,
+# rsaKexCiphers and tdesCiphers; defaults.go), as OpenSSL names.
+GO_CIPHERS = ":".join((
+    "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
+    "ECDHE-ECDSA-AES128-SHA", "ECDHE-RSA-AES128-SHA",
+    "ECDHE-ECDSA-AES256-SHA", "ECDHE-RSA-AES256-SHA"))
+# exporter-toolkit's curve names -> OpenSSL's group names (and, for ssl's one-curve
+# set_ecdh_curve, its short names).
+CURVES = {"CurveP256": "P-256", "CurveP384": "P-384", "CurveP521": "P-521",
           "X25519": "X25519"}
+SHORT_NAMES = {"P-256": "prime256v1", "P-384": "secp384r1", "P-521": "secp521r1",
+               "X25519": "X25519"}
+# Go's defaultCurvePreferences (defaults.go) without X25519MLKEM768.
+GO_CURVES = ("X25519", "P-256", "P-384", "P-521")
+SSL_CTRL_SET_GROUPS_LIST = 92  # OpenSSL's ssl.h: SSL_CTX_set1_groups_list is this ctrl
 TLS_KEYS = {"cert", "key", "client_ca", "cert_file", "key_file", "client_auth_type",
             "client_ca_file", "client_allowed_sans", "min_version", "max_version",
             "cipher_suites", "prefer_server_cipher_suites", "curve_preferences"}
@@ -118,9 +144,9 @@ class WebConfig:
     client_allowed_sans: tuple[str, ...] = ()
     min_version: str = "TLS12"
     max_version: str = "TLS13"
-    ciphers: str | None = None  # OpenSSL cipher string for TLS <= 1.2
+    ciphers: str = GO_CIPHERS  # OpenSSL cipher string for TLS <= 1.2
     prefer_server_ciphers: bool = True
-    curve: str | None = None  # one ECDH curve (OpenSSL name)
+    groups: tuple[str, ...] = GO_CURVES  # key exchange groups, OpenSSL names, in order
     headers: Mapping[str, str] = field(default_factory=dict)
     basic_auth_users: Mapping[str, bytes] = field(default_factory=dict)
     rate_interval: float = 0.0  # seconds between requests; 0 = no limit
@@ -279,14 +305,18 @@ def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
     for suite in suites:
         if suite not in CIPHER_SUITES:
             raise ConfigError(key, f"tls_server_config.cipher_suites: unknown {suite!r}")
-    ciphers = ":".join(CIPHER_SUITES[s] for s in suites if CIPHER_SUITES[s]) or None
+    ciphers = ":".join(CIPHER_SUITES[s] for s in suites if CIPHER_SUITES[s]) or GO_CIPHERS
     curves = _strings(key, "tls_server_config.curve_preferences", tls.get("curve_preferences"))
     for curve in curves:
         if curve not in CURVES:
             raise ConfigError(key, f"tls_server_config.curve_preferences: unknown {curve!r}")
-    if len(curves) > 1:
-        warnings.append("tls_server_config.curve_preferences: Python's ssl sets one curve; "
-                        "with several, OpenSSL's default curves are used")
+    groups = tuple(dict.fromkeys(CURVES[c] for c in curves)) or GO_CURVES
+    if len(groups) > 1 and _groups_setter() is None:
+        if curves:
+            raise ConfigError(key, "tls_server_config.curve_preferences: this Python's ssl "
+                                   "module sets one curve only; list one")
+        warnings.append("tls_server_config: this Python's ssl module cannot set Go's "
+                        "curves; OpenSSL's defaults are used")
     prefer = parse_bool(f"{key}: tls_server_config.prefer_server_cipher_suites",
                         tls.get("prefer_server_cipher_suites", True))
     if parse_bool(f"{key}: http_server_config.http2", http.get("http2", False)):
@@ -314,9 +344,7 @@ def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
                     client_ca_file=ca, client_ca=client_ca,
                     client_auth_type=auth_type, client_allowed_sans=tuple(sans),
                     min_version=min_version, max_version=max_version, ciphers=ciphers,
-                    prefer_server_ciphers=prefer,
-                    curve=CURVES[curves[0]] if len(curves) == 1 else None,
-                    headers=headers,
+                    prefer_server_ciphers=prefer, groups=groups, headers=headers,
                     basic_auth_users=hashes, rate_interval=interval, rate_burst=burst,
                     warnings=tuple(warnings))
     if web.tls:
@@ -335,9 +363,61 @@ def apply_tls(context: ssl.SSLContext, web: WebConfig) -> None:
     context.verify_mode = CLIENT_AUTH[web.client_auth_type]
     if web.client_ca_file or web.client_ca:
         context.load_verify_locations(cafile=web.client_ca_file, cadata=web.client_ca)
-    if web.ciphers:
-        context.set_ciphers(web.ciphers)
+    context.set_ciphers(web.ciphers)
     if web.prefer_server_ciphers:
         context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
-    if web.curve:
-        context.set_ecdh_curve(web.curve)
+    set_groups(context, web.groups)
+
+
+@functools.cache
+def _groups_setter() -> Callable[[ssl.SSLContext, bytes], bool] | None:
+    """A function that sets an SSLContext's key exchange groups from OpenSSL's list
+    syntax (``X25519:P-256``), or None where OpenSSL cannot be reached that way: CPython's
+    SSLContext object holds its ``SSL_CTX *`` right after the object header, and the
+    ``_ssl`` extension links the libssl whose ``SSL_CTX_ctrl`` takes it. Checked on a
+    context first: ``SSL_CTX_get_options`` through the pointer must read what
+    ``context.options`` reads."""
+    try:
+        import _ssl
+        import ctypes
+
+        lib = ctypes.CDLL(getattr(_ssl, "__file__", None))
+        ctrl, get_options = lib.SSL_CTX_ctrl, lib.SSL_CTX_get_options
+        clear = lib.ERR_clear_error
+    except (ImportError, OSError, AttributeError):
+        return None
+    ctrl.restype, ctrl.argtypes = ctypes.c_long, [ctypes.c_void_p, ctypes.c_int,
+                                                  ctypes.c_long, ctypes.c_char_p]
+    get_options.restype, get_options.argtypes = ctypes.c_uint64, [ctypes.c_void_p]
+
+    def pointer(context: ssl.SSLContext) -> int | None:
+        ptr = ctypes.c_void_p.from_address(id(context) + object.__basicsize__).value
+        return ptr if ptr and get_options(ptr) == int(context.options) else None
+
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    probe.options |= ssl.OP_NO_TICKET  # a value to recognise
+    if sys.implementation.name != "cpython" or pointer(probe) is None:
+        return None
+
+    def setter(context: ssl.SSLContext, groups: bytes) -> bool:
+        ptr = pointer(context)
+        if ptr is not None and ctrl(ptr, SSL_CTRL_SET_GROUPS_LIST, 0, groups) == 1:
+            return True
+        clear()  # the error OpenSSL queued is not for the next ssl call to report
+        return False
+
+    return setter
+
+
+def set_groups(context: ssl.SSLContext, groups: tuple[str, ...]) -> None:
+    """The key exchange groups the server accepts, in order of preference (ValueError
+    when they cannot be set: refused at start). Where OpenSSL's list cannot be reached,
+    one group is set through ssl and Go's default list leaves OpenSSL's own."""
+    setter = _groups_setter()
+    if setter is not None:
+        if not setter(context, ":".join(groups).encode()):
+            raise ValueError(f"OpenSSL refused the curves {', '.join(groups)}")
+    elif len(groups) == 1:
+        context.set_ecdh_curve(SHORT_NAMES[groups[0]])
+    elif groups != GO_CURVES:
+        raise ValueError("this Python's ssl module sets one curve only")

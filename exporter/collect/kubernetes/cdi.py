@@ -28,6 +28,18 @@ refused before any is kept, is counted (``cdi_spec_too_large``) and its devices 
 unknown; so is a spec whose devices would take the registry past ``MAX_TOTAL_DEVICES``
 (16,384, in directory and file-name order), until the file changes. Only the device ->
 node paths map is kept, never the parsed document.
+
+YAML aliases multiply a spec without growing its bytes (4,096 devices each aliasing one
+30,000-entry ``deviceNodes`` list is 291 KiB of YAML and 123 million node paths), so a
+YAML spec is bounded by the tree its aliases expand to, with the rule of Go's YAML
+decoder (go-yaml's ``allowedAliasRatio``, the fix of CVE-2019-11253, which the CDI
+reference library reads its specs through): walking the tree as the decoder does, once
+more than 100 of more than 1,000 nodes come from alias expansion and their share is over
+99 % (sliding to 10 % between 400,000 and 4,000,000 nodes), or an anchor holds itself,
+the spec is refused (``cdi_spec_too_large``). What the container runtime refuses to read
+we refuse too, after at most that walk: bench/cdi_spec_parse.py measured the 320 KiB
+spec above at 10 s of CPU and 950 MB without the bound, 0.5 s and 23 MB with it (a
+496 KiB one: 26 s and 2.4 GB, 0.75 s and 34 MB).
 bench/cdi_spec_parse.py measures the worst spec still accepted (4,096 devices, just under
 the byte cap): about 0.03 s CPU and 6 MB peak RSS for JSON, 0.6 s and 22 MB for YAML
 (libyaml), where a 4.19 MB JSON spec of 45,708 devices (now refused on its ``stat``) cost
@@ -63,7 +75,89 @@ _YAML_LOADER: Any = yaml.CSafeLoader if LIBYAML else yaml.SafeLoader
 
 
 class SpecTooLarge(ValueError):
-    """More devices than MAX_SPEC_DEVICES."""
+    """More devices than MAX_SPEC_DEVICES, or YAML aliases that expand too far."""
+
+
+# go-yaml's decode.go: the share of decoded nodes that may come from alias expansion.
+ALIAS_RATIO_LOW, ALIAS_RATIO_HIGH = 400_000, 4_000_000
+
+
+def allowed_alias_ratio(decodes: int) -> float:
+    """99 % up to 400,000 decoded nodes, 10 % from 4,000,000, linear between."""
+    if decodes <= ALIAS_RATIO_LOW:
+        return 0.99
+    if decodes >= ALIAS_RATIO_HIGH:
+        return 0.10
+    return 0.99 - 0.89 * (decodes - ALIAS_RATIO_LOW) / (ALIAS_RATIO_HIGH - ALIAS_RATIO_LOW)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def excessive_aliasing(root: yaml.Node) -> bool:
+    """Whether decoding ``root``'s tree with its aliases expanded breaks Go's rule (the
+    module's docstring), or an anchor holds itself. The composed tree holds an alias as
+    the anchored node itself: a node met again in document order is an alias there."""
+    aliased: set[tuple[int, int]] = set()  # (parent id, child index): an alias slot
+    seen: set[int] = set()
+    todo: list[tuple[yaml.Node, int, int]] = [(root, 0, -1)]
+    while todo:  # in document order, each node's tree once: which slots are aliases
+        node, parent, index = todo.pop()
+        if id(node) in seen:
+            aliased.add((parent, index))
+            continue
+        seen.add(id(node))
+        children = _children(node)
+        todo.extend((children[i], id(node), i) for i in range(len(children) - 1, -1, -1))
+    if not aliased:
+        return False
+    decodes = aliases = 0
+    path: set[int] = set()  # the nodes being decoded: one met again holds itself
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 0, False)]
+    while stack:
+        node, depth, leaving = stack.pop()
+        if leaving:
+            path.discard(id(node))
+            continue
+        if id(node) in path:
+            return True
+        decodes += 1
+        aliases += depth > 0
+        if aliases > 100 and decodes > 1000 and aliases / decodes > \
+                allowed_alias_ratio(decodes):
+            return True
+        children = _children(node)
+        if not children:
+            continue
+        path.add(id(node))
+        stack.append((node, depth, True))
+        for i in range(len(children) - 1, -1, -1):
+            if (id(node), i) in aliased:  # the alias node, then its anchor's tree
+                decodes += 1
+                aliases += depth > 0
+                stack.append((children[i], depth + 1, False))
+            else:
+                stack.append((children[i], depth, False))
+    return False
+
+
+def _load_yaml(text: str) -> Any:
+    """A YAML document, refused (SpecTooLarge) when its aliases expand too far."""
+    loader = _YAML_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if "*" in text and excessive_aliasing(node):
+            raise SpecTooLarge("excessive aliasing")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def max_bytes(path: str) -> int:
@@ -76,10 +170,12 @@ def parse_spec(text: str, json_text: bool = False
 
     ``json_text``: the file is ``.json``: parsed as JSON only. Otherwise YAML (1.1, a
     superset of the JSON that specs use). Raises SpecTooLarge for more than
-    MAX_SPEC_DEVICES devices; nothing else.
+    MAX_SPEC_DEVICES devices or YAML aliases that expand too far; nothing else.
     """
     try:
-        doc: Any = json.loads(text) if json_text else yaml.load(text, Loader=_YAML_LOADER)
+        doc: Any = json.loads(text) if json_text else _load_yaml(text)
+    except SpecTooLarge:
+        raise
     except (ValueError, yaml.YAMLError, RecursionError):
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):

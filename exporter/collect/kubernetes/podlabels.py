@@ -28,7 +28,7 @@ SPEC = MetricSpec("gpu_kubernetes_pod_labels_info",
                   "(read from the CRI runtime); value 1.",
                   labels=("namespace", "pod", "source", "label_<name>..."),
                   note="Source `cri`.",
-                  otlp=Otlp("gpu.kubernetes.pod.labels"))
+                  otlp=Otlp("gpu.kubernetes.pod.labels", "{info}"))
 FAMILY, DOC = SPEC.name, SPEC.help
 KUBELET_PREFIX = "io.kubernetes.pod."
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")

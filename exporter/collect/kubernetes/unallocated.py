@@ -36,7 +36,7 @@ SPEC = MetricSpec("gpu_kubernetes_unallocated_process_info",
                           "pid", "process", "scope"),
                   note="With Kubernetes attribution on, while the container runtime answers. "
                   "Pod labels empty for scope `host`.",
-                  otlp=Otlp("gpu.kubernetes.unallocated_process",
+                  otlp=Otlp("gpu.kubernetes.unallocated_process", "{info}",
                             labels={"scope": "gpu.kubernetes.unallocated_process.scope"}))
 FAMILY, DOC = SPEC.name, SPEC.help
 POD, HOST = "pod", "host"

@@ -48,13 +48,16 @@ ESCAPING = "allow-utf-8"  # prometheus_client's ALLOWUTF8
 def snapshot_families(s: Snapshot, opts: RenderOptions | None = None,
                       threads: Mapping[str, Sequence[threading.Thread]] | None = None,
                       otlp: Mapping[str, int] | None = None,
-                      reload: tuple[bool, float] | None = None) -> Iterator[Metric]:
+                      reload: tuple[bool, float] | None = None,
+                      connections: Mapping[str, int] | None = None) -> Iterator[Metric]:
     """Every family of a snapshot; ``otlp``: the OTLP pusher's counts (--otlp.endpoint);
-    ``reload``: the daemon's last configuration reload (exporter.app.reload)."""
+    ``reload``: the daemon's last configuration reload (exporter.app.reload);
+    ``connections``: the HTTP server's evictions (exporter.serve.slots)."""
     opts = opts or RenderOptions()
     yield from device_families(s, opts)
     yield from opts.selection.keep(join_families(s))
-    yield from opts.selection.keep(exporter_families(s, threads or {}, otlp, reload))
+    yield from opts.selection.keep(exporter_families(s, threads or {}, otlp, reload,
+                                                     connections))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity, as registries do
@@ -68,6 +71,7 @@ class SnapshotCollector:
     threads: Mapping[str, Sequence[threading.Thread]]  # label -> threads (CPU time)
     otlp: Mapping[str, int] | None = None  # the OTLP pusher's counts (--otlp.endpoint)
     reload: tuple[bool, float] | None = None  # the last configuration reload
+    connections: Mapping[str, int] | None = None  # the HTTP server's evictions
 
     def describe(self) -> list[Metric]:
         return []  # so registering never calls collect()
@@ -75,7 +79,8 @@ class SnapshotCollector:
     def collect(self) -> Iterator[Metric]:
         s = self.snapshot
         threads = {**{name: (t,) for name, t in s.threads.items()}, **self.threads}
-        yield from snapshot_families(s, self.options, threads, self.otlp, self.reload)
+        yield from snapshot_families(s, self.options, threads, self.otlp, self.reload,
+                                     self.connections)
 
 
 class Variant(str, enum.Enum):
@@ -294,7 +299,7 @@ class Renderer:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(
             snapshot, options, threads, None if status is None else status["exports"],
-            self.telemetry.reload_status()))
+            self.telemetry.reload_status(), self.telemetry.connection_counts()))
         for collector in self._python:
             registry.register(Filtered(collector, options.selection))
         return registry

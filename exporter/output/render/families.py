@@ -35,18 +35,18 @@ ALLOCATION_SOURCE = "kubelet"  # the kubelet's pod-resources API
 # The per-GPU families that are not values of a sample.
 INFO = MetricSpec("gpu_info", "GPU identity; value 1.", labels=INFO_LABELS[len(GPU_LABELS):],
                   note="`partition`, `mig_mode` where the source knows them.",
-                  otlp=Otlp("gpu.info"),  # NVIDIA's MIG mode is asked on the slow tier
+                  otlp=Otlp("gpu.info", "{info}"),  # NVIDIA's MIG mode is asked on the slow tier
                   cadence=Cadence.STATIC, cadence_by={"nvidia": Cadence.SLOW})
 UP = MetricSpec("gpu_up", "1 if the GPU was readable at the last sample, 0 if lost or its "
                 "backend stopped answering.",
-                otlp=Otlp("hw.status", updown=True, constant={"hw.state": "ok"}))
+                otlp=Otlp("hw.status", "1", updown=True, constant={"hw.state": "ok"}))
 ALLOCATION = MetricSpec("gpu_kubernetes_allocation_info",
                         "Which container the kubelet allocated this GPU to; value 1.",
                         labels=(*POD_LABELS, "resource", "pod_uid", "claim"),
                         note="Source `kubelet`. `claim` is `<namespace>/<name>` of a DRA "
                         "claim, empty for a device-plugin allocation; `resource` is then the "
                         "DRA driver's name.",
-                        otlp=Otlp("gpu.kubernetes.allocation"))
+                        otlp=Otlp("gpu.kubernetes.allocation", "{info}"))
 DEVICE_SPECS = value_specs(DeviceValues)
 PROCESS_SPECS = value_specs(ProcessSample)
 # The table split by shape once, so a render does no per-value type tests:

@@ -26,23 +26,23 @@ from exporter.core.labels import DownReason
 
 BUILD = MetricSpec("gpu_exporter_build_info", "Build information; value 1.",
                    labels=("version", "python_version"),
-                   otlp=Otlp("gpu_exporter.build.info",
+                   otlp=Otlp("gpu_exporter.build.info", "{info}",
                              labels={"version": "gpu_exporter.version",
                                      "python_version": "gpu_exporter.python_version"}))
 UP = MetricSpec("gpu_exporter_up", "1 once the first collection has completed.",
-                otlp=Otlp("gpu_exporter.up"))
+                otlp=Otlp("gpu_exporter.up", "{state}"))
 BACKEND_UP = MetricSpec(
     "gpu_exporter_backend_up", "1 if the backend is open and answering.", labels=("backend",),
     note="Why it is off: `gpu_exporter_backend_down_reason`; the reason's words are logged "
     "once and shown by `gpu-exporter snapshot`.",
-    otlp=Otlp("gpu_exporter.backend.up"))
+    otlp=Otlp("gpu_exporter.backend.up", "{state}"))
 BACKEND_DOWN = MetricSpec(
     "gpu_exporter_backend_down_reason",
     "1 for the reason a backend is off, while gpu_exporter_backend_up is 0.",
     labels=("backend", "reason"),
     note="`reason` is one of " + ", ".join(f"`{r}`" for r in DownReason)
     + " ([troubleshooting.md](troubleshooting.md)); a backend that answers has no series.",
-    otlp=Otlp("gpu_exporter.backend.down_reason"))
+    otlp=Otlp("gpu_exporter.backend.down_reason", "{state}"))
 DURATION = MetricSpec("gpu_exporter_collection_duration_seconds",
                       "Time one collection cycle took.", Kind.HISTOGRAM, "seconds",
                       labels=("backend",),
@@ -80,17 +80,27 @@ RELOAD_OK = MetricSpec("gpu_exporter_config_last_reload_successful",
                        "file) succeeded; 0 while the old settings are kept after an error.",
                        note="Served by the daemon with --config.file or --web.config.file "
                        "(what a reload reads); see [reload](reload.md).",
-                       otlp=Otlp("gpu_exporter.config.last_reload.successful"))
+                       otlp=Otlp("gpu_exporter.config.last_reload.successful",
+                                 "{state}"))
 RELOAD_TIME = MetricSpec("gpu_exporter_config_last_reload_success_timestamp_seconds",
                          "When the configuration was last loaded successfully (start-up "
                          "included).", unit="seconds",
                          otlp=Otlp("gpu_exporter.config.last_reload.success_timestamp"))
+EVICTED = MetricSpec(
+    "gpu_exporter_http_connections_evicted_total",
+    "Connections the HTTP server closed to make room for a new one when every connection "
+    "slot was taken, by the state they were in.", Kind.COUNTER, labels=("state",),
+    note="`state`: `stalled` (its answer not read, or pipelining), `unproven` (in its TLS "
+    "handshake, before its first request, or failing authentication), `idle` (a keep-alive "
+    "connection between requests). Served by a daemon that listens; see "
+    "[security.md](security.md).",
+    otlp=Otlp("gpu_exporter.http.connections.evicted", "{connection}"))
 # The exporter's own families that the shipped alerts (deploy/prometheus) and a reload
 # check watch: a metric selection that hides one is warned about at start and reload.
 WATCHED = (UP, BACKEND_UP, BACKEND_DOWN, ERRORS, LAST, RELOAD_OK)
 # In the order served.
 EXPORTER = (BUILD, UP, BACKEND_UP, BACKEND_DOWN, DURATION, ERRORS, LAST, RESTARTS, TRUNCATED,
-            CPU, OTLP, RELOAD_OK, RELOAD_TIME)
+            CPU, OTLP, RELOAD_OK, RELOAD_TIME, EVICTED)
 
 
 def _labels(spec: MetricSpec, value: float | None) -> list[str] | None:
@@ -124,9 +134,11 @@ def thread_cpu_seconds(thread: threading.Thread) -> float | None:
 
 def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thread]],
                       otlp: Mapping[str, int] | None = None,
-                      reload: tuple[bool, float] | None = None) -> Iterator[Metric]:
+                      reload: tuple[bool, float] | None = None,
+                      connections: Mapping[str, int] | None = None) -> Iterator[Metric]:
     """``otlp``: the OTLP pusher's export counts by result, with --otlp.endpoint only;
-    ``reload``: (last reload successful, when it last succeeded), from a serving daemon."""
+    ``reload``: (last reload successful, when it last succeeded), from a serving daemon;
+    ``connections``: the HTTP server's evictions by state, from a serving daemon."""
     build = _gauge(BUILD)
     build.add_metric([__version__, platform.python_version()], 1)
     yield build
@@ -168,3 +180,8 @@ def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thre
     if reload is not None:
         yield _gauge(RELOAD_OK, 1 if reload[0] else 0)
         yield _gauge(RELOAD_TIME, reload[1])
+    if connections is not None:
+        evicted = _counter(EVICTED)
+        for kind, n in sorted(connections.items()):
+            evicted.add_metric([kind], n)
+        yield evicted

@@ -1,7 +1,8 @@
 """What the exporter reports about itself beside the snapshot: the threads whose CPU time
-it serves (``gpu_exporter_thread_cpu_seconds_total``), the OTLP pusher's status and the
-last configuration reload. The daemon builds one and hands it to the renderer and the
-server, which read it; nothing sets attributes on them from outside."""
+it serves (``gpu_exporter_thread_cpu_seconds_total``), the OTLP pusher's status, the
+last configuration reload and the HTTP server's connection evictions. The daemon builds
+one and hands it to the renderer and the server, which read it; nothing sets attributes
+on them from outside."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 OtlpStatus = Callable[[], Mapping[str, Any]]  # the pusher's endpoint, counts, last error
 ReloadStatus = Callable[[], tuple[bool, float]]  # (last reload succeeded, when it did)
+ConnectionCounts = Callable[[], Mapping[str, int]]  # the HTTP server's evictions by state
 
 
 class ThreadTable:
@@ -36,6 +38,10 @@ class Telemetry:
     threads: ThreadTable = field(default_factory=ThreadTable)
     otlp: OtlpStatus | None = None  # with --otlp.endpoint
     reload: ReloadStatus | None = None  # when a reload can change something
+    connections: ConnectionCounts | None = None  # while an HTTP server listens
+
+    def connection_counts(self) -> Mapping[str, int] | None:
+        return self.connections() if self.connections is not None else None
 
     def otlp_status(self) -> Mapping[str, Any] | None:
         return self.otlp() if self.otlp is not None else None
