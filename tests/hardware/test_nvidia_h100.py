@@ -109,7 +109,8 @@ def test_exported_values_agree_with_nvidia_smi(daemon: int) -> None:
                 smi("--query-compute-apps=pid,used_memory,gpu_uuid")}
         loaded = scrape(port)
         gpus = {r[0]: [float(x) for x in r[1:]] for r in smi(
-            "--query-gpu=uuid,memory.used,utilization.gpu,power.draw,clocks.sm")}
+            "--query-gpu=uuid,memory.used,utilization.gpu,power.draw,clocks.sm,"
+            "power.limit,power.default_limit")}
         # The energy counter is read every COUNTERS_EVERY-th slow cycle: wait for one more.
         time.sleep(COUNTERS_EVERY * SLOW_INTERVAL + 1)
         later = scrape(port)
@@ -121,7 +122,7 @@ def test_exported_values_agree_with_nvidia_smi(daemon: int) -> None:
 
     assert work.pid in apps, f"workload pid {work.pid} not in nvidia-smi {apps}"
     smi_proc_mib, uuid = apps[work.pid]
-    smi_mem_mib, smi_util, smi_power, smi_sm_mhz = gpus[uuid]
+    smi_mem_mib, smi_util, smi_power, smi_sm_mhz, smi_limit, smi_default = gpus[uuid]
     g = {"uuid": uuid}
     mem = value(loaded, "gpu_memory_used_bytes", **g) / MIB
     proc_mem = value(loaded, "gpu_process_memory_used_bytes", pid=str(work.pid), **g) / MIB
@@ -129,6 +130,8 @@ def test_exported_values_agree_with_nvidia_smi(daemon: int) -> None:
     power = value(loaded, "gpu_power_watts", **g)
     sm = value(loaded, "gpu_clock_hertz", clock="sm", **g) / 1e6
     energy = value(loaded, "gpu_energy_joules_total", **g)
+    limit = value(loaded, "gpu_power_limit_watts", **g)
+    default_limit = value(loaded, "gpu_power_limit_default_watts", **g)
     energy_later = value(later, "gpu_energy_joules_total", **g)
     idle_util = value(idle, "gpu_utilization_ratio", **g)
     idle_power = value(idle, "gpu_power_watts", **g)
@@ -139,6 +142,8 @@ def test_exported_values_agree_with_nvidia_smi(daemon: int) -> None:
     print(f"pid {work.pid} MiB      {proc_mem:10.1f} {smi_proc_mib:12.1f}  (held {held:.0f})")
     print(f"utilization %       {util * 100:10.1f} {smi_util:12.1f} {idle_util * 100:12.1f}")
     print(f"power W             {power:10.1f} {smi_power:12.1f} {idle_power:12.1f}")
+    print(f"power limit W       {limit:10.1f} {smi_limit:12.1f}")
+    print(f"default limit W     {default_limit:10.1f} {smi_default:12.1f}")
     print(f"SM clock MHz        {sm:10.1f} {smi_sm_mhz:12.1f} {idle_sm:12.1f}")
     print(f"energy J            {energy:10.1f} -> {energy_later:.1f} "
           f"after {COUNTERS_EVERY * SLOW_INTERVAL + 1:.0f} s")
@@ -149,4 +154,6 @@ def test_exported_values_agree_with_nvidia_smi(daemon: int) -> None:
     assert util >= 0.5 and util > idle_util + 0.3
     assert power > idle_power * 1.3 and power > 100
     assert energy_later > energy
+    assert limit == pytest.approx(smi_limit, abs=0.5)
+    assert default_limit == pytest.approx(smi_default, abs=0.5)
     assert sm > idle_sm or sm >= 0.9 * smi_sm_mhz > 1000
