@@ -112,6 +112,7 @@ def test_one_process_cap_per_gpu_after_the_merge_and_one_count_per_cut_process()
     assert hub.collect_once().processes_truncated_total == 4
 
 
+@pytest.mark.slow  # takes seconds
 def test_failed_handle_is_reopened_and_errors_accumulate() -> None:
     backend = Scripted("amd", ["0000:03:00.0"])
     hub = Hub(Config(interval=0.05), [backend])

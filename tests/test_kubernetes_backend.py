@@ -204,6 +204,7 @@ def test_kubelet_restart_through_the_collector(node: FakeNode) -> None:
         hub.stop()
 
 
+@pytest.mark.slow  # takes seconds
 def test_kubelet_connection_and_its_loss_are_logged_once_each(node: FakeNode) -> None:
     """At start one "backend up" (not a second line of the backend's own), on the loss one
     "backend down" (the failed sample and the reopens that find the socket gone are one

@@ -257,6 +257,7 @@ def aliased_yaml_spec(devices: int, nodes: int, one_node: bool = False) -> str:
     ]) + "\n"
 
 
+@pytest.mark.slow  # takes seconds
 def test_yaml_aliases_that_expand_past_gos_bound_are_refused(tmp_path: Path) -> None:
     from exporter.collect.kubernetes import cdi
 
@@ -285,6 +286,7 @@ def test_yaml_aliases_that_expand_past_gos_bound_are_refused(tmp_path: Path) -> 
                                                              "/dev/nvidia2")
 
 
+@pytest.mark.slow  # takes seconds
 def test_the_alias_bound_is_gos_ratio() -> None:
     """go-yaml's decode.go: refused once more than 100 of more than 1,000 decoded nodes
     came from aliases and their share passes allowedAliasRatio (99 %, sliding to 10 %)."""
