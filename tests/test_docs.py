@@ -33,7 +33,8 @@ OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "ta
                             "device-id-strategy", "shared-dev-num", "bind-address", "port",
                             # bench scripts (docs/performance.md)
                             "costs", "machines", "duration", "nvml", "repeat", "links",
-                            "calls-json", "daemon", "json", "latency", "repo", "unread"}
+                            "calls-json", "daemon", "json", "latency", "repo", "unread",
+                            "ab", "skip-before", "seconds", "top"}
 
 
 def golden_families() -> set[str]:

@@ -102,6 +102,46 @@ def test_default_power_limit_is_read_once_in_watts() -> None:
     assert nvml.calls["nvmlDeviceGetPowerManagementDefaultLimit"] == 1
 
 
+def test_an_idle_gpu_is_not_asked_for_process_utilisation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvmlDeviceGetProcessUtilization answers "not found" on a GPU no process used, at
+    2-3 ms of the driver's CPU on an H200: while no process list held anyone since the
+    last read it is not asked; once a process is listed it is, from the last time the
+    lists were seen empty (less LATE_US), so the new process's first samples count."""
+    from exporter.collect.backends.nvidia.processes import LATE_US, ProcessReader
+
+    t0 = 1_700_000_000.0  # the fake NVML's sample clock starts here (us: x 1e6)
+    now = [t0]
+    monkeypatch.setattr(ProcessReader, "wall", staticmethod(lambda: now[0]))
+    fake = FakeNVML([FakeGPU(processes=[
+        FakeProcess(pid=76, used_memory_bytes=1 << 30, sm_util=50)])])
+    asked: list[int] = []
+    real = fake.nvmlDeviceGetProcessUtilization
+    monkeypatch.setattr(fake, "nvmlDeviceGetProcessUtilization",
+                        lambda h, since: asked.append(since) or real(h, since))
+
+    def run(seconds: range) -> None:
+        for second in seconds:
+            now[0] = t0 + second
+            b.sample(slow=second % 10 == 0)
+
+    b = backend(fake)
+    run(range(0, 1))  # the first slow cycle asks (nothing listed yet), and lists pid 76
+    fake.gpus[0].processes.clear()  # 76 exits
+    run(range(1, 31))  # asked once at 10 s (76 was listed since), not at 20 s and 30 s
+    assert len(asked) == 2
+    now[0] = t0 + 30.5  # a process starts between two fast cycles and is listed
+    fake.gpus[0].processes.append(FakeProcess(pid=77, used_memory_bytes=1 << 30, sm_util=80))
+    b.sample(slow=False)
+    run(range(31, 41))
+    assert len(asked) == 3
+    # from the empty listing before the last skipped read (the 29 s cycle), less LATE_US
+    assert asked[2] == int((t0 + 29) * 1e6) - LATE_US
+    fake.gpus[0].processes.clear()  # 77 exits: asked once more (at 50 s), then not
+    run(range(41, 71))
+    assert len(asked) == 4
+
+
 def test_slow_values_in_base_units() -> None:
     gpu = FakeGPU(energy_mj=987654321, pcie_tx_kbps=7258, pcie_rx_kbps=15128, pcie_replays=9)
     d = one(FakeNVML([gpu]), slow=True)

@@ -14,7 +14,7 @@ from exporter.collect.backends.nvidia.device import RARE_EVERY
 from exporter.collect.backends.nvidia.nvlink import ERRORS_EVERY
 from exporter.collect.readers import Readers, Wanted
 from exporter.core.config import Config
-from tests.fakes.fake_nvml import FakeGPU, FakeNvLink, FakeNVML
+from tests.fakes.fake_nvml import FakeGPU, FakeNvLink, FakeNVML, FakeProcess
 
 GATED = ("nvmlDeviceGetNvLinkErrorCounter", "nvmlGpmSampleGet", "nvmlDeviceGetPcieThroughput",
          "nvmlDeviceGetViolationStatus")
@@ -23,9 +23,12 @@ UNGATED = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetProcessUtilizati
 
 
 def gpu() -> FakeGPU:
+    # A process on it: with none listed, per-process utilisation is not asked for at all
+    # (tests/test_nvidia.py, test_an_idle_gpu_is_not_asked_for_process_utilisation).
     return FakeGPU(nvlinks=[FakeNvLink(tx_step_kib=1), FakeNvLink(tx_step_kib=1)],
                    violation_ns={"power": 5, "thermal": 0, "sync_boost": 0},
-                   gpm={"sm_util": 40.0}, power_instant_mw=70000)
+                   gpm={"sm_util": 40.0}, power_instant_mw=70000,
+                   processes=[FakeProcess(pid=4242, used_memory_bytes=1 << 30, sm_util=30)])
 
 
 def opened(fake: FakeNVML, readers: Readers) -> NvidiaBackend:

@@ -92,6 +92,10 @@ class ProcessReader:
         self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
         self._lists = [(fn, context, newest(nvml, fn)) for fn, context in PROCESS_LISTS]
         self._last_read_us = 0  # the wall clock (us) at the last utilisation read
+        # Since that read: did a process list hold anyone, and when were they last all
+        # empty (us, 0: not yet). A GPU no process used has no samples to ask for.
+        self._listed = False
+        self._empty_at_us = 0
 
     wall: Callable[[], float] = staticmethod(time.time)  # the clock of NVML's timestamps
 
@@ -111,6 +115,10 @@ class ProcessReader:
                     used = max(used or 0, memory[pid] or 0)  # same pid, several contexts
                 memory[pid] = used
                 contexts.setdefault(pid, {})[context] = True
+        if memory:
+            self._listed = True
+        else:
+            self._empty_at_us = int(self.wall() * 1_000_000)
         self._names = {pid: n for pid, n in self._names.items() if pid in memory}
         self._owners = {pid: o for pid, o in self._owners.items() if pid in memory}
         self._rss = {pid: r for pid, r in self._rss.items() if pid in memory}
@@ -138,9 +146,20 @@ class ProcessReader:
         return tuple(out)
 
     def read_utilization(self, errors: Counter[ErrorReason]) -> None:
-        """Per-process SM utilisation since the last slow cycle (slow tier; LATE_US)."""
+        """Per-process SM utilisation since the last slow cycle (slow tier; LATE_US).
+
+        Not asked while no process list held anyone since the last read: no process can
+        have run a kernel, and NVML's answer ("not found") costs 2-3 ms of the driver's
+        CPU on an idle H200 (bench/nvml_profile.py), the largest part of an idle GPU's
+        slow cycle. The read counts as made at the last empty listing, so a process
+        that appears next is asked for from then on (LATE_US earlier), as after a read."""
         not_found = getattr(self.nvml, "NVML_ERROR_NOT_FOUND", 6)
         if self.call.absent(Nvml.DEVICE_GET_PROCESS_UTILIZATION):
+            return
+        listed, self._listed = self._listed, False
+        if not listed and self._empty_at_us:
+            self._sm_util = {}
+            self._last_read_us = self._empty_at_us
             return
         now = int(self.wall() * 1_000_000)
         since = self._last_util_ts
