@@ -56,6 +56,19 @@ def test_many_addresses_guessing_do_not_shut_out_another(monkeypatch: pytest.Mon
     assert guessed.count(LIMITED) >= 100 - 20 * PasswordChecker.PER_ADDRESS
 
 
+def count_checks(checker: PasswordChecker, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The passwords ``checker`` runs bcrypt for, in order, as it runs them."""
+    checked: list[bytes] = []
+    real = checker._bcrypt
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        checked.append(password)
+        return real(password, hashed)
+
+    monkeypatch.setattr(checker, "_bcrypt", counting)
+    return checked
+
+
 def test_a_reload_keeps_the_remembered_successes_of_unchanged_users(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """27.3: every remembered success was forgotten on a reload: each scraper paid
@@ -63,14 +76,7 @@ def test_a_reload_keeps_the_remembered_successes_of_unchanged_users(
     a = bcrypt.hashpw(b"a-secret", bcrypt.gensalt(rounds=4))
     b = bcrypt.hashpw(b"b-secret", bcrypt.gensalt(rounds=4))
     checker = PasswordChecker({"a": a, "b": b})
-    calls: list[bytes] = []
-    real = checker._bcrypt
-
-    def counting(password: bytes, hashed: bytes) -> bool:
-        calls.append(password)
-        return real(password, hashed)
-
-    monkeypatch.setattr(checker, "_bcrypt", counting)
+    calls = count_checks(checker, monkeypatch)
 
     async def run() -> list[str]:
         out = [await checker.check(header("a", "a-secret"), "10.0.0.1"),

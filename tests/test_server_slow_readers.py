@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -35,16 +36,21 @@ BODY = bytes(range(256)) * 4096  # 1 MiB: far more than the socket buffers hold
 
 
 @contextmanager
-def serving(app: object, limit: int) -> Iterator[tuple[int, Slots]]:
+def serving(app: object, limit: int | Slots, tls: ssl.SSLContext | None = None
+            ) -> Iterator[tuple[int, Slots]]:
+    """``app`` behind the daemon's own server and protocol (``limit`` connection slots,
+    TLS with ``tls``) on a loopback port, in this process: (port, slots)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    slots = Slots(limit)
-    server = Server(uvicorn.Config(app, http=protocol_factory(slots, None),  # type: ignore[arg-type]
-                                   log_config=None, lifespan="off", ws="none"))
+    sock.listen(128)
+    slots = limit if isinstance(limit, Slots) else Slots(limit)
+    server = Server(uvicorn.Config(app, http=protocol_factory(slots, tls),  # type: ignore[arg-type]
+                                   log_config=None, lifespan="off", ws="none", backlog=128))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
+    deadline = time.monotonic() + 10
     while not server.started:
+        assert time.monotonic() < deadline
         time.sleep(0.01)
     try:
         yield sock.getsockname()[1], slots

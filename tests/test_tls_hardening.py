@@ -10,7 +10,6 @@ import asyncio
 import base64
 import datetime
 import http.client
-import signal
 import socket
 import ssl
 import threading
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-import uvicorn
 from structlog.testing import capture_logs
 
 from exporter.collect.hub import Hub
@@ -30,12 +28,13 @@ from exporter.core.logs import Every
 from exporter.output.render import Renderer
 from exporter.output.render.telemetry import Telemetry
 from exporter.serve import webconfig
-from exporter.serve.connections import protocol_factory
 from exporter.serve.middleware import OK, PasswordChecker
-from exporter.serve.server import Server, build_app
+from exporter.serve.server import build_app
 from exporter.serve.slots import IDLE, STALLED, UNPROVEN, Slots, peer_closed
 from exporter.serve.webconfig import GO_CIPHERS, WebConfig, load_web_config, tls_context
 from tests.test_server import _self_signed
+from tests.test_server_auth_queue import count_checks
+from tests.test_server_slow_readers import serving
 
 # Go's crypto/tls default TLS 1.2 suites (cipher_suites.go's cipherSuitesPreferenceOrder
 # less disabledCipherSuites, rsaKexCiphers, tdesCiphers), by the certificate's key type.
@@ -90,24 +89,8 @@ def tls_server(web: WebConfig, slots: Slots | None = None,
     renderer = renderer or Renderer()
     renderer.render_now(hub.collect_once())
     app = build_app(Config(), hub, renderer, web)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    protocol = protocol_factory(slots, tls_context(web))
-    server = Server(uvicorn.Config(app, http=protocol, log_config=None,  # type: ignore[arg-type]
-                                   lifespan="off", ws="none", backlog=128))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    try:
-        yield sock.getsockname()[1], slots
-    finally:
-        server.handle_exit(signal.SIGTERM, None)
-        thread.join(5)
-        sock.close()
+    with serving(app, slots, tls_context(web)) as served:
+        yield served
 
 
 def handshake(port: int, client: ssl.SSLContext) -> ssl.SSLSocket | None:
@@ -355,14 +338,7 @@ def test_concurrent_first_requests_share_one_password_check(
     address has a line of two."""
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4))
     checker = PasswordChecker({"prometheus": hashed})
-    checked: list[bytes] = []
-    real = checker._bcrypt
-
-    def counting(password: bytes, hashed: bytes) -> bool:
-        checked.append(password)
-        return real(password, hashed)
-
-    monkeypatch.setattr(checker, "_bcrypt", counting)
+    checked = count_checks(checker, monkeypatch)
     right = b"Basic " + base64.b64encode(b"prometheus:s3cret")
     wrong = b"Basic " + base64.b64encode(b"prometheus:guess")
 
