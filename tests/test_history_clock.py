@@ -4,6 +4,7 @@ while the GPU's load changes, with the wall and monotonic clocks injected and st
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 
@@ -94,6 +95,29 @@ def test_a_wall_clock_stepped_back_freezes_nothing(clocks: Clocks) -> None:
     clocks.tick(seconds=2.0)
     history.add(hub.collect_once())
     assert _wire(history, since + 600)["gpus"][0]["t"] == [clocks.wall]  # type: ignore[index]
+
+
+def test_the_page_draws_its_charts_against_the_labels_clock(clocks: Clocks) -> None:
+    """The page drew its server-side charts against ``time.time()``: after a step back
+    every sample labelled since lay right of "now", off the chart."""
+    from exporter.serve.landing import page
+
+    backend = Busy("amd", ["0000:03:00.0"])
+    hub = Hub(Config(), [backend])
+    history = History(window=900.0, interval=1.0)
+    for _ in range(3):
+        history.add(hub.collect_once())
+        clocks.tick()
+    clocks.tick(wall_step=-600.0)
+    snapshot = hub.collect_once()
+    history.add(snapshot)
+    assert clocks.wall < history.now() == _wire(history)["now"]
+    html = page(snapshot, history, "/metrics")
+    assert f'data-rendered="{history.now():.3f}"' in html
+    utilization = re.compile(r'data-points="(\d+)"><title>Utili[sz]ation')
+    assert int(utilization.findall(html)[0]) >= 2  # 4 samples in 3.5 s: 2+ pixel columns
+    then = page(snapshot, history, "/metrics", now=clocks.wall)  # as it drew before
+    assert utilization.findall(then) == ["1"]  # all right of "now": one point at the edge
 
 
 def test_a_wall_clock_stepped_forward_is_followed_and_throttles_nothing(

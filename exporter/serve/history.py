@@ -187,6 +187,12 @@ class History:
             wall = max(wall, label + (mono - at) * CATCH_UP)
         return mono, wall
 
+    def now(self) -> float:
+        """The time the page, ``/api/v1/history`` and ``top`` draw against: the labels'
+        clock (the wall clock, never earlier than the last label)."""
+        with self._lock:
+            return self._now(None)[1]
+
     def add(self, snapshot: Snapshot, now: float | None = None) -> None:
         """Hub subscriber: one sample per GPU per interval from the snapshot's merged devices."""
         # Backends publish several times an interval: before anything else, keep the
@@ -282,8 +288,7 @@ class History:
         (the page asks for the ones it shows)."""
         devices, backends = self.tables()
         if now is None:
-            with self._lock:
-                now = self._now(None)[1]
+            now = self.now()
         return view.HistoryView(
             now=round(now, 3), interval=self.interval,
             window=self.window, capacity=self.capacity, series=SERIES_VIEW,

@@ -263,7 +263,7 @@ def backend_rows(backends: Sequence[Backend], otlp: Otlp | None) -> str:
 def page(snapshot: Snapshot, history: History, telemetry_path: str,
          otlp: Mapping[str, Any] | None = None, now: float | None = None) -> str:
     """The whole page for the current snapshot and history."""
-    now = time.time() if now is None else now
+    now = history.now() if now is None else now  # the history's clock: its labels'
     devices, backends = current(snapshot)
     columns = {c.gpu: c for c in history.columns()}
     by_gpu = {d.gpu: d for d in devices}
