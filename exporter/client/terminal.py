@@ -154,10 +154,11 @@ def run(app: App, poll: Callable[[Wakeup], None], wakeup: Wakeup | None = None,
     """Run ``app`` fed by ``poll`` (run in a thread with the Wakeup) until q or Ctrl-C
     (0), or a hang-up or SIGTERM (129, 143); the terminal is restored whatever
     happens. 2 without a terminal."""
+    wakeup = wakeup or Wakeup()
     if not sys.stdin.isatty() or not sys.stdout.isatty():
+        wakeup.close()
         print("gpu-exporter: error: top needs a terminal", file=sys.stderr)
         return 2
-    wakeup = wakeup or Wakeup()
     thread = threading.Thread(target=poll, name=name, daemon=True, args=(wakeup,))
     console = Console()
     fd = sys.stdin.fileno()
