@@ -11,14 +11,17 @@ feeds it. The real server, daemons and terminal: tests/test_top_fleet_e2e.py.
 
 from __future__ import annotations
 
+import queue
 import re
+import threading
+import time
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
-from exporter.client.fleet import load_fleet, load_history, load_node
+from exporter.client.fleet import Progress, load_fleet, load_history, load_node
 from exporter.client.fleetql import FleetQL
 from exporter.client.promapi import PrometheusAPI
 from exporter.core.config import ConfigError, MetricNames
@@ -30,6 +33,7 @@ from rich.console import Console  # noqa: E402
 
 from exporter.client import fleettop  # noqa: E402
 from exporter.client.fleettop import FleetApp, Query  # noqa: E402
+from exporter.client.terminal import Wakeup  # noqa: E402
 
 EVIL = "gpu\x1b]0;pwned\x07node\x1b[2J\u202e"  # a title, a clear screen, a bidi override
 
@@ -185,7 +189,6 @@ def test_drilling_into_a_node_shows_its_gpus_and_processes_and_esc_goes_back() -
     assert "node wasteful" in lines[0]
     assert any("Loading the node's GPUs" in line for line in lines)
     # a load in progress for the node is said on its screen, not the list's
-    from exporter.client.fleet import Progress
     app.take("progress", ("wasteful", Progress(3, 14, "util")))
     assert any("loading 3/14 queries (the node)" in line for line in text_of(app))
     with serving(script(gpu_answers("wasteful"))) as s:  # type: ignore[arg-type]
@@ -229,7 +232,6 @@ def test_no_answer_at_all_partial_answers_and_a_cut_answer_are_state_lines() -> 
     app = FleetApp("http://prometheus:9090", Query(), 3)
     lines = text_of(app)
     assert "… loading" in lines[0] and "Loading the node list" in lines[2]
-    from exporter.client.fleet import Progress
     app.take("progress", (None, Progress(7, 12, "util")))
     assert "loading 7/12 queries (the node list)" in text_of(app)[1]
     with serving(lambda h, f: Reply(status=401, body=b"")) as s:
@@ -276,8 +278,6 @@ def test_every_screen_fits_80x24_and_keeps_its_footer() -> None:
 def test_the_poller_loads_what_is_shown_once_per_interval() -> None:
     """The list, then the node drilled into at once (a kick), then the list again only
     when its interval is due: never back to back."""
-    from exporter.client.terminal import Wakeup
-
     seen: list[str] = []
     answers = {**node_answers(FLEET), **gpu_answers("wasteful")}
     lists = set(FleetQL().node_queries().values())
@@ -289,8 +289,6 @@ def test_the_poller_loads_what_is_shown_once_per_interval() -> None:
                     "list" if q in lists else "node" if q in nodes else "other")
         return Reply(body=answers.get(q, vector()))
 
-    import threading
-    import time
     wakeup = Wakeup()
     app = FleetApp("x", Query(refresh=1.0), 100, wakeup)
     with serving(answer) as s:
@@ -318,11 +316,7 @@ def test_the_poller_loads_what_is_shown_once_per_interval() -> None:
     assert "other" not in seen
 
 
-def wait_for(wakeup: object, kind: str, timeout: float = 10.0) -> tuple[str, object]:
-    import queue
-    from exporter.client.terminal import Wakeup
-    assert isinstance(wakeup, Wakeup)
-    import time
+def wait_for(wakeup: Wakeup, kind: str, timeout: float = 10.0) -> tuple[str, object]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

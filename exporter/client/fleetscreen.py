@@ -31,6 +31,9 @@ NODE_FOOTER = ((("Esc", "back"), ("←→", "GPU"), ("↑↓ PgUp/PgDn", "proces
                 ("l", "layout"), ("?", "help"), ("q", "quit")))
 
 
+WASTE_MIN = 16  # cells the waste column keeps before node names are cut
+
+
 def waste_text(w: Waste) -> str:
     """A node's waste in few words: idle allocated GPUs and their power, idle processes
     and the memory they hold, waste alerts firing; "-" for none."""
@@ -70,7 +73,7 @@ def node_row(n: NodeSummary, selected: bool, name_w: int, width: int) -> Text:
     waste = waste_text(n.waste)
     line = assemble(("▶" if selected else " ", "bold cyan"), state, " ",
                     (name.plain, "bold reverse" if selected else ""),
-                    f" {gpus:>4} {util:>5} {_memory(n):>12} {power:>8} ",
+                    f" {gpus:>4} {util:>4} {_memory(n):>11} {power:>7} ",
                     ((SYMBOL.get(status, "?") if status else "?") + f" {health:<8}",
                      HEALTH_STYLE.get(status, "dim") if status else "dim"), " ",
                     (waste, "bold yellow" if n.waste.any else "dim"))
@@ -82,10 +85,10 @@ def list_lines(model: FleetModel, view: FleetView, width: int, rows: int) -> lis
     """The node list: a header and at most ``rows - 1`` nodes, scrolled so that the
     selected one is shown; a note of how many are not."""
     n = len(model.nodes)
-    fixed = 3 + 1 + 4 + 1 + 5 + 1 + 12 + 1 + 8 + 1 + 10 + 1  # up to the waste column
+    fixed = 3 + 5 + 5 + 12 + 8 + 11 + 1  # up to the waste column
     longest = max((len(x.node) for x in model.nodes), default=4)
-    name_w = max(8, min(longest, 40, width - fixed - 24))
-    head = (f"   {'NODE':<{name_w}} {'GPUS':>4} {'UTIL':>5} {'MEMORY':>12} {'POWER':>8} "
+    name_w = max(8, min(longest, 40, width - fixed - WASTE_MIN))
+    head = (f"   {'NODE':<{name_w}} {'GPUS':>4} {'UTIL':>4} {'MEMORY':>11} {'POWER':>7} "
             f"{'HEALTH':<10} WASTE")
     header = Text(head, style="bold reverse")
     header.truncate(width, pad=True)
