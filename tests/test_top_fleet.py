@@ -361,3 +361,13 @@ def test_flags_become_the_client_and_the_queries(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as e:
             fleettop.connect(url, flags)
         assert str(e.value).startswith(error) or error in str(e.value), (flags, e.value)
+
+
+def test_the_defaults_are_the_clients() -> None:
+    from exporter.app.flags import FLEET_DEFAULTS
+    from exporter.client.promapi import DEFAULT_MAX_SERIES, DEFAULT_TIMEOUT
+
+    api, query = fleettop.connect("http://p:9090", {})
+    assert (api.timeout, api.max_series) == (DEFAULT_TIMEOUT, DEFAULT_MAX_SERIES)
+    assert query == Query(refresh=10.0)
+    assert FLEET_DEFAULTS["prometheus.max-series"] == str(DEFAULT_MAX_SERIES)

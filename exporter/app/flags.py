@@ -261,9 +261,11 @@ with --prometheus, on the node list:
 
 needs the top extra: pip install '.[top]' in the checkout; docs/top.md"""
 FLEET_GROUP = "top --prometheus"
-DEFAULT_FLEET_REFRESH = "10s"
-DEFAULT_FLEET_TIMEOUT = "10s"
-DEFAULT_FLEET_MAX_SERIES = 20_000
+# top --prometheus's defaults, for its help and exporter.client.fleettop (the timeout and
+# series cap are exporter.client.promapi's; tests/test_top_fleet.py keeps them equal)
+FLEET_DEFAULTS = {"prometheus.refresh-interval": "10s", "prometheus.timeout": "30s",
+                  "prometheus.max-series": "20000", "metric-names": "gpu",
+                  "prometheus.node-label": "instance", "prometheus.selector": ""}
 
 
 def add_client_flags(group: argparse._ActionsContainer) -> None:
@@ -275,7 +277,7 @@ def add_client_flags(group: argparse._ActionsContainer) -> None:
                        "unix:/run/gpu-exporter.sock")
     group.add_argument("--tls.ca-file", dest="tls.ca-file", metavar="FILE",
                        help="https:// or unix: only: the CA that signed the daemon's "
-                       "(or with top --prometheus, Prometheus') certificate (default: the "
+                       "certificate, or Prometheus' for top's fleet view (default: the "
                        "system's CAs)")
     group.add_argument("--tls.insecure-skip-verify", dest="tls.insecure-skip-verify",
                        action="store_true", help="do not verify the daemon's (or "
@@ -307,8 +309,8 @@ def add_fleet_flags(group: argparse._ActionsContainer) -> None:
                        "against and to send as SNI (default the URL's host)")
     group.add_argument("--metric-names", dest="metric-names", metavar="SCHEME",
                        help="the names the exporters' series have in Prometheus: gpu (ours), "
-                       "dcgm (--metric-names dcgm, or dcgm-exporter's) or both (read as "
-                       "gpu) (default gpu)")
+                       "dcgm (exporters run with --metric-names dcgm, or dcgm-exporter) or "
+                       "both (read as gpu) (default gpu)")
     group.add_argument("--prometheus.selector", dest="prometheus.selector",
                        metavar="MATCHERS", help="label matchers added to every selector, "
                        "e.g. 'job=\"gpu-exporter\"' or 'cluster=\"a\"' (default none)")
@@ -317,15 +319,15 @@ def add_fleet_flags(group: argparse._ActionsContainer) -> None:
                        "instance)")
     group.add_argument("--prometheus.refresh-interval", dest="prometheus.refresh-interval",
                        metavar="DURATION", help="how often what is on the screen is loaded "
-                       f"again, 1s to 1h (default {DEFAULT_FLEET_REFRESH})")
+                       f"again, 1s to 1h (default {FLEET_DEFAULTS['prometheus.refresh-interval']})")
     group.add_argument("--prometheus.timeout", dest="prometheus.timeout", metavar="DURATION",
                        help="the most one query may take, connection to last byte; also "
                        f"sent as the query's timeout, 1s to 5m (default "
-                       f"{DEFAULT_FLEET_TIMEOUT})")
+                       f"{FLEET_DEFAULTS['prometheus.timeout']})")
     group.add_argument("--prometheus.max-series", dest="prometheus.max-series", metavar="N",
                        help="the most series one answer may hold (also sent as the query's "
                        "limit); an answer cut there is said on the screen (default "
-                       f"{DEFAULT_FLEET_MAX_SERIES})")
+                       f"{FLEET_DEFAULTS['prometheus.max-series']})")
 
 
 def _fleet_keys() -> frozenset[str]:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from exporter.app.flags import FLEET_DEFAULTS
 from exporter.client.fleet import Fleet, Progress, load_fleet, load_history, load_node
 from exporter.client.fleetmodel import FleetModel, FleetView, clean, key, take_node
 from exporter.client.fleetscreen import frame
@@ -47,9 +48,6 @@ from exporter.core.config import (
 HISTORY_WINDOW = 1200.0  # seconds of a node's GPUs' utilisation in its sparklines
 HISTORY_POINTS = 120
 MIN_PAUSE = 2.0  # seconds between the end of a load and the next, at least
-DEFAULTS = {"prometheus.refresh-interval": "10s", "prometheus.timeout": "10s",
-            "prometheus.max-series": "20000", "metric-names": "gpu",
-            "prometheus.node-label": "instance", "prometheus.selector": ""}
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
@@ -154,7 +152,7 @@ def connect(url: str, flags: Mapping[str, str], ca_file: str | None = None,
     """``top --prometheus``'s flags (keys as in exporter.app.flags, values as given) ->
     the API client and what to ask. ConfigError (one line, naming the flag) for any
     flag, file or URL that cannot be used."""
-    given = {**DEFAULTS, **flags}
+    given = {**FLEET_DEFAULTS, **flags}
     refresh = bounded_duration(1.0, 3600.0)("prometheus.refresh-interval",
                                             given["prometheus.refresh-interval"])
     timeout = bounded_duration(1.0, 300.0)("prometheus.timeout", given["prometheus.timeout"])
