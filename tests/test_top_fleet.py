@@ -190,7 +190,8 @@ def test_drilling_into_a_node_shows_its_gpus_and_processes_and_esc_goes_back() -
     assert any("Loading the node's GPUs" in line for line in lines)
     # a load in progress for the node is said on its screen, not the list's
     app.take("progress", ("wasteful", Progress(3, 14, "util")))
-    assert any("loading 3/14 queries (the node)" in line for line in text_of(app))
+    lines = text_of(app)
+    assert "⟳ loading 3/14 queries" in lines[0]
     with serving(script(gpu_answers("wasteful"))) as s:  # type: ignore[arg-type]
         api = PrometheusAPI(s.url)
         app.take("node", ("wasteful", load_node(api, "wasteful"),
@@ -233,7 +234,9 @@ def test_no_answer_at_all_partial_answers_and_a_cut_answer_are_state_lines() -> 
     lines = text_of(app)
     assert "… loading" in lines[0] and "Loading the node list" in lines[2]
     app.take("progress", (None, Progress(7, 12, "util")))
-    assert "loading 7/12 queries (the node list)" in text_of(app)[1]
+    lines = text_of(app)
+    assert "⟳ loading 7/12 queries" in lines[0]
+    assert "Loading the node list from Prometheus: 7/12 queries" in lines[2]
     with serving(lambda h, f: Reply(status=401, body=b"")) as s:
         app.take("fleet", load_fleet(PrometheusAPI(s.url)))
     lines = text_of(app)
@@ -252,6 +255,30 @@ def test_no_answer_at_all_partial_answers_and_a_cut_answer_are_state_lines() -> 
     failed = next(line for line in lines if "failed" in line)
     assert "1 query failed" in failed and "power: execution: query timed out" in failed
     assert any("cut at 3 series (--prometheus.max-series)" in line for line in lines)
+
+
+def test_a_load_with_no_answer_keeps_the_last_list_and_node_as_stale() -> None:
+    app = loaded_app()
+    unreachable = PrometheusAPI("http://127.0.0.1:9", timeout=2)
+    app.take("fleet", load_fleet(unreachable))
+    lines = text_of(app, 120, 24)
+    assert "✖ not updating" in lines[0] and "4 nodes" in lines[0]
+    assert "No answer from Prometheus" in lines[1] and "values below are from" in lines[1]
+    assert any("wasteful" in line for line in lines)  # still drawn, dimmed
+    with serving(script(node_answers(FLEET))) as s:  # type: ignore[arg-type]
+        app.take("fleet", load_fleet(PrometheusAPI(s.url)))
+    lines = text_of(app, 120, 24)
+    assert "● live" in lines[0] and not any("No answer" in line for line in lines)
+    app.view.selected = app.model.keys.index("wasteful")
+    app.key("\r")
+    with serving(script(gpu_answers("wasteful"))) as s:  # type: ignore[arg-type]
+        app.take("node", ("wasteful", load_node(PrometheusAPI(s.url), "wasteful"), None))
+    app.take("node", ("wasteful", load_node(unreachable, "wasteful"), None))
+    lines = text_of(app, 120, 30)
+    assert "✖ not updating" in lines[0]
+    assert any("4242" in line for line in lines)  # the processes before, dimmed
+    app.key("b")  # no backends pane here: Prometheus has no backends to show
+    assert any("4242" in line for line in text_of(app, 120, 30))
 
 
 def test_unreachable_is_a_state_line() -> None:

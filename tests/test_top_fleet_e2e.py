@@ -13,6 +13,7 @@ The node list's load time is measured and printed (docs/deploy.md quotes it).
 from __future__ import annotations
 
 import re
+import socket
 import statistics
 import time
 from pathlib import Path
@@ -137,3 +138,30 @@ def test_measure_the_node_list_load(fleet_api: tuple[str, dict[str, str]]) -> No
               f"{runs[0].series} series in the answers; load median {1000 * median:.0f} ms "
               f"(slowest query median {1000 * slowest:.0f} ms) over {len(runs)} loads")
         assert median < 10.0
+
+
+def test_q_exits_at_once_while_a_query_waits_on_a_silent_server(tmp_path: Path) -> None:
+    """A server that accepts and never answers: the progress is drawn, q gives the
+    terminal back at once (not after the queries' 30 s timeout), and a server that
+    refuses is a state line, never a traceback."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with tmux(f"gxfleets-{tmp_path.name}", top_command("--prometheus", url), 80, 24) as t:
+            t.wait("Loading the node list from Prometheus", 15)
+            assert "0/" in t.screen() or "… loading" in t.screen()
+            time.sleep(0.5)
+            asked = time.monotonic()
+            t.keys("q")
+            screen = t.wait("END", 10)
+            assert time.monotonic() - asked < 5
+            assert "EXIT=0" in screen and "Traceback" not in screen
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, not listening
+        with tmux(f"gxfleetr-{tmp_path.name}", top_command("--prometheus", url), 80, 24) as t:
+            screen = t.wait("No answer from Prometheus", 15)
+            assert "Connection" in screen and "Traceback" not in screen
+            t.keys("q")
+            assert "EXIT=0" in t.wait("END", 10)

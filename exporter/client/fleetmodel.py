@@ -84,6 +84,7 @@ class NodeState:
     errors: tuple[str, ...] = ()
     truncated: bool = False
     seconds: float = 0.0
+    stale: bool = False  # the last load had no answer: the GPUs shown are the ones before
 
 
 @dataclass
@@ -105,6 +106,7 @@ class FleetModel:
     seconds: float = 0.0
     idle_threshold: float = 0.05
     load: Load | None = None
+    stale: bool = False  # the last load had no answer: the list is the one before
 
     @property
     def gpus(self) -> int:
@@ -122,13 +124,16 @@ class FleetModel:
 
     def take_fleet(self, fleet: Fleet) -> None:
         self.load = None
-        self.loaded = True
+        self.errors = tuple(clean(e, 300) for e in fleet.errors)
+        self.truncated = fleet.truncated
+        if self.failed and self.nodes:  # no answer at all: the last list stays, stale
+            self.stale = True
+            return
+        self.loaded, self.stale = True, False
         self.updated = time.time()
         self.nodes = tuple(dataclasses.replace(n, node=clean(n.node, NODE_NAME))
                            for n in fleet.nodes)
         self.keys = tuple(n.node for n in fleet.nodes)
-        self.errors = tuple(clean(e, 300) for e in fleet.errors)
-        self.truncated = fleet.truncated
         self.series, self.seconds = fleet.series, fleet.seconds
         self.idle_threshold = fleet.idle_threshold
 
@@ -137,11 +142,14 @@ def take_node(state: NodeState, detail: NodeDetail, history: History | None) -> 
     """A node's answers into its one-daemon model: its GPUs as Devices, its processes as
     each GPU's table, its history as the sparklines (percent)."""
     model = state.model
-    state.loaded = True
     state.errors = tuple(clean(e, 300) for e in detail.errors) + (
         (clean(f"history: {history.error}", 300),) if history and history.error else ())
     state.truncated = detail.truncated or bool(history and history.truncated)
     state.seconds = detail.seconds
+    if not detail.gpus and detail.errors and model.devices:  # no answer: the last stays
+        state.stale = True
+        return
+    state.loaded, state.stale = True, False
     labels = _labels(detail.gpus)
     devices = tuple(device(g, label) for g, label in zip(detail.gpus, labels, strict=True))
     by_gpu: dict[str, list[Process]] = {}  # by index: the first device of an index
@@ -243,6 +251,8 @@ def key(view: FleetView, model: FleetModel, k: str) -> tuple[bool, bool]:
         if k in BACK:
             view.node = None
             return True, True
+        if k == "b":  # the one-daemon view's backends: Prometheus has none to show
+            return True, False
         return node_key(view.node.view, view.node.model, k), False
     n = len(model.nodes)
     if k in ENTER:

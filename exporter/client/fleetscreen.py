@@ -115,34 +115,35 @@ def list_lines(model: FleetModel, view: FleetView, width: int, rows: int) -> lis
 
 
 def header_lines(model: FleetModel, view: FleetView, width: int) -> list[Text]:
-    """The title, and a line each for a load in progress, failed queries and a cut
-    answer."""
+    """The title (with a load's progress: "loading 7/12 queries"), and a line each for
+    failed queries and a cut answer."""
     node = view.node
-    when = "never" if model.updated is None else clock(model.updated)
-    if node is not None and node.model.updated is not None:
-        when = clock(node.model.updated)
-    failed = node.errors and not node.model.devices if node else model.failed
-    live = (("✖ no answer", "bold red") if failed else
-            ("● live", "green") if (node.loaded if node else model.loaded) else
-            ("… loading", "yellow"))
+    updated = node.model.updated if node is not None else model.updated
+    when = "never" if updated is None else clock(updated)
+    loaded = node.loaded if node is not None else model.loaded
+    stale = node.stale if node is not None else model.stale
+    errors = node.errors if node is not None else model.errors
+    failed = bool(errors) and ((node.stale or not node.model.devices) if node is not None
+                               else model.failed)
+    load = model.load
+    progress = load.progress if load is not None and (load.node is None) == (
+        node is None) else None
+    live = (("✖ not updating" if stale else "✖ no answer", "bold red") if failed else
+            (f"⟳ loading {progress.done}/{progress.total} queries", "bold yellow")
+            if progress is not None else
+            ("● live", "green") if loaded else ("… loading", "yellow"))
     where = (f"node {node.shown}" if node else
              f"{len(model.nodes)} node{'s' if len(model.nodes) != 1 else ''}, "
              f"{model.gpus} GPU{'s' if model.gpus != 1 else ''}")
     title = assemble((f" gpu-exporter top {__version__} ", "bold reverse"), " ", live,
                      f" · {model.source} · ", (where, "bold"),
                      f" · updated {when}, every {model.refresh:g} s")
-    title.truncate(width)
     out = [title]
-    load = model.load
-    if load is not None and (load.node is None) == (node is None):
-        p = load.progress
-        what = "the node list" if load.node is None else "the node"
-        out.append(Text(f" ⟳ loading {p.done}/{p.total} queries ({what})",
-                        style="bold yellow"))
-    errors = node.errors if node else model.errors
     if errors:
         if failed:
-            line = Text(f" ✖ No answer from Prometheus: {errors[0]}", style="bold red")
+            line = Text(" ✖ No answer from Prometheus"
+                        + (f" (values below are from {when})" if stale else "")
+                        + f": {errors[0]}", style="bold red")
         else:
             line = Text(f" ▲ {len(errors)} quer{'ies' if len(errors) > 1 else 'y'} failed "
                         f"(no data where they would show): {errors[0]}", style="bold yellow")
@@ -195,7 +196,7 @@ def node_lines(node: NodeState, width: int, height: int) -> list[Text]:
         message = (" Loading the node's GPUs and processes..." if not node.loaded else
                    " No GPU of this node in Prometheus' answers.")
         return [Text(""), Text(message, style="bold")]
-    return gpus_and_processes(node.model, node.view, width, height, False)
+    return gpus_and_processes(node.model, node.view, width, height, node.stale)
 
 
 def frame(model: FleetModel, view: FleetView, width: int, height: int = 50) -> Screen:
@@ -214,11 +215,17 @@ def frame(model: FleetModel, view: FleetView, width: int, height: int = 50) -> S
         elif model.loaded:
             message = (" No node: Prometheus holds no GPU series of gpu-exporter (is it "
                        "scraped? --metric-names dcgm for dcgm-exporter's names)")
+        elif model.load is not None and model.load.node is None:
+            p = model.load.progress
+            message = f" Loading the node list from Prometheus: {p.done}/{p.total} queries..."
         else:
             message = " Loading the node list from Prometheus..."
         body = [Text(""), Text(message, style="bold")]
     else:
         body = list_lines(model, view, width, body_h)
+        if model.stale:
+            for line in body:
+                line.stylize("dim")
     body = body[:body_h] + [Text("")] * max(0, body_h - len(body))
     lines = [*top, *body, footer(view, width)]
     for line in lines:
