@@ -398,3 +398,37 @@ def test_the_defaults_are_the_clients() -> None:
     assert (api.timeout, api.max_series) == (DEFAULT_TIMEOUT, DEFAULT_MAX_SERIES)
     assert query == Query(refresh=10.0)
     assert FLEET_DEFAULTS["prometheus.max-series"] == str(DEFAULT_MAX_SERIES)
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["top", "--prometheus.timeout", "5s"], "--prometheus.timeout: only with top --prometheus"),
+    (["top", "--metric-names", "dcgm"], "--metric-names: only with top --prometheus"),
+    (["top", "--prometheus", "http://p", "--from", "http://d"], "one daemon or the fleet"),
+    (["top", "--prometheus", "ftp://p"], "--prometheus: ftp://p: not an http:// or https://"),
+    (["top", "--prometheus", "http://p", "--prometheus.timeout", "1h"],
+     "--prometheus.timeout: must be between 1s and 300s"),
+    (["top", "--prometheus", "https://p", "--tls.ca-file", "/no/such/ca.pem"],
+     "--tls.ca-file: /no/such/ca.pem: no such file"),
+    (["top", "--prometheus", "http://p"], "top needs a terminal"),  # all good but the tty
+])
+def test_top_prometheus_bad_input_is_one_line_and_exit_2(
+        argv: list[str], error: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from exporter.app.cli import main
+
+    assert main(argv, environ={}) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and error in err and "Traceback" not in err, err
+
+
+def test_top_help_lists_the_fleet_flags_and_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    from exporter.app.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["top", "--help"], environ={})
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--prometheus URL", "--prometheus.http-config FILE", "--metric-names SCHEME",
+                 "--prometheus.max-series N", "--prometheus.timeout DURATION",
+                 "--prometheus.refresh-interval DURATION", "--tls.cert-file FILE"):
+        assert flag in out
+    assert "Enter →" in out and "Esc Backspace" in out

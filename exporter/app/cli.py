@@ -108,8 +108,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if prometheus is not None and source is not None:
             return _fail("--from and --prometheus: one daemon or the fleet, not both")
         try:
-            from exporter.client import fleettop
-            from exporter.client.top import main as top
+            if prometheus is not None:
+                from exporter.client import fleettop
+            else:
+                from exporter.client.top import main as top
         except ImportError as e:
             return _fail(f"top needs the top extra: pip install '.[top]' in the "
                          f"gpu-exporter checkout ({e})")
