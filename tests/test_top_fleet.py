@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from exporter.client.fleet import Progress, load_fleet, load_history, load_node
+from exporter.client.fleetflags import Query, connect
 from exporter.client.fleetql import FleetQL
 from exporter.client.promapi import PrometheusAPI
 from exporter.core.config import ConfigError, MetricNames
@@ -32,7 +33,7 @@ pytest.importorskip("rich", reason="the top extra (rich) is not installed")
 from rich.console import Console  # noqa: E402
 
 from exporter.client import fleettop  # noqa: E402
-from exporter.client.fleettop import FleetApp, Query  # noqa: E402
+from exporter.client.fleettop import FleetApp  # noqa: E402
 from exporter.client.terminal import Wakeup  # noqa: E402
 
 EVIL = "gpu\x1b]0;pwned\x07node\x1b[2J\u202e"  # a title, a clear screen, a bidi override
@@ -358,7 +359,7 @@ def wait_for(wakeup: Wakeup, kind: str, timeout: float = 10.0) -> tuple[str, obj
 def test_flags_become_the_client_and_the_queries(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    api, query = fleettop.connect("https://prom.example:9090/prom", {
+    api, query = connect("https://prom.example:9090/prom", {
         "prometheus.bearer-token-file": str(token), "metric-names": "dcgm",
         "prometheus.selector": 'job="gpu"', "prometheus.node-label": "node",
         "prometheus.refresh-interval": "30s", "prometheus.timeout": "5s",
@@ -372,7 +373,7 @@ def test_flags_become_the_client_and_the_queries(tmp_path: Path) -> None:
     assert api.config.tls_config.insecure_skip_verify
     config = tmp_path / "http.yml"
     config.write_text("basic_auth: {username: u, password: p}\n")
-    api, query = fleettop.connect("http://p:9090", {"prometheus.http-config": str(config)})
+    api, query = connect("http://p:9090", {"prometheus.http-config": str(config)})
     assert api.config.basic_auth is not None and api.config.basic_auth.username == "u"
     assert query == Query()
     for flags, url, error in (
@@ -386,15 +387,15 @@ def test_flags_become_the_client_and_the_queries(tmp_path: Path) -> None:
             ({"tls.cert-file": str(tmp_path / "nope.pem")}, "https://p", "tls.cert-file"),
             ({}, "http://u:p@p:notaport", "prometheus")):
         with pytest.raises(ConfigError) as e:
-            fleettop.connect(url, flags)
+            connect(url, flags)
         assert str(e.value).startswith(error) or error in str(e.value), (flags, e.value)
 
 
 def test_the_defaults_are_the_clients() -> None:
-    from exporter.app.flags import FLEET_DEFAULTS
+    from exporter.client.fleetflags import FLEET_DEFAULTS
     from exporter.client.promapi import DEFAULT_MAX_SERIES, DEFAULT_TIMEOUT
 
-    api, query = fleettop.connect("http://p:9090", {})
+    api, query = connect("http://p:9090", {})
     assert (api.timeout, api.max_series) == (DEFAULT_TIMEOUT, DEFAULT_MAX_SERIES)
     assert query == Query(refresh=10.0)
     assert FLEET_DEFAULTS["prometheus.max-series"] == str(DEFAULT_MAX_SERIES)

@@ -116,8 +116,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return _fail(f"top needs the top extra: pip install '.[top]' in the "
                          f"gpu-exporter checkout ({e})")
         if prometheus is not None:
+            from exporter.client.fleetflags import connect
+
             try:
-                api, query = fleettop.connect(prometheus, fleet, ca_file, insecure)
+                api, query = connect(prometheus, fleet, ca_file, insecure)
             except ConfigError as e:
                 return _fail(f"--{e}")
             return fleettop.main(api, query)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter import __version__
+from exporter.client.fleetflags import FLEET_DEFAULTS
 from exporter.collect.registry import COLLECTORS, TABLE
 from exporter.core.config import (
     ALIASES,
@@ -261,11 +262,6 @@ with --prometheus, on the node list:
 
 needs the top extra: pip install '.[top]' in the checkout; docs/top.md"""
 FLEET_GROUP = "top --prometheus"
-# top --prometheus's defaults, for its help and exporter.client.fleettop (the timeout and
-# series cap are exporter.client.promapi's; tests/test_top_fleet.py keeps them equal)
-FLEET_DEFAULTS = {"prometheus.refresh-interval": "10s", "prometheus.timeout": "30s",
-                  "prometheus.max-series": "20000", "metric-names": "gpu",
-                  "prometheus.node-label": "instance", "prometheus.selector": ""}
 
 
 def add_client_flags(group: argparse._ActionsContainer) -> None:

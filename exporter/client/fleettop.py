@@ -17,49 +17,21 @@ exporter.client.fleetmodel's, the screen exporter.client.fleetscreen's.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
-import re
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from exporter.app.flags import FLEET_DEFAULTS
 from exporter.client.fleet import Fleet, Progress, load_fleet, load_history, load_node
+from exporter.client.fleetflags import Query
 from exporter.client.fleetmodel import FleetModel, FleetView, clean, key, take_node
 from exporter.client.fleetscreen import frame
-from exporter.client.promapi import (
-    Authorization,
-    HTTPClientConfig,
-    PrometheusAPI,
-    load_http_config,
-)
+from exporter.client.promapi import PrometheusAPI
 from exporter.client.terminal import Wakeup, run
 from exporter.client.toppanels import Screen
-from exporter.core.config import (
-    ConfigError,
-    MetricNames,
-    bounded_duration,
-    parse_choice,
-    parse_positive_int,
-)
 
 HISTORY_WINDOW = 1200.0  # seconds of a node's GPUs' utilisation in its sparklines
 HISTORY_POINTS = 120
 MIN_PAUSE = 2.0  # seconds between the end of a load and the next, at least
-LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-
-
-@dataclass(frozen=True)
-class Query:
-    """What to ask and how often: the vocabulary the exporters serve, the label that
-    names a node, extra matchers for every selector, the refresh interval."""
-
-    names: MetricNames = MetricNames.GPU
-    node_label: str = "instance"
-    matchers: str = ""
-    refresh: float = 10.0
 
 
 class FleetApp:
@@ -146,53 +118,3 @@ def main(api: PrometheusAPI, query: Query) -> int:
     return run(app, lambda w: poll(api, query, lambda: app.wanted, w), wakeup,
                name="top-prometheus")
 
-
-def connect(url: str, flags: Mapping[str, str], ca_file: str | None = None,
-            insecure: bool = False) -> tuple[PrometheusAPI, Query]:
-    """``top --prometheus``'s flags (keys as in exporter.app.flags, values as given) ->
-    the API client and what to ask. ConfigError (one line, naming the flag) for any
-    flag, file or URL that cannot be used."""
-    given = {**FLEET_DEFAULTS, **flags}
-    refresh = bounded_duration(1.0, 3600.0)("prometheus.refresh-interval",
-                                            given["prometheus.refresh-interval"])
-    timeout = bounded_duration(1.0, 300.0)("prometheus.timeout", given["prometheus.timeout"])
-    max_series = parse_positive_int("prometheus.max-series", given["prometheus.max-series"])
-    names = parse_choice("metric-names", given["metric-names"], MetricNames)
-    node_label = given["prometheus.node-label"].strip()
-    if not LABEL_NAME.fullmatch(node_label):
-        raise ConfigError("prometheus.node-label", f"not a label name: {node_label!r}")
-    matchers = given["prometheus.selector"].strip().strip(",")
-    if "{" in matchers or "}" in matchers:
-        raise ConfigError("prometheus.selector", "label matchers without braces, e.g. "
-                          f"job=\"gpu-exporter\"; got {matchers!r}")
-    config = HTTPClientConfig()
-    key = "prometheus.http-config"
-    try:
-        if flags.get(key):
-            config = load_http_config(flags[key])
-        key = "prometheus.bearer-token-file"
-        if flags.get(key):
-            if config.authorization is not None or config.basic_auth is not None:
-                raise ValueError("and the http_config's credentials: one or the other")
-            config = dataclasses.replace(config, authorization=Authorization(
-                credentials_file=flags[key]))
-        tls = config.tls_config
-        tls = dataclasses.replace(
-            tls, cert_file=flags.get("tls.cert-file") or tls.cert_file,
-            key_file=flags.get("tls.key-file") or tls.key_file,
-            server_name=flags.get("tls.server-name") or tls.server_name,
-            ca_file=ca_file or tls.ca_file,
-            insecure_skip_verify=insecure or tls.insecure_skip_verify)
-        for flag, path in (("tls.ca-file", tls.ca_file), ("tls.cert-file", tls.cert_file),
-                           ("tls.key-file", tls.key_file),
-                           ("prometheus.bearer-token-file", flags.get(
-                               "prometheus.bearer-token-file", ""))):
-            if path and not os.path.isfile(path):
-                key = flag
-                raise ValueError(f"{path}: no such file")
-        config = dataclasses.replace(config, tls_config=tls)
-        key = "prometheus"
-        api = PrometheusAPI(url, config, timeout=timeout, max_series=max_series)
-    except (ValueError, OSError) as e:  # ssl.SSLError is an OSError: a CA or key file
-        raise ConfigError(key, str(e)) from None
-    return api, Query(names, node_label, matchers, refresh)
