@@ -77,6 +77,7 @@ def test_the_fleet_in_tmux_most_waste_first_drill_down_back_and_quit(
     with tmux(f"gxfleet-{names}-{tmp_path.name}", command, 80, 24) as t:
         screen = t.wait("3 nodes", 30)
         shown = time.monotonic() - started
+        print(f"\n{screen}")  # pytest -s: the screen as the user sees it
         for machine, metrics in truth.items():
             gpus = len({m["gpu"] for m in metrics["gpu_up"]})
             row = row_of(screen, instance_of[machine])
@@ -98,6 +99,7 @@ def test_the_fleet_in_tmux_most_waste_first_drill_down_back_and_quit(
         assert on_gpu0
         screen = t.wait(f"node {instance_of['k8s-node']}", 15)
         screen = t.wait("GPU 0 processes · 1-", 15)
+        print(f"\n{screen}")
         seen = rows_through_the_pages(t, len(on_gpu0))
         assert set(seen) == set(on_gpu0), screen
         for pid, name in on_gpu0.items():
