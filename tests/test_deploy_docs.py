@@ -46,7 +46,7 @@ def exporter_text(path: Path) -> str:
 
 
 def test_deployment_files_pass_only_flags_the_exporter_has() -> None:
-    known = cli_flags() | TOOL_FLAGS
+    known = cli_flags() | cli_flags("top") | TOOL_FLAGS
     for path in DEPLOY_FILES:
         for flag in flags_in(exporter_text(path)):
             assert flag in known or flag.removeprefix("no-") in known, (

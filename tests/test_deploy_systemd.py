@@ -144,9 +144,10 @@ def test_env_file_is_plain_assignments() -> None:
         ), line
 
 
-def cli_flags() -> set[str]:
+def cli_flags(*command: str) -> set[str]:
+    """The flags ``gpu-exporter [command] --help`` lists (``top`` has a parser of its own)."""
     out = subprocess.run(
-        [sys.executable, "-m", "exporter.app.cli", "--help"],
+        [sys.executable, "-m", "exporter.app.cli", *command, "--help"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.app.flags import GROUPS, KEYS, OPTIONS, build_parser, group_of
+from exporter.app.flags import GROUPS, KEYS, OPTIONS, build_parser, build_top_parser, group_of
 from exporter.app.flagsdoc import README_NOTES, readme, split_default
 from exporter.collect.registry import TABLE
 
@@ -23,7 +23,8 @@ def test_readme_flag_tables_are_generated_from_the_flag_table() -> None:
 def test_every_flag_is_in_readme_and_every_note_is_a_flag() -> None:
     text = README.read_text()
     parser = build_parser()
-    flags = {o for a in parser._actions for o in a.option_strings
+    flags = {o for p in (parser, build_top_parser()) for a in p._actions
+             for o in a.option_strings
              if not o.startswith("--no-") and o not in ("-h", "--help", "--version")}
     shown = set(re.findall(r"`(--(?:\[no-\])?[a-z0-9.-]+)", text))
     shown = {f.replace("--[no-]", "--") for f in shown}

@@ -801,10 +801,14 @@ def test_top_help_lists_top_options_only() -> None:
                             capture_output=True, text=True, cwd=REPO, env=daemon_env(None),
                             timeout=60)
     assert result.returncode == 0
-    assert result.stdout.startswith("usage: gpu-exporter top [--from URL]")
+    assert result.stdout.startswith("usage: gpu-exporter top [--from URL | --prometheus URL]")
     flags = set(re.findall(r"^  (?:-\w, )?(--[a-z.-]+)", result.stdout, re.M))
     assert flags == {"--help", "--version", "--from", "--tls.ca-file",
-                     "--tls.insecure-skip-verify"}, flags
+                     "--tls.insecure-skip-verify", "--prometheus", "--prometheus.http-config",
+                     "--prometheus.bearer-token-file", "--tls.cert-file", "--tls.key-file",
+                     "--tls.server-name", "--metric-names", "--prometheus.selector",
+                     "--prometheus.node-label", "--prometheus.refresh-interval",
+                     "--prometheus.timeout", "--prometheus.max-series"}, flags
     assert "--web.listen-address" not in result.stdout and "PgUp" in result.stdout
     wrong = subprocess.run([sys.executable, "-m", "exporter.app.cli", "top",
                             "--web.listen-address", ":1"], capture_output=True, text=True,

@@ -79,7 +79,8 @@ def test_the_words_are_defined_once() -> None:
     words = "up|down|stale|healthy|degraded|failed|failing|cool|warm|hot"
     literal = re.compile(rf"""["']({words})["']""")
     for path in ("exporter/serve/history.py", "exporter/serve/landing.py",
-                 "exporter/serve/static/app.js", "exporter/client/top.py"):
+                 "exporter/serve/static/app.js", "exporter/client/top.py",
+                 "exporter/client/fleetmodel.py", "exporter/client/fleetscreen.py"):
         assert not literal.findall((ROOT / path).read_text()), path
 
 

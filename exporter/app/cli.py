@@ -22,7 +22,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from exporter.app.flags import DEFAULT_DAEMON, build_parser, build_top_parser, command_of, load_args
+from exporter.app.flags import (
+    DEFAULT_DAEMON,
+    FLEET_KEYS,
+    build_parser,
+    build_top_parser,
+    command_of,
+    load_args,
+)
 from exporter.core.config import Config, ConfigError
 
 
@@ -94,11 +101,28 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     ca_file = args.pop("tls.ca-file", None)
     insecure = bool(args.pop("tls.insecure-skip-verify", False))
     if command == "top":  # a client of a running daemon: no collection, no config
+        fleet = {k: str(args.pop(k)) for k in list(args) if k in FLEET_KEYS}
+        prometheus = fleet.pop("prometheus", None)
+        if prometheus is None and fleet:
+            return _fail(f"--{sorted(fleet)[0]}: only with top --prometheus")
+        if prometheus is not None and source is not None:
+            return _fail("--from and --prometheus: one daemon or the fleet, not both")
         try:
-            from exporter.client.top import main as top
+            if prometheus is not None:
+                from exporter.client import fleettop
+            else:
+                from exporter.client.top import main as top
         except ImportError as e:
             return _fail(f"top needs the top extra: pip install '.[top]' in the "
                          f"gpu-exporter checkout ({e})")
+        if prometheus is not None:
+            from exporter.client.fleetflags import connect
+
+            try:
+                api, query = connect(prometheus, fleet, ca_file, insecure)
+            except ConfigError as e:
+                return _fail(f"--{e}")
+            return fleettop.main(api, query)
         return top(source or DEFAULT_DAEMON, ca_file=ca_file, insecure=insecure)
     # structlog imports rich where it is installed (the top extra) for its console
     # tracebacks, about 5 MiB the daemon has no use for (its logs are logfmt or JSON).

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter import __version__
+from exporter.client.fleetflags import FLEET_DEFAULTS
 from exporter.collect.registry import COLLECTORS, TABLE
 from exporter.core.config import (
     ALIASES,
@@ -255,8 +256,12 @@ TOP_EPILOG = """keys (? in top lists them too):
   b                  the backends and their state instead of the processes
   l                  layout: auto, one row per GPU, a panel per GPU
   q Ctrl-C           quit
+with --prometheus, on the node list:
+  ↑ ↓ j k            select a node; PgUp PgDn space: a page; Home End: ends
+  Enter →            the node's GPUs and processes (the keys above); Esc Backspace: back
 
 needs the top extra: pip install '.[top]' in the checkout; docs/top.md"""
+FLEET_GROUP = "top --prometheus"
 
 
 def add_client_flags(group: argparse._ActionsContainer) -> None:
@@ -268,25 +273,85 @@ def add_client_flags(group: argparse._ActionsContainer) -> None:
                        "unix:/run/gpu-exporter.sock")
     group.add_argument("--tls.ca-file", dest="tls.ca-file", metavar="FILE",
                        help="https:// or unix: only: the CA that signed the daemon's "
-                       "certificate (default: the system's CAs)")
+                       "certificate, or Prometheus' for top's fleet view (default: the "
+                       "system's CAs)")
     group.add_argument("--tls.insecure-skip-verify", dest="tls.insecure-skip-verify",
-                       action="store_true", help="do not verify the daemon's certificate")
+                       action="store_true", help="do not verify the daemon's (or "
+                       "Prometheus') certificate")
+
+
+def add_fleet_flags(group: argparse._ActionsContainer) -> None:
+    """``top --prometheus``'s own flags (its connection besides --tls.ca-file and
+    --tls.insecure-skip-verify, what it asks, its bounds): exporter.client.fleettop."""
+    group.add_argument("--prometheus", dest="prometheus", metavar="URL",
+                       help="show the fleet from the Prometheus (or Thanos, Mimir, "
+                       "VictoriaMetrics) API at URL that scrapes the exporters, "
+                       "https://user:password@host:9090 for basic auth, instead of one "
+                       "daemon (default none)")
+    group.add_argument("--prometheus.http-config", dest="prometheus.http-config",
+                       metavar="FILE", help="Prometheus' http_config YAML (what promtool's "
+                       "--http.config.file reads): basic_auth, authorization, bearer_token, "
+                       "tls_config; the flags below add to it (default none)")
+    group.add_argument("--prometheus.bearer-token-file", dest="prometheus.bearer-token-file",
+                       metavar="FILE", help="send Authorization: Bearer with the token in "
+                       "FILE, read at each request (default none)")
+    group.add_argument("--tls.cert-file", dest="tls.cert-file", metavar="FILE",
+                       help="with --prometheus: the client certificate to present, with "
+                       "--tls.key-file (default none)")
+    group.add_argument("--tls.key-file", dest="tls.key-file", metavar="FILE",
+                       help="with --prometheus: the client certificate's key (default none)")
+    group.add_argument("--tls.server-name", dest="tls.server-name", metavar="NAME",
+                       help="with --prometheus: the name to verify Prometheus' certificate "
+                       "against and to send as SNI (default the URL's host)")
+    group.add_argument("--metric-names", dest="metric-names", metavar="SCHEME",
+                       help="the names the exporters' series have in Prometheus: gpu (ours), "
+                       "dcgm (exporters run with --metric-names dcgm, or dcgm-exporter) or "
+                       "both (read as gpu) (default gpu)")
+    group.add_argument("--prometheus.selector", dest="prometheus.selector",
+                       metavar="MATCHERS", help="label matchers added to every selector, "
+                       "e.g. 'job=\"gpu-exporter\"' or 'cluster=\"a\"' (default none)")
+    group.add_argument("--prometheus.node-label", dest="prometheus.node-label",
+                       metavar="LABEL", help="the label that names a node (default "
+                       "instance)")
+    group.add_argument("--prometheus.refresh-interval", dest="prometheus.refresh-interval",
+                       metavar="DURATION", help="how often what is on the screen is loaded "
+                       f"again, 1s to 1h (default {FLEET_DEFAULTS['prometheus.refresh-interval']})")
+    group.add_argument("--prometheus.timeout", dest="prometheus.timeout", metavar="DURATION",
+                       help="the most one query may take, connection to last byte; also "
+                       f"sent as the query's timeout, 1s to 5m (default "
+                       f"{FLEET_DEFAULTS['prometheus.timeout']})")
+    group.add_argument("--prometheus.max-series", dest="prometheus.max-series", metavar="N",
+                       help="the most series one answer may hold (also sent as the query's "
+                       "limit); an answer cut there is said on the screen (default "
+                       f"{FLEET_DEFAULTS['prometheus.max-series']})")
+
+
+def _fleet_keys() -> frozenset[str]:
+    p = argparse.ArgumentParser(add_help=False)
+    add_fleet_flags(p)
+    return frozenset(a.dest for a in p._actions)
+
+
+FLEET_KEYS = _fleet_keys()  # the dests of top --prometheus's own flags
 
 
 def build_top_parser() -> argparse.ArgumentParser:
     """``gpu-exporter top``'s own parser: its help lists its options only."""
     p = argparse.ArgumentParser(
-        prog="gpu-exporter top", usage="gpu-exporter top [--from URL] [--tls.ca-file FILE] "
-        "[--tls.insecure-skip-verify]",
+        prog="gpu-exporter top", usage="gpu-exporter top [--from URL | --prometheus URL] "
+        "[--tls.ca-file FILE] [--tls.insecure-skip-verify] [flags]",
         description="A full-screen terminal dashboard of a running gpu-exporter: every "
         "GPU's state, values and health, and the selected GPU's processes, refreshed from "
-        "its /api/v1/history every collection interval.", epilog=TOP_EPILOG,
+        "its /api/v1/history every collection interval. With --prometheus, the fleet: "
+        "a row per node, most waste first, and a node's GPUs and processes.",
+        epilog=TOP_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=argparse.SUPPRESS, allow_abbrev=False)
     p.add_argument("command", choices=("top",), metavar="top", help=argparse.SUPPRESS)
     p.add_argument("--version", action="version",
                    version=f"gpu-exporter {__version__} (python {platform.python_version()})")
     add_client_flags(p)
+    add_fleet_flags(p.add_argument_group(FLEET_GROUP))
     return p
 
 

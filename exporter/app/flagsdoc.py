@@ -14,7 +14,7 @@ import argparse
 import re
 from pathlib import Path
 
-from exporter.app.flags import GROUPS, build_parser
+from exporter.app.flags import FLEET_GROUP, GROUPS, build_parser, build_top_parser
 
 BEGIN, END = "<!-- flags -->", "<!-- /flags -->"
 # What README.md says of a flag besides its help: links to the page about it, and the
@@ -50,6 +50,9 @@ README_NOTES: dict[str, str] = {
     "--kubernetes.pod-resources-socket": "[docs/kubernetes.md](docs/kubernetes.md)",
     "--otlp.endpoint": "[docs/otlp.md](docs/otlp.md)",
     "--from": "[docs/top.md](docs/top.md)",
+}
+FLEET_NOTES: dict[str, str] = {  # top --prometheus's (its --metric-names is not the daemon's)
+    "--prometheus": "[docs/top.md](docs/top.md#the-fleet-from-prometheus)",
 }
 _DEFAULT = re.compile(r"\s*\(default:? ((?:[^()]|\([^()]*\))*)\)\s*$")
 
@@ -90,6 +93,10 @@ def tables() -> str:
     parser = build_parser()
     groups = {g.title: g for g in parser._action_groups}
     titles = ["options", *(title for title, _ in GROUPS), "other"]
+    # top --prometheus's own flags: in top's parser only (the daemon has no use for them)
+    groups[FLEET_GROUP] = next(g for g in build_top_parser()._action_groups
+                               if g.title == FLEET_GROUP)
+    titles.insert(titles.index("other"), FLEET_GROUP)
     out: list[str] = []
     for title in titles:
         group = groups.get(title)
@@ -102,7 +109,8 @@ def tables() -> str:
         out += [f"**{heading}**", "", "| flag | default | |", "|---|---|---|"]
         for a in actions:
             what, default = split_default(str(a.help))
-            note = README_NOTES.get(a.option_strings[0], "")
+            notes = FLEET_NOTES if title == FLEET_GROUP else README_NOTES
+            note = notes.get(a.option_strings[0], "")
             text = "; ".join(t for t in (_plain(what), note) if t)
             out.append(f"| {_flag(a)} | {_default(default)} | {_cell(text)} |")
         out.append("")

@@ -12,9 +12,10 @@ nobody answered is None ("no data"), and the failures are listed in ``errors``.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from exporter.client.fleetql import DEFAULT_IDLE_UTILIZATION, WASTE_ALERTS, FleetQL
@@ -192,19 +193,38 @@ class History:
 
 def _run(api: PrometheusAPI, queries: Mapping[str, str], progress: ProgressCallback | None,
          at: float | None) -> dict[str, Answer]:
-    """Every query, PARALLEL at a time; progress after each answer."""
+    """Every query, PARALLEL at a time; progress after each answer. The workers are
+    daemon threads: a view that quits while a query waits on a slow server exits at once
+    (a ThreadPoolExecutor's workers are joined at exit, each query up to its timeout)."""
     out: dict[str, Answer] = {}
     total = len(queries)
-    with ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="prometheus") as pool:
-        futures = {pool.submit(api.query, expr, at): name for name, expr in queries.items()}
-        for future in as_completed(futures):
-            name = futures[future]
-            out[name] = future.result()  # query() returns every failure as an Answer
-            if progress is not None:
-                try:
-                    progress(Progress(len(out), total, name))
-                except Exception:  # noqa: BLE001 - a view's callback never stops a load
-                    pass
+    todo: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+    for item in queries.items():
+        todo.put(item)
+    answered: queue.SimpleQueue[tuple[str, Answer]] = queue.SimpleQueue()
+
+    def work() -> None:
+        while True:
+            try:
+                name, expr = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                answer = api.query(expr, at)  # returns every failure as an Answer
+            except Exception as e:  # noqa: BLE001 - a bug here must not hang the load
+                answer = Answer(expr, error=f"{type(e).__name__}: {e}"[:300])
+            answered.put((name, answer))
+
+    for _ in range(min(PARALLEL, total)):
+        threading.Thread(target=work, name="prometheus", daemon=True).start()
+    while len(out) < total:
+        name, answer = answered.get()
+        out[name] = answer
+        if progress is not None:
+            try:
+                progress(Progress(len(out), total, name))
+            except Exception:  # noqa: BLE001 - a view's callback never stops a load
+                pass
     return out
 
 

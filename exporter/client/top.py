@@ -27,7 +27,8 @@ hang-up (SIGHUP, or the terminal's EOF/EIO when tmux, a window or an SSH session
 away), after which it exits at once rather than run on, orphaned. Idle, it sleeps until
 a key, a reply or a signal: it never polls the terminal.
 
-Here: the terminal, the poller and the loop; the model and the keys are
+Here: the poller and the view; the terminal and the loop are exporter.client.terminal's
+(shared with the fleet view, exporter.client.fleettop), the model and the keys
 exporter.client.topmodel's, the screen exporter.client.topscreen's, its panels and rows
 exporter.client.toppanels'. Drawn with ``rich`` (the ``top`` extra), imported by these
 only: the daemon never loads them.
@@ -35,37 +36,22 @@ only: the daemon never loads them.
 from __future__ import annotations
 
 import json
-import os
-import queue
-import select
-import signal
-import sys
-import termios
-import threading
 import time
-import tty
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import FrameType
-
-from rich.console import Console
-from rich.live import Live
 
 from exporter.client.fetch import fetch_snapshot, redact_url
+from exporter.client.terminal import HangUp as HangUp
+from exporter.client.terminal import Wakeup, run
 from exporter.client.topmodel import Model as Model
 from exporter.client.topmodel import View as View
 from exporter.client.topmodel import _keys as _keys
 from exporter.client.topmodel import describe as describe
 from exporter.client.topmodel import key as key
+from exporter.client.toppanels import Screen
 from exporter.client.topscreen import frame as frame
 from exporter.core.units import printable
 from exporter.serve.untrusted import number
 
 MAX_REPLY = 16 << 20  # bytes of one /api/v1/history reply: 8 GPUs' full history is ~0.3 MiB
-
-
-class HangUp(Exception):
-    """The terminal went away (SIGHUP, EOF or EIO on it), or SIGTERM came."""
 
 
 def deadline(interval: float) -> float:
@@ -74,13 +60,11 @@ def deadline(interval: float) -> float:
 
 
 def _poller(source: str, ca_file: str | None, insecure: bool, model: Model,
-            replies: queue.Queue[tuple[str, object]], stop: threading.Event,
-            wake: int) -> None:
-    """Polls /api/v1/history every interval (the daemon's, from its replies), in a
-    thread, so that keys answer while a reply is on its way; each reply or failure
-    wakes the drawing loop through ``wake``."""
+            wakeup: Wakeup) -> None:
+    """Polls /api/v1/history every interval (the daemon's, from its replies); each reply
+    or failure goes to the drawing loop."""
     interval = 1.0
-    while not stop.is_set():
+    while not wakeup.stopped:
         started = time.monotonic()
         since = model.since
         endpoint = "/api/v1/history" + (f"?since={since!r}" if since else "")
@@ -88,136 +72,40 @@ def _poller(source: str, ca_file: str | None, insecure: bool, model: Model,
             reply = json.loads(fetch_snapshot(source, timeout=deadline(interval),
                                               ca_file=ca_file, insecure=insecure,
                                               endpoint=endpoint, max_bytes=MAX_REPLY))
-            replies.put(("reply", reply))
+            wakeup.post("reply", reply)
             got = number(reply.get("interval")) if isinstance(reply, dict) else None
             interval = got if got is not None and 0.1 <= got <= 3600 else 1.0
             wait = interval
         except (OSError, ValueError) as e:
-            replies.put(("error", e))
+            wakeup.post("error", e)
             wait = 2.0
         except Exception as e:  # noqa: BLE001 - a reply must never end the dashboard
-            replies.put(("error", e))
+            wakeup.post("error", e)
             wait = 2.0
-        try:
-            os.write(wake, b".")
-        except OSError:
-            pass
-        stop.wait(max(0.2, wait - (time.monotonic() - started)))
+        wakeup.wait(max(0.2, wait - (time.monotonic() - started)))
 
 
-@contextmanager
-def _signals(wake: int) -> Iterator[None]:
-    """SIGHUP and SIGTERM end the loop (HangUp); SIGWINCH wakes it to redraw."""
-    def hang_up(signum: int, frame: FrameType | None) -> None:
-        raise HangUp(signal.Signals(signum).name)
+class Daemon:
+    """The one-daemon view: the model of its replies, what the operator looks at."""
 
-    def resized(signum: int, frame: FrameType | None) -> None:
-        try:
-            os.write(wake, b"w")
-        except OSError:
-            pass
+    def __init__(self, source: str) -> None:
+        self.model, self.view, self.source = Model(), View(), source
 
-    old = {s: signal.signal(s, h) for s, h in ((signal.SIGHUP, hang_up),
-                                               (signal.SIGTERM, hang_up),
-                                               (signal.SIGWINCH, resized))}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    def frame(self, width: int, height: int) -> Screen:
+        return frame(self.model, self.view, self.source, width, height)
 
+    def key(self, k: str) -> bool:
+        return key(self.view, self.model, k)
 
-def _silence() -> None:
-    """After a hang-up: stdout and stderr to /dev/null, so that nothing written on the
-    way out (rich leaving the alternate screen, an interpreter flush) fails on the
-    terminal that is gone."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        os.close(null)
-    except OSError:
-        pass
+    def take(self, kind: str, payload: object) -> None:
+        if kind == "reply":
+            self.model.merge(payload)
+        elif isinstance(payload, BaseException):
+            self.model.fail(payload)
 
 
 def main(source: str, ca_file: str | None = None, insecure: bool = False) -> int:
     """Run the dashboard until q or Ctrl-C (0), or a hang-up or SIGTERM (129, 143); the
     terminal is restored whatever happens."""
-    if not sys.stdin.isatty() or not sys.stdout.isatty():
-        print("gpu-exporter: error: top needs a terminal", file=sys.stderr)
-        return 2
-    shown = printable(redact_url(source), 200)
-    model, view = Model(), View()
-    replies: queue.Queue[tuple[str, object]] = queue.Queue()
-    stop = threading.Event()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    thread = threading.Thread(target=_poller, name="top-poller", daemon=True,
-                              args=(source, ca_file, insecure, model, replies, stop, wake_w))
-    console = Console()
-    fd = sys.stdin.fileno()
-    saved = termios.tcgetattr(fd)
-    code = 0
-    try:
-        with _signals(wake_w):
-            tty.setcbreak(fd)  # keys one at a time, no echo; Ctrl-C still interrupts
-            thread.start()
-            with Live(console=console, screen=True, auto_refresh=False) as live:
-                code = _loop(live, console, fd, wake_r, model, view, shown, replies)
-    except KeyboardInterrupt:
-        code = 0
-    except HangUp as e:
-        code = 143 if str(e) == "SIGTERM" else 129
-    except OSError:  # the terminal went while rich wrote to it
-        code = 129
-    finally:
-        stop.set()
-        if code == 129:
-            _silence()
-        try:
-            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-        except (OSError, termios.error):
-            pass  # no terminal left to restore
-        for end in (wake_r, wake_w):
-            os.close(end)
-    return code
-
-
-def _loop(live: Live, console: Console, fd: int, wake: int, model: Model, view: View,
-          source: str, replies: queue.Queue[tuple[str, object]]) -> int:
-    """Draw, then sleep until a key, a reply or a signal; never a timed poll."""
-    def draw() -> None:
-        size = console.size
-        live.update(frame(model, view, source, size.width, size.height), refresh=True)
-
-    draw()
-    while True:
-        ready = select.select([fd, wake], [], [])[0]
-        dirty = False
-        if fd in ready:
-            try:
-                data = os.read(fd, 1024)
-            except OSError:  # EIO: the terminal is gone
-                raise HangUp("EIO") from None
-            if not data:  # EOF: the terminal is gone
-                raise HangUp("EOF")
-            for k in _keys(data.decode(errors="replace")):
-                if not key(view, model, k):
-                    return 0
-            dirty = True
-        if wake in ready:
-            try:
-                while os.read(wake, 512):
-                    pass
-            except BlockingIOError:
-                pass
-            dirty = True  # a reply, a failure or a resize
-        while not replies.empty():
-            kind, reply = replies.get_nowait()
-            if kind == "reply":
-                model.merge(reply)
-            elif isinstance(reply, BaseException):
-                model.fail(reply)
-        if dirty:
-            draw()
+    app = Daemon(printable(redact_url(source), 200))
+    return run(app, lambda wakeup: _poller(source, ca_file, insecure, app.model, wakeup))
