@@ -445,6 +445,7 @@ def _poisoned(reply: dict[str, Any]) -> dict[str, Any]:
 
 
 @needs_tmux
+@pytest.mark.slow  # takes seconds
 def test_top_against_a_server_that_lies(tmp_path: Path) -> None:
     """A hostile server: escape sequences in every string reach neither the pane's
     title nor its clipboard nor its screen (shown stripped); a reply without its keys
@@ -757,6 +758,7 @@ def test_the_poll_failures_in_the_operators_words() -> None:
     assert "No data: unauthorized (401)" in text and "Waiting" not in text
 
 
+@pytest.mark.slow  # takes seconds
 def test_fetch_bounds_a_reply_in_time_and_size(tmp_path: Path) -> None:
     """A reply trickled a byte every 0.4 s (never idle as long as the deadline) ends at
     the deadline, headers or body; one of 300 MiB is refused from its Content-Length,

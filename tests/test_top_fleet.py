@@ -258,6 +258,7 @@ def test_no_answer_at_all_partial_answers_and_a_cut_answer_are_state_lines() -> 
     assert any("cut at 3 series (--prometheus.max-series)" in line for line in lines)
 
 
+@pytest.mark.slow  # takes seconds
 def test_a_load_with_no_answer_keeps_the_last_list_and_node_as_stale() -> None:
     app = loaded_app()
     unreachable = PrometheusAPI("http://127.0.0.1:9", timeout=2)
@@ -303,6 +304,7 @@ def test_every_screen_fits_80x24_and_keeps_its_footer() -> None:
         assert any("4242" in line for line in lines)
 
 
+@pytest.mark.slow  # takes seconds
 def test_the_poller_loads_what_is_shown_once_per_interval() -> None:
     """The list, then the node drilled into at once (a kick), then the list again only
     when its interval is due: never back to back."""
