@@ -68,6 +68,8 @@ def _direct(func: Callable[..., Any]) -> tuple[bool, tuple[Callable[..., Any], .
     out: list[Callable[..., Any]] = []
     for name in names:
         g = scope.get(name)
+        if inspect.isfunction(g):
+            g = inspect.unwrap(g)  # a @contextmanager helper's own function, in tests/
         if inspect.isfunction(g) and _in_tests(g):
             out.append(g)
         elif inspect.isclass(g) and _in_tests(g):
