@@ -8,6 +8,8 @@ import json
 import re
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from exporter.serve.history import History
 from exporter.serve.landing import chart_path
 from exporter.serve.view import Processes, State
 from tests.cdp import Browser
-from tests.daemon import FIXTURES, machine_args, running
+from tests.daemon import FIXTURES, Daemon, machine_args, running
 from tests.fakes.fake_nvml import FakeGPU
 from tests.test_collector import Scripted
 
@@ -468,16 +470,24 @@ def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
     assert offline[1] == "offline"
 
 
-def test_a_stale_backend_and_its_gpu_read_stale(tmp_path: Path) -> None:
-    """NVML hangs after 1.5 s (the fake's fault): past --stale-after the backend reads
-    stale with its reason in /api/v1/history, and so does its GPU (withdrawn from
-    /metrics, but not known to be down)."""
+@contextmanager
+def hanging_nvidia(tmp_path: Path) -> Iterator[Daemon]:
+    """A daemon on the RX 7800 XT machine beside a fake NVIDIA GPU whose NVML hangs after
+    1.5 s: past --stale-after (800 ms) the nvidia backend and its GPU are stale."""
     nvml = tmp_path / "nvml.json"
     nvml.write_text(json.dumps({"gpus": [{"pci_bus_id": "00000000:41:00.0"}], "faults": {
         "hang": {"function": "nvmlDeviceGetPowerUsage", "after_seconds": 1.5}}}))
     machine = FIXTURES / "amd-rdna3-rx7800xt"
     args = [*machine_args(machine), "--collector.interval", "200ms", "--stale-after", "800ms"]
     with running(args, tmp_path, nvml_json=nvml) as d:
+        yield d
+
+
+def test_a_stale_backend_and_its_gpu_read_stale(tmp_path: Path) -> None:
+    """NVML hangs after 1.5 s (the fake's fault): past --stale-after the backend reads
+    stale with its reason in /api/v1/history, and so does its GPU (withdrawn from
+    /metrics, but not known to be down)."""
+    with hanging_nvidia(tmp_path) as d:
         first = d.get("/api/v1/history").json()
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:

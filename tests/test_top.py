@@ -39,7 +39,7 @@ from tests import hostile
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 from tests.fakes.fake_nvml import FakeGPU
 from tests.test_collector import Scripted
-from tests.test_landing import AMD_CARD
+from tests.test_landing import AMD_CARD, hanging_nvidia
 from tests.test_server import _self_signed
 
 pytest.importorskip("rich", reason="the top extra (rich) is not installed")
@@ -412,12 +412,7 @@ def test_top_shows_a_stale_backend_and_its_gpu(tmp_path: Path) -> None:
     """NVML hangs after 1.5 s (the fake's fault): past --stale-after the daemon says the
     nvidia backend and its GPU are stale, and so does top, in the GPU's title and in a
     line of the header with the reason."""
-    nvml = tmp_path / "nvml.json"
-    nvml.write_text(json.dumps({"gpus": [{"pci_bus_id": "00000000:41:00.0"}], "faults": {
-        "hang": {"function": "nvmlDeviceGetPowerUsage", "after_seconds": 1.5}}}))
-    machine = FIXTURES / "amd-rdna3-rx7800xt"
-    args = [*machine_args(machine), "--collector.interval", "200ms", "--stale-after", "800ms"]
-    with running(args, tmp_path, nvml_json=nvml) as d:
+    with hanging_nvidia(tmp_path) as d:
         with tmux(f"gxtops-{tmp_path.name}", top_command("--from", d.base_url), 120, 50) as t:
             screen = t.wait("◌ stale: nvidia (no completed collection within --stale-after)")
             assert re.search(r"NVIDIA H100 80GB HBM3 · nvidia · ◌ stale", screen), screen

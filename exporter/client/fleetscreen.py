@@ -19,7 +19,7 @@ from exporter.client.toppanels import (
     Screen,
     assemble,
 )
-from exporter.client.topscreen import clock, gpus_and_processes
+from exporter.client.topscreen import clock, gpus_and_processes, key_lines
 from exporter.core.labels import HealthStatus
 
 LIST_FOOTER = ((("↑↓", "node"), ("PgUp/PgDn", "page"), ("Enter", "GPUs and processes"),
@@ -159,12 +159,7 @@ def header_lines(model: FleetModel, view: FleetView, width: int) -> list[Text]:
 
 
 def help_lines(model: FleetModel, width: int) -> list[Text]:
-    out = [Text(" Keys", style="bold")]
-    for keys, what in KEYS_HELP:
-        line = assemble((f" {keys:<16}", "bold cyan"), what)
-        line.truncate(width)
-        out.append(line)
-    out.append(Text(""))
+    out = key_lines(KEYS_HELP, width)
     for text in (
             " GPUS: GPUs on the node; UTIL: their mean utilisation; MEMORY: used/total; "
             "POWER: their draw; HEALTH: the worst verdict (n lost: gpu_up 0)",

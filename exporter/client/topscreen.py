@@ -7,7 +7,7 @@ keys' line: exactly the terminal's lines, each cut to its width."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rich.text import Text
 
@@ -123,13 +123,19 @@ def backend_lines(model: Model, width: int, rows: int) -> list[Text]:
     return out
 
 
-def help_lines(width: int) -> list[Text]:
+def key_lines(keys_help: Sequence[tuple[str, str]], width: int) -> list[Text]:
+    """The help overlay's key table (this view's and the fleet view's), then a blank line."""
     out = [Text(" Keys", style="bold")]
-    for keys, what in KEYS_HELP:
+    for keys, what in keys_help:
         line = assemble((f" {keys:<16}", "bold cyan"), what)
         line.truncate(width)
         out.append(line)
     out.append(Text(""))
+    return out
+
+
+def help_lines(width: int) -> list[Text]:
+    out = key_lines(KEYS_HELP, width)
     out.append(Text(" States: ● up  ◌ stale (no collection within --stale-after)  ✖ down; "
                     "verdicts: ✔ healthy  ▲ degraded  ✖ failed", style="dim"))
     return out
