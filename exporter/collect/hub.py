@@ -117,6 +117,7 @@ class Hub:
         self._life = threading.Lock()  # start() and stop(): no thread started after a stop
         self._threads: list[threading.Thread] = []
         self._all_attempted = threading.Event()
+        self._published = threading.Condition()  # notified after each publish, and on stop
         with self._publish_lock:
             self.snapshot = self._build()
 
@@ -150,7 +151,13 @@ class Hub:
         with self._lock:
             self._threads_by_backend = MappingProxyType(threads)
             self._gpus.number()
+            numbered = self._generation
+        # The publishing thread publishes it; start() returns once it has, so the
+        # snapshot then holds every backend's first open (up, or down with the reason).
         self.request_publish()
+        with self._published:
+            self._published.wait_for(
+                lambda: self.snapshot.generation > numbered or self._stop.is_set(), OPEN_WAIT)
         with self._life:
             if self._stop.is_set():
                 return
@@ -168,6 +175,8 @@ class Hub:
             self._wake.set()  # the publisher leaves its wait, and ends
             self._all_attempted.set()  # a start() waiting for first opens goes on, and ends
             threads = list(self._threads)
+        with self._published:
+            self._published.notify_all()  # ... as does one waiting for its first publish
         deadline = time.monotonic() + timeout
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -412,4 +421,6 @@ class Hub:
             self.snapshot = snapshot
         for subscriber in self._subscribers:
             subscriber(snapshot)
+        with self._published:
+            self._published.notify_all()
         return snapshot
