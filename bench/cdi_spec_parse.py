@@ -12,7 +12,7 @@ kept:
 - ``before``: what the exporter did: the whole file (under the old 4 MiB cap) through
   ``yaml.safe_load`` (pure-Python YAML, tried first even for ``.json``), the devices
   kept;
-- ``after``: ``CdiRegistry`` as it is now (exporter.collect.kubernetes.cdi): ``.json`` through
+- ``after``: ``CdiRegistry`` as it is now (exporter.attribution.kubernetes.cdi): ``.json`` through
   the json module, ``.yaml`` through libyaml where PyYAML has it, refused by size (a
   ``stat``) or device count before anything is kept.
 
@@ -41,13 +41,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from exporter.collect.kubernetes import cdi  # noqa: E402
+from exporter.attribution.kubernetes import cdi  # noqa: E402
 
 CHILD = r"""
 import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[3])
 import yaml
-from exporter.collect.kubernetes import cdi
+from exporter.attribution.kubernetes import cdi
 mode, path = sys.argv[1], sys.argv[2]
 def status_kb(key):
     with open("/proc/self/status") as f:

@@ -106,7 +106,7 @@ def _nvml(kind: str, gpus: int, links: int, procs: int) -> Any:
 class Counting:
     """Counts the NVML calls made through ``nvml`` while on: every ``nvml*`` function by
     name, and the field ids of each field-values batch (the exporter calls the C function
-    through ``_nvmlGetFunctionPointer``, see exporter.collect.backends.nvidia.fields)."""
+    through ``_nvmlGetFunctionPointer``, see exporter.sources.nvidia.fields)."""
 
     def __init__(self, nvml: Any) -> None:
         self.on = False
@@ -161,18 +161,18 @@ def child(kind: str, gpus: int, links: int, procs: int, cycles: int, gap: float,
     nvml = _nvml(kind, gpus, links, procs)
     counting = Counting(nvml)
     from exporter.app.flags import load_config
-    from exporter.collect.backends.nvidia.backend import NvidiaBackend
-    from exporter.collect.backends.nvidia.device import RARE_EVERY
-    from exporter.collect.hub import Hub
-    from exporter.collect.readers import Readers
     from exporter.output.render import Renderer, RenderOptions
+    from exporter.pipeline.hub import Hub
     from exporter.serve.history import History
+    from exporter.sources.nvidia.backend import NvidiaBackend
+    from exporter.sources.nvidia.device import RARE_EVERY
+    from exporter.sources.readers import Readers
 
     with tempfile.TemporaryDirectory(prefix="cost-model-") as empty:  # an empty /proc
         proc = "/proc" if kind == "real" else empty
         config = load_config(["--path.procfs", proc, "--collector.interval", "1s"], {})
         # unread: nobody scrapes (the readings only a reader sees are taken once);
-        # else every one is wanted, as under a scraper (exporter.collect.readers).
+        # else every one is wanted, as under a scraper (exporter.sources.readers).
         backend = NvidiaBackend(config, nvml, readers=Readers(always=not unread))
         hub = Hub(config, [backend])
         renderer = Renderer(lead=config.interval, options=RenderOptions())
@@ -413,7 +413,7 @@ def per_second(r: Mapping[str, Any], interval: float, per_call: Mapping[str, flo
     """(% of one core for our Python, for the driver) of the backend thread and the
     publish at ``interval``: every cycle publishes; one in slow/interval is slow, a third
     of those rare (the cycle is a slow one instead of a fast one)."""
-    from exporter.collect.backends.nvidia.device import RARE_EVERY
+    from exporter.sources.nvidia.device import RARE_EVERY
 
     cycles = 1.0 / interval
     slow = 1.0 / max(slow_interval, interval)

@@ -2,7 +2,7 @@
 """Per-process GPU energy on a real NVIDIA GPU: does the split follow who used the GPU?
 
 Runs the exporter's own path in this process (the NVIDIA backend in a Hub, whose energy
-split is exporter.collect.energy_split) while worker processes run the same CUDA matmul loop
+split is exporter.pipeline.energy_split) while worker processes run the same CUDA matmul loop
 (torch), and checks three scenarios against what is known of them:
 
   a. two workers busy at the same time        -> their energy about 1:1 (within 20 %)
@@ -36,7 +36,7 @@ from typing import Any, Protocol
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.collect.energy_split import Window  # noqa: E402
+from exporter.pipeline.energy_split import Window  # noqa: E402
 
 MATMUL = 8192  # fp16 square matmul: ~1.5 ms on an H100, so each loop step is short
 
@@ -152,10 +152,10 @@ class Harness:
     key: str = ""
 
     def start(self) -> None:
-        from exporter.collect.backends.nvidia.backend import NvidiaBackend
-        from exporter.collect.hub import Hub
         from exporter.core.config import Config
         from exporter.core.model import normalize_pci_bus_id
+        from exporter.pipeline.hub import Hub
+        from exporter.sources.nvidia.backend import NvidiaBackend
 
         self.recording = Recording(self.nvml)
         config = Config(interval=self.interval, slow_interval=self.slow_interval)
@@ -302,8 +302,8 @@ def cost(gpus: int = 8, processes: int = 64, rounds: int = 200) -> tuple[float, 
     one already fed. No GPU needed: ``--cost``."""
     import statistics
 
-    from exporter.collect.energy_split import EnergySplit
     from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample
+    from exporter.pipeline.energy_split import EnergySplit
 
     def snapshot(step: int) -> list[DeviceSample]:
         return [DeviceSample(

@@ -43,10 +43,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.collect.backends.base import BackendUnavailable  # noqa: E402
-from exporter.collect.backends.fdinfo.backend import FdinfoBackend  # noqa: E402
-from exporter.collect.backends.fdinfo.scan import KnownCards, ScanResult  # noqa: E402
 from exporter.core.config import Config  # noqa: E402
+from exporter.sources.base import BackendUnavailable  # noqa: E402
+from exporter.sources.fdinfo.backend import FdinfoBackend  # noqa: E402
+from exporter.sources.fdinfo.scan import KnownCards, ScanResult  # noqa: E402
 
 FDINFO = (
     "pos:\t0\nflags:\t02100002\nmnt_id:\t23\nino:\t1185\npasid:\t{pasid}\n"

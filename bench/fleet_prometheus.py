@@ -1,4 +1,4 @@
-"""What the fleet reader (exporter.client.fleet) costs against a real Prometheus holding a
+"""What the fleet reader (exporter.client.fleet.nodes) costs against a real Prometheus holding a
 large fleet's series.
 
     python bench/fleet_prometheus.py [--nodes 250 1000] [--gpus 8] [--procs 2] [--loads 5]
@@ -40,9 +40,9 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 HERE = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(HERE))
-from exporter.client.fleet import load_fleet, load_node  # noqa: E402
-from exporter.client.fleetql import FleetQL  # noqa: E402
-from exporter.client.promapi import PrometheusAPI  # noqa: E402
+from exporter.client.fleet.nodes import load_fleet, load_node  # noqa: E402
+from exporter.client.fleet.promapi import PrometheusAPI  # noqa: E402
+from exporter.client.fleet.ql import FleetQL  # noqa: E402
 
 GPU = ["instance", "job", "gpu", "uuid", "vendor", "source"]
 

@@ -80,13 +80,13 @@ sys.exit(main())
 
 # What every running daemon imports before any optional feature.
 DAEMON_BASE = ("exporter.app.cli", "exporter.app.daemon", "exporter.serve.server",
-               "exporter.collect.hub",
+               "exporter.pipeline.hub",
                "exporter.output.render.exposition", "uvicorn.server", "starlette.applications",
                "prometheus_client", "structlog", "pynvml")
 # feature -> the modules the exporter imports when it is configured.
 FEATURES = {
-    "Kubernetes (gRPC, protobuf)": ("exporter.collect.kubernetes.backend", "grpc",
-                                    "exporter.collect.kubernetes.proto.podresources_pb2_grpc"),
+    "Kubernetes (gRPC, protobuf)": ("exporter.attribution.kubernetes.backend", "grpc",
+                                    "exporter.attribution.kubernetes.proto.podresources_pb2_grpc"),
     "config file / web config (PyYAML)": ("yaml",),
     "basic auth (bcrypt)": ("bcrypt",),
     "OTLP push (OpenTelemetry SDK, HTTP exporter)": ("exporter.output.otlp",),

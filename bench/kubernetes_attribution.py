@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from exporter.collect.kubernetes.backend import KubernetesBackend  # noqa: E402
+from exporter.attribution.kubernetes.backend import KubernetesBackend  # noqa: E402
 from exporter.core.config import Config  # noqa: E402
 from tests.fakes.kubelet import (  # noqa: E402
     ClaimDevice,
@@ -48,11 +48,11 @@ def rss():
     for line in open('/proc/self/status'):
         if line.startswith('VmRSS:'):
             return int(line.split()[1])
-import exporter.app.cli, exporter.collect.backends.nvidia.backend  # what the daemon imports anyway
+import exporter.app.cli, exporter.sources.nvidia.backend  # what the daemon imports anyway
 before = rss()
 if {load}:
-    from exporter.collect.kubernetes.podresources import PodResourcesClient
-    from exporter.collect.kubernetes.cri import CriClient
+    from exporter.attribution.kubernetes.podresources import PodResourcesClient
+    from exporter.attribution.kubernetes.cri import CriClient
     PodResourcesClient('/nonexistent.sock').close(); CriClient('/nonexistent.sock').close()
 gc.collect()
 print(rss() - before)

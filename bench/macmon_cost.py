@@ -20,9 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from exporter.collect.backends.apple.backend import AppleBackend  # noqa: E402
-from exporter.collect.backends.apple.parse import decode_line, parse_macmon  # noqa: E402
 from exporter.core.config import Config  # noqa: E402
+from exporter.sources.apple.backend import AppleBackend  # noqa: E402
+from exporter.sources.apple.parse import decode_line, parse_macmon  # noqa: E402
 
 LINES = ROOT / "tests" / "fixtures" / "macmon"
 TICK = os.sysconf("SC_CLK_TCK")

@@ -38,15 +38,15 @@ STAGES = (
     ("+ structlog", "import structlog"),
     ("+ pynvml", "import pynvml"),
     ("+ the exporter (cli, daemon, collector, render, server)",
-     "import exporter.app.cli, exporter.app.daemon, exporter.collect.hub, "
+     "import exporter.app.cli, exporter.app.daemon, exporter.pipeline.hub, "
      "exporter.output.render, exporter.serve.server"),
     ("+ backends (nvidia, amd, intel, fdinfo)",
-     "import exporter.collect.backends.nvidia.backend, exporter.collect.backends.amd.backend, "
-     "exporter.collect.backends.intel.backend, exporter.collect.backends.fdinfo.backend"),
+     "import exporter.sources.nvidia.backend, exporter.sources.amd.backend, "
+     "exporter.sources.intel.backend, exporter.sources.fdinfo.backend"),
     ("+ pyudev", "import pyudev; pyudev.Context()"),
     ("+ yaml, bcrypt (only with --config.file / basic auth)", "import yaml, bcrypt"),
     ("+ grpc and the kubernetes stubs (only in a cluster)",
-     "import exporter.collect.kubernetes.rpc"),
+     "import exporter.attribution.kubernetes.rpc"),
 )
 
 

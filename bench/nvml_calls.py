@@ -6,7 +6,7 @@
 Prints one row per call: median and p90 wall time and median thread CPU time in
 microseconds over N calls (calls that take over a millisecond are repeated fewer
 times), and whether the call answered or raised (e.g. NotSupported). The fast/slow
-tier split in exporter/collect/backends/nvidia/backend.py is decided from this table.
+tier split in exporter/sources/nvidia/backend.py is decided from this table.
 
 ``--batch`` compares field values asked one call per field with the same fields in
 one ``nvmlDeviceGetFieldValues`` call (the fast-tier set, MEASURED.md's three-field
@@ -159,8 +159,8 @@ def batch_rows(n: Any, h: Any, runs: int) -> list[tuple[str, float, float, float
     }
     # Through the exporter's own call (spare entries after the array): nvidia-ml-py's
     # exactly sized array lets driver 580 write past it when a batch ends in NVLink
-    # throughput fields (exporter.collect.backends.nvidia.fields).
-    from exporter.collect.backends.nvidia.fields import field_values
+    # throughput fields (exporter.sources.nvidia.fields).
+    from exporter.sources.nvidia.fields import field_values
 
     rows = []
     for label, fields in sets.items():
@@ -179,8 +179,8 @@ def batch_rows(n: Any, h: Any, runs: int) -> list[tuple[str, float, float, float
 
 def cycle_rows(runs: int) -> list[tuple[str, float, float, float, str]]:
     """Whole backend cycles through the exporter's code (all GPUs, per cycle)."""
-    from exporter.collect.backends.nvidia.backend import NvidiaBackend
     from exporter.core.config import Config
+    from exporter.sources.nvidia.backend import NvidiaBackend
 
     backend = NvidiaBackend(Config())
     gpus = len(backend.open())
@@ -194,7 +194,7 @@ def cycle_rows(runs: int) -> list[tuple[str, float, float, float, str]]:
 
 
 def gpm_rows(nvml: Any, h: Any, n: int) -> list[tuple[str, float, float, str]]:
-    from exporter.collect.backends.nvidia.gpm import GpmSampler
+    from exporter.sources.nvidia.gpm import GpmSampler
 
     try:
         sampler = GpmSampler(nvml, h)
@@ -276,8 +276,8 @@ def main() -> None:
 
 
 def probe() -> None:
-    from exporter.collect.backends.nvidia.backend import NvidiaBackend
     from exporter.core.config import Config
+    from exporter.sources.nvidia.backend import NvidiaBackend
 
     backend = NvidiaBackend(Config())
     infos = backend.open()

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 LOOP = """
 import sys, time, pynvml
 sys.path.insert(0, {repo!r})
-from exporter.collect.backends.nvidia.fields import field_values
+from exporter.sources.nvidia.fields import field_values
 pynvml.nvmlInit()
 handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
 batch = {batch!r}

@@ -59,7 +59,7 @@ if which == "nvml":
                   "nvmlDeviceGetMinorNumber"):
             attempt(lambda: getattr(n, f)(h))
     mark("identity (uuid, pci, name, serial, vbios, compute capability, ...)")
-    from exporter.collect.backends.nvidia.fields import field_values
+    from exporter.sources.nvidia.fields import field_values
     mark("import the exporter's field-values call (and what it imports)")
     for h in hs:
         attempt(lambda: n.nvmlDeviceGetUtilizationRates(h))
@@ -103,7 +103,7 @@ if which == "nvml":
         attempt(lambda: n.nvmlDeviceGetMigMode(h))
         attempt(lambda: n.nvmlDeviceGetNvLinkState(h, 0))
     mark("slow getters (process utilisation, energy, PCIe, violations, MIG, NVLink)")
-    from exporter.collect.backends.nvidia.backend import NvidiaBackend
+    from exporter.sources.nvidia.backend import NvidiaBackend
     from exporter.core.config import Config
     mark("import the exporter's NVIDIA backend")
     b = NvidiaBackend(Config())

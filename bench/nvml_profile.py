@@ -35,10 +35,10 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30, help="functions listed (0: no profiler)")
     args = ap.parse_args()
 
-    from exporter.collect.backends.nvidia.backend import NvidiaBackend
-    from exporter.collect.backends.nvidia.device import RARE_EVERY
-    from exporter.collect.readers import Readers
     from exporter.core.config import Config
+    from exporter.sources.nvidia.backend import NvidiaBackend
+    from exporter.sources.nvidia.device import RARE_EVERY
+    from exporter.sources.readers import Readers
 
     readers = Readers()
     backend = NvidiaBackend(Config(), readers=readers)

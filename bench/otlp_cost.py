@@ -30,7 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
 SHIM = REPO / "tests" / "fakes" / "pynvml_shim"
-DAEMON_IMPORTS = ("import exporter.app.cli, exporter.app.daemon, exporter.collect.hub, "
+DAEMON_IMPORTS = ("import exporter.app.cli, exporter.app.daemon, exporter.pipeline.hub, "
                   "exporter.output.render, "
                   "exporter.serve.server")
 READ_RSS = ("print(next(int(l.split()[1]) for l in open('/proc/self/status') "
@@ -60,9 +60,9 @@ class _Ok(BaseHTTPRequestHandler):
 def snapshot_of(machine: str) -> Any:
     sys.path[:0] = [str(SHIM), str(REPO)]
     os.environ["FAKE_NVML_JSON"] = str(FIXTURES / machine / "nvml.json")
-    from exporter.collect.hub import Hub
-    from exporter.collect.registry import build_backends
     from exporter.core.config import Config
+    from exporter.pipeline.hub import Hub
+    from exporter.pipeline.registry import build_backends
 
     proc = FIXTURES / machine / "proc"
     config = Config(sysfs=str(FIXTURES / machine / "sys"),

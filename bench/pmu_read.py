@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from exporter.collect.kernel import perf  # noqa: E402
+from exporter.sources.kernel import perf  # noqa: E402
 
 FORMAT = perf.PERF_FORMAT_GROUP | perf.PERF_FORMAT_TOTAL_TIME_ENABLED
 USER_ONLY = perf.FLAG_EXCLUDE_KERNEL | perf.FLAG_EXCLUDE_HV  # allowed at paranoid 2
@@ -70,10 +70,10 @@ def main() -> None:
             for g in (group, *single):
                 g.close()
 
-    from exporter.collect.backends.intel.pmu import PmuBackend
-    from exporter.collect.discovery import DrmDiscovery
     from exporter.core.config import Config
     from exporter.core.fs import SysFS
+    from exporter.sources.discovery import DrmDiscovery
+    from exporter.sources.intel.pmu import PmuBackend
     from tests.fakes.fake_perf import FakePerf
 
     machine = ROOT / "tests" / "fixtures" / "intel-xe-b580"

@@ -1,5 +1,5 @@
 """Cost of one Hub publish, now that it merges: merge, process cap, pod attribution and
-health verdicts once per snapshot, on the publishing thread (exporter.collect.state.merged_view).
+health verdicts once per snapshot, on the publishing thread (exporter.pipeline.state.merged_view).
 
     python bench/publish_merge.py [--gpus 8] [--processes 64] [--n 300]
 
@@ -25,11 +25,11 @@ sys.path.insert(0, str(HERE))
 
 from dcgm_render import sample  # type: ignore[import-not-found]  # noqa: E402
 
-from exporter.collect.backends.base import DERIVED, LIBRARY, Cycle  # noqa: E402
-from exporter.collect.hub import Hub  # noqa: E402
-from exporter.collect.state import merged_view  # noqa: E402
 from exporter.core.config import Config  # noqa: E402
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample  # noqa: E402
+from exporter.pipeline.hub import Hub  # noqa: E402
+from exporter.pipeline.state import merged_view  # noqa: E402
+from exporter.sources.base import DERIVED, LIBRARY, Cycle  # noqa: E402
 
 
 class Fixed:

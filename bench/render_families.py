@@ -45,7 +45,7 @@ def medians(repo: Path, gpus: int, processes: int, n: int) -> dict[str, float]:
 
     snap = Snap()
     snap.devices = tuple(devices)  # type: ignore[attr-defined]
-    health = importlib.import_module("exporter.collect.health")
+    health = importlib.import_module("exporter.pipeline.health")
     if hasattr(health, "verdicts"):  # per-GPU health families, where the checkout has them
         snap.health = health.verdicts(snap.devices, time.time())  # type: ignore[attr-defined]
     out = {}

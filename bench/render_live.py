@@ -37,9 +37,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from exporter.collect import health  # noqa: E402
-from exporter.collect.state import BackendState  # noqa: E402
 from exporter.core.model import ProcessSample  # noqa: E402
+from exporter.pipeline import health  # noqa: E402
+from exporter.pipeline.state import BackendState  # noqa: E402
 from exporter.serve import landing  # noqa: E402
 from exporter.serve.history import History  # noqa: E402
 from exporter.serve.tables import TOP_PROCESSES  # noqa: E402
@@ -138,7 +138,7 @@ def main() -> None:
         from rich.console import Console
         from rich.live import Live
 
-        from exporter.client import top
+        from exporter.client.top import command as top
     except ImportError:
         print("top frame                 (skipped: pip install '.[top]' in the checkout)")
         return

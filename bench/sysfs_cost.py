@@ -43,11 +43,11 @@ sys.path.insert(0, str(REPO))
 from daemon_cost import measure  # noqa: E402
 from scrape_latency import start_daemon  # noqa: E402
 
-from exporter.collect.backends.amd.backend import AmdBackend  # noqa: E402
-from exporter.collect.backends.intel.backend import IntelBackend  # noqa: E402
-from exporter.collect.discovery import DrmDiscovery  # noqa: E402
 from exporter.core.config import Config  # noqa: E402
 from exporter.core.fs import SysFS  # noqa: E402
+from exporter.sources.amd.backend import AmdBackend  # noqa: E402
+from exporter.sources.discovery import DrmDiscovery  # noqa: E402
+from exporter.sources.intel.backend import IntelBackend  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures"
 PAGE = 4096

@@ -1,4 +1,4 @@
-"""A stepped clock for the Hub (exporter.collect.hub.Clock): virtual monotonic time that
+"""A stepped clock for the Hub (exporter.pipeline.hub.Clock): virtual monotonic time that
 moves only when the test steps it, so cadence, back-off and staleness are tested without
 sleeping and without timing slack."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from exporter.collect.hub import Clock
+from exporter.pipeline.hub import Clock
 
 REAL_TIMEOUT = 10.0  # seconds of real time a step waits for the Hub's threads
 

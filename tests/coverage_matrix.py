@@ -1,7 +1,7 @@
 """docs/coverage.md from the golden outputs: which family each vendor and source fills, and
 the values each label takes.
 
-    python -m exporter.output.metricsdoc   (writes it, with every other generated doc)
+    python -m tools.metricsdoc   (writes it, with every other generated doc)
 
 Read from tests/golden/*.prom (every fixture machine's real /metrics) with
 prometheus-client's parser, so the page says what the exporter serves on those machines,

@@ -1,8 +1,8 @@
 """Rewrite every generated file after a change to what is served, in the order they
 depend on each other: the goldens (``UPDATE_GOLDEN=1 pytest -m golden``: tests/golden,
 the dcgm goldens), then the docs generated from the catalogue and the goldens
-(``exporter.output.metricsdoc``: docs/metrics.md, docs/otlp.md's table, docs/coverage.md,
-docs/cardinality.md), then the README's flag tables (``exporter.app.flagsdoc``).
+(``tools.metricsdoc``: docs/metrics.md, docs/otlp.md's table, docs/coverage.md,
+docs/cardinality.md), then the README's flag tables (``tools.flagsdoc``).
 
     python -m tests.regenerate
 
@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 STEPS = (
     ("goldens", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
                  "golden"], {"UPDATE_GOLDEN": "1"}),
-    ("generated docs", [sys.executable, "-m", "exporter.output.metricsdoc"], {}),
-    ("README flag tables", [sys.executable, "-m", "exporter.app.flagsdoc"], {}),
+    ("generated docs", [sys.executable, "-m", "tools.metricsdoc"], {}),
+    ("README flag tables", [sys.executable, "-m", "tools.flagsdoc"], {}),
 )
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.backends.base import BackendUnavailable
-from exporter.collect.discovery import DrmDiscovery
-from exporter.collect.kernel.amdgpu import dpm_current_hz, dpm_max_hz, parse_pp_dpm, parse_ras_count
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceSample
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.base import BackendUnavailable
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.kernel.amdgpu import dpm_current_hz, dpm_max_hz, parse_pp_dpm, parse_ras_count
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -288,11 +288,11 @@ def test_parse_ras_count() -> None:
                                      "amd-apu-phoenix", "amd-mi300x", "amd-mi300x-faulty"])
 def test_table_fill_gives_what_the_backend_merge_gives(machine: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """card.fill joins the files' sample with the gpu_metrics table's by exporter.collect.merge's
+    """card.fill joins the files' sample with the gpu_metrics table's by exporter.pipeline.merge's
     rule without walking every field: the same sample as merge_device on every fixture."""
-    from exporter.collect.backends.amd import card
-    from exporter.collect.backends.base import KERNEL
-    from exporter.collect.merge import View, merge_device
+    from exporter.pipeline.merge import View, merge_device
+    from exporter.sources.amd import card
+    from exporter.sources.base import KERNEL
 
     pairs: list[tuple[DeviceSample, DeviceSample]] = []
     real = card.fill
@@ -322,7 +322,7 @@ def test_table_fill_gives_what_the_backend_merge_gives(machine: str,
 def test_kfd_properties_give_the_gfx_target_and_pci_address() -> None:
     """The KFD node properties of the Phoenix APU capture (LACT snapshot, node 1) and the
     targets ROCm prints for the versions amdkfd sets (kgd2kfd_probe)."""
-    from exporter.collect.kernel.amdgpu import gfx_target, kfd_pci_bus_id, parse_kfd_properties
+    from exporter.sources.kernel.amdgpu import gfx_target, kfd_pci_bus_id, parse_kfd_properties
 
     text = (FIXTURES / "captures/lact_snapshots/amd/phoenix/kfd/topology/nodes/1/"
             "properties").read_text()

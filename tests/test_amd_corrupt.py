@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.discovery import DrmDiscovery
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceSample
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.discovery import DrmDiscovery
 
 pytestmark = pytest.mark.slow  # a copied machine and a full read per hostile value
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.kernel.amdgpu_gpu_metrics import (
+from exporter.sources.kernel.amdgpu_gpu_metrics import (
     GpuMetricsError,
     decode_raw,
     parse_gpu_metrics,
@@ -142,7 +142,7 @@ def test_rejects_unknown(data: bytes) -> None:
 def test_one_unpack_of_the_whole_table_gives_each_field_at_its_offset(blob: Path) -> None:
     """decode_raw unpacks a whole table at once: each field equals an unpack of that
     field alone at its offset (all-ones -> None), for every fixture's table."""
-    from exporter.collect.kernel.amdgpu_gpu_metrics import layout_for, layout_offsets
+    from exporter.sources.kernel.amdgpu_gpu_metrics import layout_for, layout_offsets
 
     data = blob.read_bytes()
     fmt_rev, content_rev, size, raw = decode_raw(data)

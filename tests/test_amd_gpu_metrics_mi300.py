@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.kernel import amdgpu_gpu_metrics_layouts as layouts
-from exporter.collect.kernel.amdgpu_gpu_metrics import layout_offsets, parse_gpu_metrics
-from exporter.collect.kernel.amdgpu_gpu_metrics_layouts import Nested
+from exporter.sources.kernel import amdgpu_gpu_metrics_layouts as layouts
+from exporter.sources.kernel.amdgpu_gpu_metrics import layout_offsets, parse_gpu_metrics
+from exporter.sources.kernel.amdgpu_gpu_metrics_layouts import Nested
 
 C_DECLS = r"""
 #include <stdint.h>

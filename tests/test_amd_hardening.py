@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.backends.base import Cycle
-from exporter.collect.discovery import DrmDiscovery
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.base import Cycle
+from exporter.sources.discovery import DrmDiscovery
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -15,16 +15,16 @@ import pytest
 from structlog.testing import capture_logs
 
 from exporter.app.flags import load_config
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.backends.amd.ids import (
+from exporter.core.config import Config
+from exporter.core.fs import SysFS
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.amd.ids import (
     AmdgpuIds,
     lookup_paths,
     parse_amdgpu_ids,
     parse_pci_ids,
 )
-from exporter.collect.discovery import DrmDiscovery
-from exporter.core.config import Config
-from exporter.core.fs import SysFS
+from exporter.sources.discovery import DrmDiscovery
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = Path(__file__).parent / "golden"

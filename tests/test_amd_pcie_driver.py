@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.discovery import DrmDiscovery
-from exporter.collect.kernel.amdgpu import parse_pcie_bw
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceSample
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.kernel.amdgpu import parse_pcie_bw
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RX580 = FIXTURES / "amd-polaris-rx580" / "sys"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.backends.amd.rates import AccumulatorRates, ResidencyFlags
-from exporter.collect.discovery import DrmDiscovery
-from exporter.collect.kernel import amdgpu_gpu_metrics_layouts as layouts
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceSample
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.amd.rates import AccumulatorRates, ResidencyFlags
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.kernel import amdgpu_gpu_metrics_layouts as layouts
 from tests.test_amd_gpu_metrics_mi300 import MI300X, build
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.backends.amd.amdsmi import AmdSmiBackend
-from exporter.collect.backends.base import BackendFailed, BackendUnavailable
-from exporter.collect.registry import COLLECTORS, build_backends
 from exporter.core.config import Config
 from exporter.core.model import DeviceSample
+from exporter.pipeline.registry import COLLECTORS, build_backends
+from exporter.sources.amd.amdsmi import AmdSmiBackend
+from exporter.sources.base import BackendFailed, BackendUnavailable
 from tests.daemon import REPO, machine_args, running, values_of
 
 FAKES = REPO / "tests" / "fakes"

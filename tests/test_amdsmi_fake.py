@@ -94,7 +94,7 @@ def test_exceptions_and_status_codes(real: dict[str, Any], fake: Any) -> None:
     for name in ("AmdSmiException", "AmdSmiLibraryException", "AmdSmiRetryException",
                  "AmdSmiTimeoutException", "AmdSmiParameterException"):
         assert name in real["exceptions"] and hasattr(fake, name)
-    from exporter.collect.backends.amd import amdsmi_calls
+    from exporter.sources.amd import amdsmi_calls
 
     for name in ("NOT_SUPPORTED", "NOT_YET_IMPLEMENTED", "NO_PERM", "NO_DATA", "NOT_FOUND",
                  "NOT_INIT", "INIT_ERROR", "DRIVER_NOT_LOADED", "FAIL_LOAD_MODULE",

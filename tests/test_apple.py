@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.collect.backends.apple.backend import AppleBackend
-from exporter.collect.backends.base import BackendUnavailable, Cycle
 from exporter.core.config import Config
 from exporter.core.model import DeviceSample
+from exporter.sources.apple.backend import AppleBackend
+from exporter.sources.base import BackendUnavailable, Cycle
 
 pytestmark = pytest.mark.slow  # a real macmon child process per test
 
@@ -182,7 +182,7 @@ def test_one_child_streams_values_converted_exactly(fake: Fake) -> None:
     ("Apple M1 Max", "M1"), ("Apple M4 Pro", "M4"), ("Apple M2", "M2"), ("Apple M10", "M10"),
     ("", ""), ("Apple silicon", ""), ("MacBookPro18,2", "")])
 def test_the_architecture_is_the_chip_generation(chip: str, generation: str) -> None:
-    from exporter.collect.backends.apple.parse import chip_generation
+    from exporter.sources.apple.parse import chip_generation
 
     assert chip_generation(chip) == generation
 
@@ -193,7 +193,7 @@ def test_the_driver_version_is_the_macos_release(fake: Fake,
     (on Linux, where the tests run, it is "": the label stays empty, never guessed)."""
     import platform
 
-    from exporter.collect.backends.apple.backend import macos_version
+    from exporter.sources.apple.backend import macos_version
 
     assert macos_version() == platform.mac_ver()[0]
     monkeypatch.setattr(platform, "mac_ver", lambda: ("14.5", ("", "", ""), "arm64"))

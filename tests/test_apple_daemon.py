@@ -175,8 +175,8 @@ def test_the_whole_package_imports_and_runs_a_snapshot_as_on_a_mac(tmp_path: Pat
                "names = [m.name for m in pkgutil.walk_packages(exporter.__path__, 'exporter.')\n"
                "         if m.name != 'exporter.__main__']  # that one runs the daemon\n"
                "for name in names: importlib.import_module(name)\n"
-               "assert 'exporter.collect.backends.amd.backend' in names\n"
-               "assert 'exporter.collect.discovery' in names\n"
+               "assert 'exporter.sources.amd.backend' in names\n"
+               "assert 'exporter.sources.discovery' in names\n"
                "print(len(names))")
     env = daemon_env(None, macmon_on_path(tmp_path))
     done = subprocess.run([sys.executable, "-c", imports], cwd=REPO, env=env,
@@ -199,8 +199,8 @@ def test_the_whole_package_imports_and_runs_a_snapshot_as_on_a_mac(tmp_path: Pat
 
 def test_apple_is_off_on_linux_unless_forced_and_off_on_a_mac_when_switched_off(
         tmp_path: Path) -> None:
-    from exporter.collect.registry import COLLECTORS, build_backends
     from exporter.core.config import Config
+    from exporter.pipeline.registry import COLLECTORS, build_backends
 
     assert sys.platform.startswith("linux")
     names = [b.name for b in build_backends(Config(collectors={**COLLECTORS, "nvidia": False}))]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.apple.parse import decode_line, parse_macmon
+from exporter.sources.apple.parse import decode_line, parse_macmon
 
 LINES = Path(__file__).parent / "fixtures" / "macmon"
 

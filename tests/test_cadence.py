@@ -29,19 +29,19 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.backends.intel.backend import IntelBackend, _link_dir
-from exporter.collect.backends.nvidia.device import COUNTERS_EVERY, RARE_EVERY
-from exporter.collect.backends.nvidia.nvlink import ERRORS_EVERY, THROUGHPUT_EVERY
-from exporter.collect.discovery import DrmDiscovery
-from exporter.collect.kernel.amdgpu_gpu_metrics import layout_for, layout_offsets
 from exporter.core.config import Config
 from exporter.core.fieldspec import Cadence, MetricSpec, value_specs
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceSample, ProcessSample
-from exporter.output.metricsdoc import generate
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.intel.backend import IntelBackend, _link_dir
+from exporter.sources.kernel.amdgpu_gpu_metrics import layout_for, layout_offsets
+from exporter.sources.nvidia.device import COUNTERS_EVERY, RARE_EVERY
+from exporter.sources.nvidia.nvlink import ERRORS_EVERY, THROUGHPUT_EVERY
 from tests.fakes.fake_nvml import MIB, FakeGPU, FakeNVML, FakeProcess
 from tests.fakes.fake_nvml_links import FakeNvLink
+from tools.metricsdoc import generate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEVICE = dict(value_specs(DeviceSample))
@@ -193,7 +193,7 @@ NVIDIA_XID: dict[str, Move] = {
 
 
 def nvidia(moved: dict[str, Move]) -> Seen:
-    from exporter.collect.backends.nvidia.backend import NvidiaBackend
+    from exporter.sources.nvidia.backend import NvidiaBackend
 
     gpu = nvidia_gpu()
     return observe(NvidiaBackend(Config(procfs="/nonexistent"), nvml=FakeNVML([gpu])), gpu,
@@ -352,7 +352,7 @@ AMDSMI: dict[str, Move] = {
 
 
 def amdsmi(tmp: Path, moved: dict[str, Move]) -> Seen:
-    from exporter.collect.backends.amd.amdsmi import AmdSmiBackend
+    from exporter.sources.amd.amdsmi import AmdSmiBackend
 
     config = json.loads((FIXTURES / "amd-mi300x" / "amdsmi.json").read_text())
     gpu = config["gpus"][0]  # alone: an unpartitioned GPU; counters that move only when moved

@@ -1,4 +1,4 @@
-"""The one guarded vendor-library call (exporter.collect.backends.calls), through each library's
+"""The one guarded vendor-library call (exporter.sources.calls), through each library's
 classifier: NVML, amdsmi and Level Zero sort their own codes, and a lost device, a dead
 library, a permission refusal and an unknown error then behave the same for all three."""
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.backends.amd import amdsmi_calls
-from exporter.collect.backends.base import BackendFailed
-from exporter.collect.backends.calls import DeviceLost
-from exporter.collect.backends.intel import ze_calls
-from exporter.collect.backends.nvidia import calls as nvml_calls
+from exporter.sources.amd import amdsmi_calls
+from exporter.sources.base import BackendFailed
+from exporter.sources.calls import DeviceLost
+from exporter.sources.intel import ze_calls
+from exporter.sources.nvidia import calls as nvml_calls
 
 
 class NVMLError(Exception):

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from exporter.app.cli import main
-from exporter.collect.registry import TABLE
+from exporter.pipeline.registry import TABLE
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 from tests.daemon import values_of as get
 from tests.test_server import _self_signed, no_gpu_args, run_cli

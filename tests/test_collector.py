@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collect.backends.base import KERNEL, BackendFailed, BackendUnavailable, Cycle
-from exporter.collect.hub import Hub, cap_processes
 from exporter.core.config import Config
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample
 from exporter.output.render import Renderer
+from exporter.pipeline.hub import Hub, cap_processes
+from exporter.sources.base import KERNEL, BackendFailed, BackendUnavailable, Cycle
 from tests.clock import SteppedClock
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.collect.backends.base import Cycle
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.hub import Hub
-from exporter.collect.kubernetes.backend import KubernetesBackend
-from exporter.collect.registry import COLLECTORS, build_backends
+from exporter.attribution.kubernetes.backend import KubernetesBackend
 from exporter.core.config import Config
+from exporter.pipeline.hub import Hub
+from exporter.pipeline.registry import COLLECTORS, build_backends
+from exporter.sources.base import Cycle
+from exporter.sources.nvidia.backend import NvidiaBackend
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.test_collector import scrape, wait_for
 

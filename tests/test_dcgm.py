@@ -19,7 +19,6 @@ from prometheus_client.openmetrics.exposition import generate_latest as om_gener
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
 from exporter.core.config import Config
 from exporter.core.fieldspec import value_specs
 from exporter.core.model import (
@@ -38,6 +37,7 @@ from exporter.output.dcgm import (
     dcgm_families,
     hostname,
 )
+from exporter.sources.nvidia.backend import NvidiaBackend
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML
 
 REPO = Path(__file__).resolve().parent.parent

@@ -694,7 +694,7 @@ def test_kustomize_objects_equal_the_rendered_chart(tmp_path: Path) -> None:
 
 
 def test_host_libdrm_is_mounted_beside_the_host_sysfs_only_when_set() -> None:
-    from exporter.collect.backends.amd.ids import lookup_paths
+    from exporter.sources.amd.ids import lookup_paths
 
     assert not [m for m in pod_spec(render({}))["containers"][0]["volumeMounts"]
                 if m["name"] == "libdrm"]

@@ -195,7 +195,7 @@ def test_namespace_is_labelled_for_pod_security() -> None:
 def test_host_libdrm_component_mounts_the_table_beside_the_host_sysfs(tmp_path: Path) -> None:
     import kubernetes_validate
 
-    from exporter.collect.backends.amd.ids import lookup_paths
+    from exporter.sources.amd.ids import lookup_paths
 
     docs = with_components(tmp_path, [KUSTOMIZE / "components" / "host-libdrm"])
     ds = by_kind(docs, "DaemonSet")

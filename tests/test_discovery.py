@@ -7,8 +7,8 @@ import shutil
 import threading
 from pathlib import Path
 
-from exporter.collect.discovery import DrmDiscovery, enumerate_cards, parse_uevent
 from exporter.core.fs import SysFS
+from exporter.sources.discovery import DrmDiscovery, enumerate_cards, parse_uevent
 from tests.drm_tree import add_pci_card, remove_card
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -134,7 +134,7 @@ def test_parse_uevent() -> None:
 def test_card_less_backends_poll_each_cycle_unless_udev_tells_us(tmp_path: Path) -> None:
     """In a container nothing announces a new card: look every collection interval.
     Where a udev monitor runs, every UDEV_POLL seconds is enough."""
-    from exporter.collect.discovery import UDEV_POLL
+    from exporter.sources.discovery import UDEV_POLL
 
     discovery = DrmDiscovery(SysFS(tmp_path), hotplug=False)
     discovery.start()  # no udev for a fixture root

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_deploy_docs import TOOL_FLAGS, exporter_text, flags_in
 from test_deploy_systemd import cli_flags
 
-from exporter.output.metricsdoc import generate
+from tools.metricsdoc import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md")),

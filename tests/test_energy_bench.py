@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.energy_split import Window
+from exporter.pipeline.energy_split import Window
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 
 REPO = Path(__file__).resolve().parent.parent

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.processes import ProcessReader
-from exporter.collect.energy_split import EnergySplit, Window
 from exporter.core.config import Config
 from exporter.core.model import DeviceSample
+from exporter.pipeline.energy_split import EnergySplit, Window
+from exporter.sources.nvidia.backend import NvidiaBackend
+from exporter.sources.nvidia.processes import ProcessReader
 from tests.fakes.fake_nvml import FakeGPU, FakeProcess
 from tests.fakes.fake_nvml_timeline import EPOCH, TimelineNVML
 

@@ -1,4 +1,4 @@
-"""Per-process GPU energy (exporter.collect.energy_split) on fixture machines and on synthetic runs.
+"""Per-process GPU energy (exporter.pipeline.energy_split) on fixture machines and synthetic runs.
 
 The fixture checks run the real backends (amdgpu or i915 sysfs + the fdinfo scan) in a
 Hub over two moments of ``tests/fixtures/energy-split`` (tests/fixtures/build_energy.py),
@@ -17,16 +17,16 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.backends.fdinfo.backend import FdinfoBackend
-from exporter.collect.discovery import DrmDiscovery
-from exporter.collect.energy_split import SOURCE, EnergySplit, Window
-from exporter.collect.hub import Hub
-from exporter.collect.state import Snapshot
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample
 from exporter.output.render.exposition import snapshot_families
 from exporter.output.render.families import RenderOptions
+from exporter.pipeline.energy_split import SOURCE, EnergySplit, Window
+from exporter.pipeline.hub import Hub
+from exporter.pipeline.state import Snapshot
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.fdinfo.backend import FdinfoBackend
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,12 +126,12 @@ def _device(s: Snapshot, vendor: str) -> DeviceSample:
 
 
 def _amd(config: Config, discovery: DrmDiscovery) -> Any:
-    from exporter.collect.backends.amd.backend import AmdBackend
+    from exporter.sources.amd.backend import AmdBackend
     return AmdBackend(config, discovery)
 
 
 def _intel(config: Config, discovery: DrmDiscovery) -> Any:
-    from exporter.collect.backends.intel.backend import IntelBackend
+    from exporter.sources.intel.backend import IntelBackend
     return IntelBackend(config, discovery)
 
 
@@ -225,7 +225,7 @@ def test_served_energy_series_are_estimates_with_the_process_labels(tmp_path: Pa
 # -- NVIDIA: per-process SM samples through the fake NVML ------------------------------------
 
 def test_nvidia_split_follows_the_sm_samples_and_their_sum_is_the_busy_share() -> None:
-    from exporter.collect.backends.nvidia.backend import NvidiaBackend
+    from exporter.sources.nvidia.backend import NvidiaBackend
 
     fake = FakeNVML([FakeGPU(processes=[FakeProcess(100, 1 << 30, sm_util=60),
                                         FakeProcess(200, 1 << 30, sm_util=20),

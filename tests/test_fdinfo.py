@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.base import BackendFailed, BackendUnavailable
-from exporter.collect.backends.fdinfo.backend import FdinfoBackend
-from exporter.collect.backends.fdinfo.scan import ScanResult, error_reason
 from exporter.core.config import Config
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceSample, ProcessSample
 from exporter.core.units import parse_rss, process_name
+from exporter.sources.base import BackendFailed, BackendUnavailable
+from exporter.sources.fdinfo.backend import FdinfoBackend
+from exporter.sources.fdinfo.scan import ScanResult, error_reason
 from tests.drm_tree import add_pci_card, remove_card
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -665,7 +665,7 @@ def test_a_refusal_while_running_as_root_says_so(tmp_path: Path,
     says that, and which process, instead of the non-root advice."""
     from structlog.testing import capture_logs
 
-    from exporter.collect.backends.fdinfo import backend as fdinfo_backend
+    from exporter.sources.fdinfo import backend as fdinfo_backend
 
     gpu(tmp_path)
     proc(tmp_path, 42, comm=b"trainer")

@@ -7,7 +7,7 @@ worked out by hand (KiB x 1024, MiB x 1048576).
 
 from __future__ import annotations
 
-from exporter.collect.kernel.drm_fdinfo import (
+from exporter.sources.kernel.drm_fdinfo import (
     DrmClientStats,
     engine_label,
     memory_split,

@@ -17,8 +17,8 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collect import health, slurm
-from exporter.collect.kubernetes import podlabels, unallocated
+from exporter.attribution import slurm
+from exporter.attribution.kubernetes import podlabels, unallocated
 from exporter.core.fieldspec import Exposure, Kind, MetricSpec, value_specs
 from exporter.core.labels import VOCABULARIES, Engine
 from exporter.core.model import DeviceSample, DeviceValues
@@ -31,6 +31,7 @@ from exporter.output.render.families import (
     families_of,
 )
 from exporter.output.render.selfmetrics import EXPORTER
+from exporter.pipeline import health
 from tests.daemon import FIXTURES, REPO, machine_args, running
 from tests.test_golden import ONE_CYCLE
 
@@ -106,7 +107,7 @@ def test_every_value_field_declares_a_metric_and_units_gate_knows_its_unit() -> 
     for _, spec in (*DEVICE_SPECS, *PROCESS_SPECS):
         assert not spec.unit or spec.unit in RANGES, spec.name
     # xid_last is the one value served only under dcgm-exporter's name; the others without
-    # a family of their own are what the health verdict reads (exporter.collect.health)
+    # a family of their own are what the health verdict reads (exporter.pipeline.health)
     exposure = {n: s.exposure for n, s in DEVICE_SPECS if not s.served}
     assert exposure == {"xid_last": Exposure.DCGM_ONLY, "recovery_action": Exposure.INTERNAL,
                         "retired_pages_pending": Exposure.INTERNAL,

@@ -1,5 +1,5 @@
 """--help in groups, and README.md's flag tables generated from the same flag table
-(exporter.app.flags, exporter.app.flagsdoc): a flag added to one is in the other."""
+(exporter.app.flags, tools.flagsdoc): a flag added to one is in the other."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ import re
 from pathlib import Path
 
 from exporter.app.flags import GROUPS, KEYS, OPTIONS, build_parser, build_top_parser, group_of
-from exporter.app.flagsdoc import README_NOTES, readme, split_default
-from exporter.collect.registry import TABLE
+from exporter.pipeline.registry import TABLE
+from tools.flagsdoc import README_NOTES, readme, split_default
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def test_readme_flag_tables_are_generated_from_the_flag_table() -> None:
-    """Fails while README.md is out of date: run python -m exporter.app.flagsdoc."""
+    """Fails while README.md is out of date: run python -m tools.flagsdoc."""
     text = README.read_text()
     assert readme(text) == text, "README.md's flag tables are stale: " \
-        "python -m exporter.app.flagsdoc"
+        "python -m tools.flagsdoc"
 
 
 def test_every_flag_is_in_readme_and_every_note_is_a_flag() -> None:

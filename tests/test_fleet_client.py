@@ -1,4 +1,4 @@
-"""exporter.client.promapi: the Prometheus HTTP API client of the fleet reader.
+"""exporter.client.fleet.promapi: the Prometheus HTTP API client of the fleet reader.
 
 The replies' shape follows Prometheus' API documentation (querying/api: the JSON envelope
 ``status``/``data``/``errorType``/``error``/``warnings``, ``resultType`` vector, matrix or
@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from bench.flood import self_signed
-from exporter.client.fleet import Progress, load_fleet, load_node
-from exporter.client.promapi import (
+from exporter.client.fleet.nodes import Progress, load_fleet, load_node
+from exporter.client.fleet.promapi import (
     Authorization,
     BasicAuth,
     ConfigError,
@@ -425,7 +425,7 @@ def test_a_node_that_only_some_queries_answer_has_no_data_for_the_rest() -> None
 
 
 def test_nodes_sort_by_waste_then_down_then_name() -> None:
-    from exporter.client.fleet import NodeSummary, Waste, sort_by_waste
+    from exporter.client.fleet.nodes import NodeSummary, Waste, sort_by_waste
 
     nodes = [NodeSummary("a", up=True), NodeSummary("b", up=False),
              NodeSummary("c", up=True, waste=Waste(idle_processes=3, idle_memory_bytes=1e9)),

@@ -1,4 +1,4 @@
-"""The fleet reader (exporter.client.fleet) against a real Prometheus (Debian's) that
+"""The fleet reader (exporter.client.fleet.nodes) against a real Prometheus (Debian's) that
 scrapes three daemons on three fixture machines: the k8s-node fixture with its fake
 kubelet and container runtime (pods holding GPUs, some idle), the HGX H100 pair and the
 RX 7800 XT desktop. The daemons serve both vocabularies (``--metric-names both``), so the
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from test_deploy_dashboards import load, targets, to_promql
 
-from exporter.client.fleet import Fleet, Progress, load_fleet, load_history, load_node
-from exporter.client.promapi import PrometheusAPI
+from exporter.client.fleet.nodes import Fleet, Progress, load_fleet, load_history, load_node
+from exporter.client.fleet.promapi import PrometheusAPI
 from exporter.core.config import MetricNames
 from tests.daemon import FIXTURES, daemon_env, fixture_ids, machine_args, parse_samples
 from tests.fakes.kubelet import FakeKubelet, FakeRuntime, Node

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_deploy_dashboards import load, targets
 from test_kubernetes_rules import parse_series
 
-from exporter.client.fleetql import FleetQL
+from exporter.client.fleet.ql import FleetQL
 from tests.daemon import REPO
 
 TESTS = REPO / "deploy" / "prometheus" / "tests"

@@ -1,4 +1,4 @@
-"""The per-GPU health verdict (exporter.collect.health) on what the real backends read.
+"""The per-GPU health verdict (exporter.pipeline.health) on what the real backends read.
 
 NVIDIA through FakeNVML (XIDs of each class, recovery actions, row remapping, ECC, NVLink,
 temperatures, throttle reasons, a lost GPU); AMD and Intel through the faulty fixture
@@ -15,20 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect import health
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.backends.intel import ze_calls as ze
-from exporter.collect.backends.intel.backend import IntelBackend
-from exporter.collect.backends.intel.level_zero import LevelZeroBackend
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.device import RARE_EVERY
-from exporter.collect.discovery import DrmDiscovery
-from exporter.collect.health import DEGRADED, FAILED, HEALTHY, Verdict, evaluate
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceSample
 from exporter.output import dcgm
+from exporter.pipeline import health
+from exporter.pipeline.health import DEGRADED, FAILED, HEALTHY, Verdict, evaluate
+from exporter.pipeline.hub import Hub
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.intel import ze_calls as ze
+from exporter.sources.intel.backend import IntelBackend
+from exporter.sources.intel.level_zero import LevelZeroBackend
+from exporter.sources.nvidia.backend import NvidiaBackend
+from exporter.sources.nvidia.device import RARE_EVERY
 from tests.daemon import machine_args, parse_samples, running, values_of
 from tests.fakes.fake_nvml import FakeGPU, FakeNvLink, FakeNVML
 from tests.fakes.nvml_real import N

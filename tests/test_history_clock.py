@@ -10,12 +10,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from exporter.collect.backends.base import Cycle
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.model import DeviceSample
+from exporter.pipeline.hub import Hub
 from exporter.serve import history as history_module
 from exporter.serve.history import History
+from exporter.sources.base import Cycle
 from tests.test_collector import Scripted, info
 
 

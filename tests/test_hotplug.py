@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.backends.fdinfo.backend import FdinfoBackend
-from exporter.collect.discovery import DrmDiscovery
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
+from exporter.pipeline.hub import Hub
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.fdinfo.backend import FdinfoBackend
 from tests.daemon import FIXTURES
 from tests.drm_tree import add_pci_card
 

@@ -1,4 +1,4 @@
-"""A backend's down reason as a code (exporter.collect.hubstate.down_code), served as
+"""A backend's down reason as a code (exporter.pipeline.hubstate.down_code), served as
 gpu_exporter_backend_down_reason, and the log lines of its state changes: once each."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.collect import hubstate
-from exporter.collect.hubstate import down_code
-from exporter.collect.state import BackendState, Snapshot
 from exporter.core.labels import DownReason
 from exporter.output.render.selfmetrics import exporter_families
+from exporter.pipeline import hubstate
+from exporter.pipeline.hubstate import down_code
+from exporter.pipeline.state import BackendState, Snapshot
 from tests.fakes.nvml_real import N
 
 EXPORTER = Path(__file__).resolve().parent.parent / "exporter"

@@ -1,4 +1,4 @@
-"""exporter.collect.kernel.hwmon against the real-layout fixture trees and small tmp_path chips."""
+"""exporter.sources.kernel.hwmon against the real-layout fixture trees and small tmp_path chips."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.kernel import hwmon
 from exporter.core.fs import (
     FD_BUDGET,
     FDS_PER_READER,
@@ -17,6 +16,7 @@ from exporter.core.fs import (
     kept_fd_limit,
     raise_open_files_limit,
 )
+from exporter.sources.kernel import hwmon
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RX7800XT = FIXTURES / "amd-rdna3-rx7800xt/sys/class/drm/card1/device"

@@ -22,20 +22,20 @@ from bench.imports import nvidia_only_args, nvidia_only_env, probe
 HEAVY = (
     "yaml",  # --config.file / --web.config.file
     "bcrypt",  # basic auth in the web config
-    "grpc", "google.protobuf", "exporter.collect.kubernetes",  # the kubelet socket
+    "grpc", "google.protobuf", "exporter.attribution.kubernetes",  # the kubelet socket
     "opentelemetry", "exporter.output.otlp",  # --otlp.endpoint
     "pyudev",  # udev hotplug, on a real /sys only
     "cryptography",
-    "amdsmi", "exporter.collect.backends.amd.amdsmi",  # the amdsmi package
-    "exporter.collect.backends.intel.level_zero", "exporter.collect.backends.apple",
-    "exporter.collect.slurm",
+    "amdsmi", "exporter.sources.amd.amdsmi",  # the amdsmi package
+    "exporter.sources.intel.level_zero", "exporter.sources.apple",
+    "exporter.attribution.slurm",
     # the amdgpu sysfs reader and parsers: imported with the first amdgpu card
-    "exporter.collect.backends.amd.card", "exporter.collect.backends.amd.ids",
-    "exporter.collect.backends.amd.rates",
-    "exporter.collect.kernel.amdgpu", "exporter.collect.kernel.amdgpu_gpu_metrics",
-    "exporter.collect.kernel.amdgpu_gpu_metrics_layouts",
+    "exporter.sources.amd.card", "exporter.sources.amd.ids",
+    "exporter.sources.amd.rates",
+    "exporter.sources.kernel.amdgpu", "exporter.sources.kernel.amdgpu_gpu_metrics",
+    "exporter.sources.kernel.amdgpu_gpu_metrics_layouts",
     # with the first i915/xe card
-    "exporter.collect.kernel.perf", "exporter.collect.kernel.i915_xe_pmu",
+    "exporter.sources.kernel.perf", "exporter.sources.kernel.i915_xe_pmu",
     "starlette.middleware.cors", "starlette.middleware.gzip", "starlette.staticfiles",
     "starlette.templating", "jinja2",
     "uvloop", "httptools", "websockets", "wsproto", "watchfiles",
@@ -59,7 +59,7 @@ def daemon_modules() -> list[str]:
 
 def test_the_probe_sees_a_daemon_that_collected(daemon_modules: list[str]) -> None:
     # The list is the one of a daemon that served: the NVIDIA backend, render, uvicorn.
-    for m in ("exporter.collect.backends.nvidia.backend", "exporter.output.render", "uvicorn",
+    for m in ("exporter.sources.nvidia.backend", "exporter.output.render", "uvicorn",
               "pynvml"):
         assert m in daemon_modules
 
@@ -78,9 +78,9 @@ def test_heavy_list_catches_an_eager_import() -> None:
 def test_the_page_imports_its_code_on_its_first_request() -> None:
     import httpx
 
-    from exporter.collect.hub import Hub
     from exporter.core.config import Config
     from exporter.output.render import Renderer
+    from exporter.pipeline.hub import Hub
     from exporter.serve.server import build_app
     from tests.test_server_hardening import in_process_server
 

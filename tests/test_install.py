@@ -214,5 +214,5 @@ def test_a_fresh_checkout_builds_a_wheel_and_sdist_that_install_top_and_otlp(
     run(venv / "bin" / "pip", "install", "-q", f"{wheel}[top,otlp]")
     version = run(venv / "bin" / "gpu-exporter", "--version", cwd=tmp_path).stdout
     assert version.startswith(f"gpu-exporter {VERSION} ")
-    run(venv / "bin" / "python", "-c", "import exporter.client.top, exporter.output.otlp",
+    run(venv / "bin" / "python", "-c", "import exporter.client.top.command, exporter.output.otlp",
         cwd=tmp_path)

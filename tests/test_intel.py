@@ -14,14 +14,14 @@ from types import ModuleType
 
 import pytest
 
-from exporter.collect.backends.base import BackendUnavailable
-from exporter.collect.backends.energy import power_from_energy
-from exporter.collect.backends.intel.backend import IntelBackend
-from exporter.collect.discovery import DrmDiscovery
-from exporter.collect.kernel.i915_xe import gt_clock_label, map_throttle_reasons
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceSample
+from exporter.sources.base import BackendUnavailable
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.energy import power_from_energy
+from exporter.sources.intel.backend import IntelBackend
+from exporter.sources.kernel.i915_xe import gt_clock_label, map_throttle_reasons
 
 FIXTURES = Path(__file__).parent / "fixtures"
 B580_DEV = "devices/pci0000:00/0000:00:01.1/0000:07:00.0/0000:08:01.0/0000:09:00.0"

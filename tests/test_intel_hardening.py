@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.energy import STUCK_CYCLES
+from exporter.sources.energy import STUCK_CYCLES
 from tests.daemon import machine_args, parse_samples, running
 from tests.test_intel import B580_DEV, B580_GT0, B580_HWMON, FIXTURES, Clock, backend, sample_one
 

@@ -1,10 +1,10 @@
-"""Device-plugin id formats -> our devices (exporter.collect.kubernetes.attribution)."""
+"""Device-plugin id formats -> our devices (exporter.attribution.kubernetes.attribution)."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.collect.kubernetes.attribution import (
+from exporter.attribution.kubernetes.attribution import (
     CARD,
     NODE,
     PCI,
@@ -14,8 +14,8 @@ from exporter.collect.kubernetes.attribution import (
     device_key,
     index_grants,
 )
-from exporter.collect.kubernetes.cgroup import ContainerCache
-from exporter.collect.kubernetes.podresources import Grant
+from exporter.attribution.kubernetes.cgroup import ContainerCache
+from exporter.attribution.kubernetes.podresources import Grant
 from exporter.core.fs import ProcFS
 from exporter.core.model import Allocation, DeviceInfo, PodRef
 

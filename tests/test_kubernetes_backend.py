@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.backends.base import BackendFailed, BackendUnavailable
-from exporter.collect.backends.fdinfo.backend import FdinfoBackend
-from exporter.collect.backends.intel.backend import IntelBackend
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.discovery import DrmDiscovery
-from exporter.collect.hub import Hub
-from exporter.collect.kubernetes.attribution import Attribution
-from exporter.collect.kubernetes.backend import KubernetesBackend
-from exporter.collect.registry import COLLECTORS, build_backends
+from exporter.attribution.kubernetes.attribution import Attribution
+from exporter.attribution.kubernetes.backend import KubernetesBackend
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceSample, PodRef
+from exporter.pipeline.hub import Hub
+from exporter.pipeline.registry import COLLECTORS, build_backends
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.base import BackendFailed, BackendUnavailable
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.fdinfo.backend import FdinfoBackend
+from exporter.sources.intel.backend import IntelBackend
+from exporter.sources.nvidia.backend import NvidiaBackend
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.fakes.kubelet import FakeKubelet, FakeRuntime, Node
 

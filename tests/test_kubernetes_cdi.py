@@ -1,4 +1,4 @@
-"""CDI spec files and device nodes -> GPU keys (exporter.collect.kubernetes.cdi, .dra), on real
+"""CDI spec files and device nodes -> GPU keys (exporter.attribution.kubernetes.cdi, .dra), on real
 directory trees: the k8s-dra fixture's specs, the mixed machine's sysfs, a procfs with
 the NVIDIA driver's mig-minors table, and MIG devices as the NVIDIA backend makes them."""
 
@@ -12,15 +12,22 @@ from pathlib import Path
 import pytest
 
 from exporter.app.flags import load_config
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.kubernetes.attribution import Attribution, index_grants
-from exporter.collect.kubernetes.cdi import CdiRegistry, parse_spec
-from exporter.collect.kubernetes.cgroup import ContainerCache
-from exporter.collect.kubernetes.dra import NODE, PCI, Claim, NodeResolver, claim_keys, index_claims
-from exporter.collect.slurm import parse_jobs
+from exporter.attribution.kubernetes.attribution import Attribution, index_grants
+from exporter.attribution.kubernetes.cdi import CdiRegistry, parse_spec
+from exporter.attribution.kubernetes.cgroup import ContainerCache
+from exporter.attribution.kubernetes.dra import (
+    NODE,
+    PCI,
+    Claim,
+    NodeResolver,
+    claim_keys,
+    index_claims,
+)
+from exporter.attribution.slurm import parse_jobs
 from exporter.core.config import Config, ConfigError
 from exporter.core.fs import ProcFS, SysFS
 from exporter.core.model import PodRef
+from exporter.sources.nvidia.backend import NvidiaBackend
 from tests.daemon import FIXTURES
 from tests.test_nvidia import _load_shim
 
@@ -170,7 +177,7 @@ def big_json_spec(devices: int, pad: int = 0) -> str:
 
 
 def test_a_spec_over_the_bound_is_refused_and_counted_once(tmp_path: Path) -> None:
-    from exporter.collect.kubernetes import cdi
+    from exporter.attribution.kubernetes import cdi
 
     run = tmp_path / "run"
     run.mkdir()
@@ -214,7 +221,7 @@ def test_a_spec_over_the_bound_is_refused_and_counted_once(tmp_path: Path) -> No
 
 
 def test_json_is_parsed_as_json_and_yaml_as_yaml() -> None:
-    from exporter.collect.kubernetes import cdi
+    from exporter.attribution.kubernetes import cdi
 
     # YAML-only syntax in a .json file is malformed JSON: no YAML fallback.
     yaml_text = "kind: v.com/c\ndevices:\n- name: a\n"
@@ -227,7 +234,7 @@ def test_json_is_parsed_as_json_and_yaml_as_yaml() -> None:
 
 
 def test_the_registry_keeps_at_most_its_total_of_devices(tmp_path: Path) -> None:
-    from exporter.collect.kubernetes import cdi
+    from exporter.attribution.kubernetes import cdi
 
     run = tmp_path / "run"
     run.mkdir()
@@ -259,7 +266,7 @@ def aliased_yaml_spec(devices: int, nodes: int, one_node: bool = False) -> str:
 
 @pytest.mark.slow  # takes seconds
 def test_yaml_aliases_that_expand_past_gos_bound_are_refused(tmp_path: Path) -> None:
-    from exporter.collect.kubernetes import cdi
+    from exporter.attribution.kubernetes import cdi
 
     run = tmp_path / "run"
     run.mkdir()
@@ -290,7 +297,7 @@ def test_yaml_aliases_that_expand_past_gos_bound_are_refused(tmp_path: Path) -> 
 def test_the_alias_bound_is_gos_ratio() -> None:
     """go-yaml's decode.go: refused once more than 100 of more than 1,000 decoded nodes
     came from aliases and their share passes allowedAliasRatio (99 %, sliding to 10 %)."""
-    from exporter.collect.kubernetes import cdi
+    from exporter.attribution.kubernetes import cdi
 
     assert cdi.allowed_alias_ratio(1000) == cdi.allowed_alias_ratio(400_000) == 0.99
     assert cdi.allowed_alias_ratio(2_200_000) == pytest.approx(0.545)

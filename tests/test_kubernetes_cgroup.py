@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.kubernetes.cgroup import (
+from exporter.attribution.kubernetes.cgroup import (
     HOST,
     CgroupRef,
     ContainerCache,

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.collect.kubernetes.attribution import index_grants
-from exporter.collect.kubernetes.cdi import CdiRegistry
-from exporter.collect.kubernetes.dra import NodeResolver, index_claims, own_cdi_ids
-from exporter.collect.kubernetes.podresources import PodResourcesClient
-from exporter.collect.kubernetes.proto import podresources_pb2
+from exporter.attribution.kubernetes.attribution import index_grants
+from exporter.attribution.kubernetes.cdi import CdiRegistry
+from exporter.attribution.kubernetes.dra import NodeResolver, index_claims, own_cdi_ids
+from exporter.attribution.kubernetes.podresources import PodResourcesClient
+from exporter.attribution.kubernetes.proto import podresources_pb2
 from exporter.core.fs import ProcFS, SysFS
 from tests.daemon import FIXTURES
 from tests.fakes.kubelet import FakeKubelet, Node, encode_list
@@ -158,12 +158,12 @@ def test_the_backend_attributes_every_gpu_of_the_real_backends(tmp_path: Path) -
     once) against the GPUs the real NVIDIA (fake NVML, minors 0-7), AMD and Intel
     backends report on the fixture's sysfs: each GPU carries exactly the claims whose
     devices name it."""
-    from exporter.collect.backends.amd.backend import AmdBackend
-    from exporter.collect.backends.intel.backend import IntelBackend
-    from exporter.collect.backends.nvidia.backend import NvidiaBackend
-    from exporter.collect.discovery import DrmDiscovery
-    from exporter.collect.kubernetes.backend import KubernetesBackend
+    from exporter.attribution.kubernetes.backend import KubernetesBackend
     from exporter.core.config import Config
+    from exporter.sources.amd.backend import AmdBackend
+    from exporter.sources.discovery import DrmDiscovery
+    from exporter.sources.intel.backend import IntelBackend
+    from exporter.sources.nvidia.backend import NvidiaBackend
     from tests.fakes.fake_nvml import FakeGPU, FakeNVML
     from tests.fakes.kubelet import FakeRuntime
 

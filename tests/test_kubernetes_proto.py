@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import re
 
-from exporter.collect.kubernetes.cri import parse_containers, parse_pod_uids
-from exporter.collect.kubernetes.dra import Claim
-from exporter.collect.kubernetes.podlabels import PodLabels, parse_sandboxes
-from exporter.collect.kubernetes.podresources import (
+from exporter.attribution.kubernetes.cri import parse_containers, parse_pod_uids
+from exporter.attribution.kubernetes.dra import Claim
+from exporter.attribution.kubernetes.podlabels import PodLabels, parse_sandboxes
+from exporter.attribution.kubernetes.podresources import (
     Grant,
     parse_allocatable,
     parse_claims,
     parse_list,
 )
-from exporter.collect.kubernetes.proto import cri_pb2, podresources_pb2
+from exporter.attribution.kubernetes.proto import cri_pb2, podresources_pb2
 from exporter.core.model import PodRef
 from tests.fakes import protowire as pw
 from tests.fakes.kubelet import (

@@ -1,4 +1,4 @@
-"""Processes on a GPU their pod was not given (exporter.collect.kubernetes.unallocated).
+"""Processes on a GPU their pod was not given (exporter.attribution.kubernetes.unallocated).
 
 On a running daemon: the k8s-node fixture with ``kubelet-unallocated.json``, where
 llm/llm-server-0 keeps its process 7404 on GPU-0f3c... but holds no grant of it. What
@@ -19,9 +19,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collect.kubernetes.attribution import Attribution
-from exporter.collect.kubernetes.cgroup import ContainerCache
-from exporter.collect.kubernetes.unallocated import FAMILY, unallocated_rows
+from exporter.attribution.kubernetes.attribution import Attribution
+from exporter.attribution.kubernetes.cgroup import ContainerCache
+from exporter.attribution.kubernetes.unallocated import FAMILY, unallocated_rows
 from exporter.core.fs import ProcFS
 from exporter.core.model import Allocation, DeviceInfo, DeviceSample, PodRef, ProcessSample
 from tests.daemon import FIXTURES, REPO, fixture_ids, promtool_check, running
@@ -178,7 +178,7 @@ def test_the_backend_serves_none_while_the_runtime_is_away(tmp_path: Path) -> No
     """The kubernetes backend with the kubelet answering and no CRI socket: every process
     would look like a host process, so none is listed; once the runtime answers, the
     fixture's pod on a GPU it was not given is."""
-    from exporter.collect.kubernetes.backend import KubernetesBackend
+    from exporter.attribution.kubernetes.backend import KubernetesBackend
     from exporter.core.config import Config
 
     scenario = Node.load(NODE_DIR / "kubelet-unallocated.json")

@@ -16,13 +16,13 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter.collect.backends.base import Cycle
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.model import ProcessSample
+from exporter.pipeline.hub import Hub
 from exporter.serve.history import History
 from exporter.serve.landing import chart_path
 from exporter.serve.view import Processes, State
+from exporter.sources.base import Cycle
 from tests.cdp import Browser
 from tests.daemon import FIXTURES, Daemon, machine_args, running
 from tests.fakes.fake_nvml import FakeGPU

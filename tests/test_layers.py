@@ -1,17 +1,24 @@
 """The house by layers: imports only run downward, and no module imports itself back.
 
-``exporter/`` is six folders, bottom to top: ``core`` (model, field declarations, units,
-labels, config, file-system readers), ``collect`` (backends, kernel parsers, Kubernetes,
-the hub, merge, energy split, health), ``output`` (exposition, dcgm names, OTLP, docs),
-``serve`` (HTTP server, live page, history), ``client`` (``top``, the daemon's HTTP
-client) and ``app`` (command line, flags, daemon, reload). A module may import its own
-layer and the layers below it. Every import counts: at module level, inside a function
-(a lazy import is still a dependency) and under ``TYPE_CHECKING``.
+``exporter/`` is eight folders, bottom to top: ``core`` (model, field declarations,
+units, labels, config, file-system readers), ``sources`` (vendor backends, kernel
+parsers, discovery), ``attribution`` (Kubernetes, Slurm), ``pipeline`` (hub, merge,
+energy split, health, the backend table), ``output`` (exposition, dcgm names, OTLP),
+``serve`` (HTTP server, live page, history), ``client`` (``top`` and the fleet view, on
+their terminal) and ``app`` (command line, flags, daemon, reload). A module may import
+its own layer and the layers below it; inside ``client`` the same holds for ``fetch`` and
+``terminal`` < ``top`` < ``fleet``. Every import counts: at module level, inside a
+function (a lazy import is still a dependency) and under ``TYPE_CHECKING``.
+
+The shipped package imports nothing of the checkout (``tests``, ``tools``, ``bench``) and
+no third-party module that pyproject.toml does not declare.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +26,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "exporter"
-LAYERS = ("core", "collect", "output", "serve", "client", "app")
-GENERATED = "proto"  # exporter/collect/kubernetes/proto: protoc's output
+LAYERS = ("core", "sources", "attribution", "pipeline", "output", "serve", "client", "app")
+# Inside client: the shared pieces, then the one-daemon view, then the fleet view (whose
+# drill-down draws with the one-daemon panels).
+CLIENT = ("fetch", "terminal", "top", "fleet")
+GENERATED = "proto"  # exporter/attribution/kubernetes/proto: protoc's output
 
 
 def modules() -> dict[str, Path]:
@@ -152,3 +162,86 @@ def test_the_reader_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
     known = modules()
     assert {m for _, m in imported(source, known)} == {
         "exporter.app.cli", "exporter.serve.server"}
+
+
+def client_rank(module: str) -> int:
+    parts = module.split(".")
+    if parts[:2] != ["exporter", "client"] or len(parts) == 2:
+        return -1
+    return CLIENT.index(parts[2]) if parts[2] in CLIENT else -1
+
+
+def test_client_views_import_downward() -> None:
+    """The terminal and fetch know neither view; the one-daemon view knows no fleet."""
+    known = modules()
+    upward = [f"{name} ({path.relative_to(ROOT)}:{line}) imports {target}"
+              for name, path in known.items() if client_rank(name) >= 0
+              for line, target in imported(path, known)
+              if client_rank(target) > client_rank(name)
+              and CLIENT[client_rank(target)] != CLIENT[client_rank(name)]]
+    assert upward == []
+    assert {p.name for p in (PACKAGE / "client").iterdir()
+            if not p.name.startswith("__")} == {"fetch.py", "terminal.py", "top", "fleet"}
+
+
+def test_sources_import_only_core() -> None:
+    """A vendor source knows nothing of the pipeline, attribution or output."""
+    known = modules()
+    wrong = [f"{name}:{line} imports {target}"
+             for name, path in known.items() if name.startswith("exporter.sources")
+             for line, target in imported(path, known)
+             if layer(target) not in (-1, LAYERS.index("core"), LAYERS.index("sources"))]
+    assert wrong == []
+
+
+def _declared() -> set[str]:
+    """The import names of pyproject.toml's dependencies and extras."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"]]
+    for extra, reqs in project["optional-dependencies"].items():
+        if extra != "test":
+            wanted += reqs
+    dists = {re.split(r"[<>=;\[ ]", r, maxsplit=1)[0].lower() for r in wanted}
+    return {IMPORT_NAMES.get(d, d.replace("-", "_")) for d in dists}
+
+
+# A distribution whose import name is not its own (pyproject name -> top-level module).
+IMPORT_NAMES = {"prometheus-client": "prometheus_client", "nvidia-ml-py": "pynvml",
+                "pyyaml": "yaml", "grpcio": "grpc", "protobuf": "google",
+                "opentelemetry-sdk": "opentelemetry",
+                "opentelemetry-exporter-otlp-proto-http": "opentelemetry"}
+
+
+def third_party(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, top-level module) of every absolute import that is not ours."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            if top != "exporter" and top not in sys.stdlib_module_names:
+                yield node.lineno, top
+
+
+def test_the_package_imports_only_what_it_declares() -> None:
+    """No ``tests``, ``tools`` or ``bench`` (the checkout is not installed), and no
+    third-party module pyproject.toml does not declare (a user's install would lack it)."""
+    declared = _declared()
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {top}"
+             for path in PACKAGE.rglob("*.py") if GENERATED not in path.parts
+             for line, top in third_party(path) if top not in declared]
+    assert wrong == []
+    assert not any("sys.path" in p.read_text() for p in PACKAGE.rglob("*.py"))
+
+
+def test_the_declared_check_catches_a_test_import(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("import yaml\nfrom tests import coverage_matrix\nimport tools.metricsdoc\n")
+    assert [top for _, top in third_party(source) if top not in _declared()] == [
+        "tests", "tools"]

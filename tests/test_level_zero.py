@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.base import BackendFailed, BackendUnavailable
-from exporter.collect.backends.intel import ze_calls as ze
-from exporter.collect.backends.intel.level_zero import LevelZeroBackend
-from exporter.collect.hub import Hub
-from exporter.collect.registry import COLLECTORS, build_backends
 from exporter.core.config import Config
+from exporter.pipeline.hub import Hub
+from exporter.pipeline.registry import COLLECTORS, build_backends
+from exporter.sources.base import BackendFailed, BackendUnavailable
+from exporter.sources.intel import ze_calls as ze
+from exporter.sources.intel.level_zero import LevelZeroBackend
 from tests.fakes.ze_build import build_stub, real_header_layout
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -19,12 +19,12 @@ import pytest
 
 from exporter.app.daemon import Daemon
 from exporter.app.flags import load_config
-from exporter.collect.backends.base import KERNEL, Cycle
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.model import DeviceInfo
 from exporter.output.render import Renderer
+from exporter.pipeline.hub import Hub
 from exporter.serve.server import build_app
+from exporter.sources.base import KERNEL, Cycle
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 
 MACHINE = FIXTURES / "amd-rdna3-rx7800xt"  # sysfs and fdinfo

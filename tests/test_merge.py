@@ -6,15 +6,6 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from exporter.collect.backends.base import DERIVED, KERNEL, LIBRARY
-from exporter.collect.merge import (
-    PROCESS_VALUE_FIELDS,
-    View,
-    enrich,
-    merge,
-    merge_device,
-    merge_group,
-)
 from exporter.core.labels import Clock, Sensor
 from exporter.core.model import (
     Allocation,
@@ -24,6 +15,15 @@ from exporter.core.model import (
     PodRef,
     ProcessSample,
 )
+from exporter.pipeline.merge import (
+    PROCESS_VALUE_FIELDS,
+    View,
+    enrich,
+    merge,
+    merge_device,
+    merge_group,
+)
+from exporter.sources.base import DERIVED, KERNEL, LIBRARY
 
 BUS = "0000:03:00.0"
 
@@ -187,7 +187,7 @@ def test_device_values_fragments_overlay_and_wrap_into_a_sample() -> None:
 
 
 # -- one serving backend per device: merge_device returns the sample as the general merge
-# would rebuild it (exporter.collect.merge._alone), or falls back to that merge.
+# would rebuild it (exporter.pipeline.merge._alone), or falls back to that merge.
 
 def _same(a: DeviceSample | None, b: DeviceSample | None) -> None:
     """Equal as served: identity, every value, and the source of every value and key."""

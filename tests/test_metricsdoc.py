@@ -1,6 +1,6 @@
 """The generated docs are what the code emits: docs/metrics.md, docs/otlp.md's table,
 docs/coverage.md and docs/cardinality.md's counts, all written by one command
-(``python -m exporter.output.metricsdoc``); and every family a golden output shows is documented."""
+(``python -m tools.metricsdoc``); and every family a golden output shows is documented."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.output.metricsdoc import generate, outputs
 from tests.daemon import REPO
+from tools.metricsdoc import generate, outputs
 
 
 def test_every_generated_doc_is_what_the_code_writes() -> None:
@@ -17,7 +17,7 @@ def test_every_generated_doc_is_what_the_code_writes() -> None:
     assert {p.name for p in written} == {"metrics.md", "otlp.md", "coverage.md",
                                          "cardinality.md"}
     stale = [p.name for p, text in written.items() if p.read_text() != text]
-    assert stale == [], "run: python -m exporter.output.metricsdoc"
+    assert stale == [], "run: python -m tools.metricsdoc"
 
 
 def test_every_family_in_the_goldens_is_documented() -> None:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.backends.base import BackendFailed, BackendUnavailable
-from exporter.collect.backends.nvidia.backend import ALL_LOST_REINIT, NvidiaBackend
 from exporter.core.config import Config
 from exporter.core.model import DeviceSample
+from exporter.sources.base import BackendFailed, BackendUnavailable
+from exporter.sources.nvidia.backend import ALL_LOST_REINIT, NvidiaBackend
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def test_an_idle_gpu_is_not_asked_for_process_utilisation(
     2-3 ms of the driver's CPU on an H200: while no process list held anyone since the
     last read it is not asked; once a process is listed it is, from the last time the
     lists were seen empty (less LATE_US), so the new process's first samples count."""
-    from exporter.collect.backends.nvidia.processes import LATE_US, ProcessReader
+    from exporter.sources.nvidia.processes import LATE_US, ProcessReader
 
     t0 = 1_700_000_000.0  # the fake NVML's sample clock starts here (us: x 1e6)
     now = [t0]
@@ -499,7 +499,7 @@ def test_fixture_machine_lost() -> None:
 def test_shim_is_pynvml_for_a_subprocess(tmp_path: Path) -> None:
     config = tmp_path / "nvml.json"
     config.write_text(json.dumps({"gpus": [{"name": "NVIDIA H200", "power_mw": 250000}, {}]}))
-    code = ("from exporter.collect.backends.nvidia.backend import NvidiaBackend\n"
+    code = ("from exporter.sources.nvidia.backend import NvidiaBackend\n"
             "from exporter.core.config import Config\n"
             "import pynvml\n"
             "b = NvidiaBackend(Config())\n"
@@ -516,7 +516,7 @@ def test_shim_is_pynvml_for_a_subprocess(tmp_path: Path) -> None:
 def test_spinning_counters_are_read_every_third_slow_cycle_and_kept_between() -> None:
     """Total energy and the violation times cost milliseconds of driver CPU each: read on
     the first slow cycle, then every COUNTERS_EVERY-th, the last value served between."""
-    from exporter.collect.backends.nvidia.device import COUNTERS_EVERY
+    from exporter.sources.nvidia.device import COUNTERS_EVERY
 
     fake = FakeNVML([FakeGPU(violation_ns={"power": 10**9, "thermal": 0, "sync_boost": 0})])
     b = backend(fake)

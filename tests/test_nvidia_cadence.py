@@ -4,9 +4,9 @@ counts."""
 
 from __future__ import annotations
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.device import RARE_EVERY
 from exporter.core.config import Config
+from exporter.sources.nvidia.backend import NvidiaBackend
+from exporter.sources.nvidia.device import RARE_EVERY
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML
 from tests.fakes.fake_nvml_links import FakeNvLink
 

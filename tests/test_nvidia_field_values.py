@@ -15,11 +15,11 @@ from collections import Counter
 
 import pytest
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.calls import Caller
-from exporter.collect.backends.nvidia.fields import SPARE_ENTRIES, FieldReader, field_values
-from exporter.collect.backends.nvidia.nvlink import THROUGHPUT_EVERY
 from exporter.core.config import Config
+from exporter.sources.nvidia.backend import NvidiaBackend
+from exporter.sources.nvidia.calls import Caller
+from exporter.sources.nvidia.fields import SPARE_ENTRIES, FieldReader, field_values
+from exporter.sources.nvidia.nvlink import THROUGHPUT_EVERY
 from tests.fakes.fake_nvml import FakeGPU, FakeNvLink, FakeNVML
 from tests.fakes.nvml_real import N
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.base import BackendFailed
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.device import COUNTERS_EVERY, RARE_EVERY
 from exporter.core.config import Config
+from exporter.sources.base import BackendFailed
+from exporter.sources.nvidia.backend import NvidiaBackend
+from exporter.sources.nvidia.device import COUNTERS_EVERY, RARE_EVERY
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.fakes.nvml_real import N
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
 from exporter.core.config import Config
 from exporter.core.model import DeviceSample
+from exporter.sources.nvidia.backend import NvidiaBackend
 from tests.fakes.fake_nvml import FakeGPU, FakeMig, FakeNvLink, FakeNVML, FakeProcess
 from tests.test_nvidia_nvlink import CHANGES_THE_GPU
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
 from exporter.core.config import Config
 from exporter.core.model import ProcessSample
+from exporter.sources.nvidia.backend import NvidiaBackend
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
 from tests.fakes.nvml_real import N
 

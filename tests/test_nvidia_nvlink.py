@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.device import RARE_EVERY
-from exporter.collect.backends.nvidia.nvlink import ERRORS_EVERY, THROUGHPUT_EVERY
 from exporter.core.config import Config
 from exporter.core.model import DeviceSample
+from exporter.sources.nvidia.backend import NvidiaBackend
+from exporter.sources.nvidia.device import RARE_EVERY
+from exporter.sources.nvidia.nvlink import ERRORS_EVERY, THROUGHPUT_EVERY
 from tests.fakes.fake_nvml import FakeGPU, FakeNvLink, FakeNVML
 from tests.fakes.nvml_real import N
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.xid import CATALOGUE, meaning
-from exporter.collect.health import evaluate
 from exporter.core.config import Config
 from exporter.core.model import DeviceSample
+from exporter.core.xid import CATALOGUE, meaning
+from exporter.pipeline.health import evaluate
+from exporter.sources.nvidia.backend import NvidiaBackend
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML
 
 NOT_LISTED = 9999  # no such code in the catalogue (codes end in the 160s today)

@@ -16,8 +16,8 @@ from prometheus_client.samples import Sample
 
 from exporter.core.fieldspec import GAUGE, SUM
 from exporter.output.catalogue import FAMILIES, LABELS, attribute_name
-from exporter.output.metricsdoc import generate as metrics_doc
 from tests.daemon import REPO
+from tools.metricsdoc import generate as metrics_doc
 
 
 def need(module: str) -> Any:

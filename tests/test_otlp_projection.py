@@ -10,12 +10,12 @@ import pytest
 
 from exporter.app.daemon import Daemon
 from exporter.app.flags import load_config
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.fieldspec import Kind
 from exporter.core.model import DeviceInfo, DeviceSample
 from exporter.output.render import RenderOptions, device_families
 from exporter.output.render.selection import Selection
+from exporter.pipeline.hub import Hub
 from tests.daemon import FIXTURES, machine_args
 from tests.test_otlp_names import need
 
@@ -82,7 +82,7 @@ def test_a_gpu_down_projects_its_info_and_status_only() -> None:
             return []
 
         def sample(self, slow: bool) -> Any:
-            from exporter.collect.backends.base import Cycle
+            from exporter.sources.base import Cycle
 
             return Cycle([DeviceSample(info=DeviceInfo(vendor="amd", pci_bus_id="0000:03:00.0",
                                                        uuid="pci-0000:03:00.0"),

@@ -19,10 +19,10 @@ import pytest
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
 
-from exporter.collect.hub import Hub  # noqa: E402
 from exporter.core.config import Config  # noqa: E402
 from exporter.output.otlp import Pusher  # noqa: E402
 from exporter.output.render import RenderOptions  # noqa: E402
+from exporter.pipeline.hub import Hub  # noqa: E402
 
 MIB = 1024 * 1024
 CLAIM = 400 * MIB

@@ -16,8 +16,8 @@ def test_every_package_under_exporter_is_listed_in_pyproject() -> None:
                  ["tool"]["setuptools"]["packages"])
     found = {str(init.parent.relative_to(ROOT)).replace("/", ".")
              for init in (ROOT / "exporter").rglob("__init__.py")}
-    assert "exporter.collect.backends.nvidia" in found
-    assert "exporter.collect.kubernetes.proto" in found
+    assert "exporter.sources.nvidia" in found
+    assert "exporter.attribution.kubernetes.proto" in found
     assert found - listed == set(), "add them to [tool.setuptools] packages"
     assert listed - found == set(), "listed, but no such package"
 

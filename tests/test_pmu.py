@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.backends.base import BackendUnavailable
-from exporter.collect.backends.intel.pmu import PmuBackend
-from exporter.collect.discovery import DrmDiscovery
-from exporter.collect.registry import COLLECTORS, build_backends
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceSample
+from exporter.pipeline.registry import COLLECTORS, build_backends
+from exporter.sources.base import BackendUnavailable
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.intel.pmu import PmuBackend
 from tests.daemon import machine_args, running, values_of
 from tests.fakes.fake_perf import FakePerf
 

@@ -1,4 +1,4 @@
-"""exporter.collect.kernel.i915_xe_pmu on the fixture machines' event_source trees (built by
+"""exporter.sources.kernel.i915_xe_pmu on the fixture machines' event_source trees (built by
 tests/fixtures/build_pmu.py from the listings cited in tests/fixtures/PMU_SOURCES.md)
 and on the strings the drivers print."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.kernel.i915_xe_pmu import (
+from exporter.sources.kernel.i915_xe_pmu import (
     encode,
     i915_engines,
     parse_cpumask,

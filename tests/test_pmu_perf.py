@@ -1,4 +1,4 @@
-"""exporter.collect.kernel.perf: the struct layout against the real uapi header, the syscall on
+"""exporter.sources.kernel.perf: the struct layout against the real uapi header, the syscall on
 this machine's real kernel (a software event), and counter groups against the fake."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collect.kernel import perf
+from exporter.sources.kernel import perf
 from tests.fakes.fake_perf import FakePerf
 
 HEADER = Path("/usr/include/linux/perf_event.h")

@@ -12,11 +12,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from exporter.collect.hub import Hub
 from exporter.core import units
 from exporter.core.config import Config
 from exporter.core.fs import ProcFS, user_name
 from exporter.core.model import ProcessSample
+from exporter.pipeline.hub import Hub
 from exporter.serve.history import History
 from tests.test_collector import Scripted, scrape
 from tests.test_fdinfo import FIXTURES, backend, by_pid, only_device

@@ -1,4 +1,4 @@
-"""Readings only a reader sees are taken when a reader came since (exporter.collect.readers).
+"""Readings only a reader sees are taken when a reader came since (exporter.sources.readers).
 
 NVIDIA's NVLink throughput and error counters, GPM ratios, PCIe throughput and
 clock-event times: no health verdict, live-page chart or energy split uses them, so the
@@ -9,11 +9,11 @@ counts, and through the daemon's renderer and server, which mark the reads.
 
 from __future__ import annotations
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.device import RARE_EVERY
-from exporter.collect.backends.nvidia.nvlink import ERRORS_EVERY
-from exporter.collect.readers import Readers, Wanted
 from exporter.core.config import Config
+from exporter.sources.nvidia.backend import NvidiaBackend
+from exporter.sources.nvidia.device import RARE_EVERY
+from exporter.sources.nvidia.nvlink import ERRORS_EVERY
+from exporter.sources.readers import Readers, Wanted
 from tests.fakes.fake_nvml import FakeGPU, FakeNvLink, FakeNVML, FakeProcess
 
 GATED = ("nvmlDeviceGetNvLinkErrorCounter", "nvmlGpmSampleGet", "nvmlDeviceGetPcieThroughput",
@@ -127,8 +127,8 @@ def test_always_reads_on_every_due_cycle() -> None:
 def test_metrics_and_snapshot_count_as_reads_the_page_does_not() -> None:
     import httpx
 
-    from exporter.collect.hub import Hub
     from exporter.output.render import Renderer
+    from exporter.pipeline.hub import Hub
     from exporter.serve.server import build_app
     from tests.test_server_hardening import in_process_server
 
@@ -151,7 +151,7 @@ def test_metrics_and_snapshot_count_as_reads_the_page_does_not() -> None:
 
 
 def test_the_daemon_counts_reads_unless_it_pushes() -> None:
-    from exporter.collect.registry import Shared
+    from exporter.pipeline.registry import Shared
 
     assert Shared(Config()).readers.always is False
     assert Shared(Config(otlp_endpoint="http://127.0.0.1:4318")).readers.always is True

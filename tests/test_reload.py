@@ -254,10 +254,10 @@ def test_sighup_reads_the_dcgm_counters_file_again(tmp_path: Path) -> None:
 def test_a_new_selection_drops_the_rendered_bodies() -> None:
     """Renderer.select: bodies already rendered for the current snapshot (every format)
     are not served again; the same snapshot is rendered anew under the new selection."""
-    from exporter.collect.hub import Hub
     from exporter.core.config import Config
     from exporter.output.render import Renderer
     from exporter.output.render.selection import Selection
+    from exporter.pipeline.hub import Hub
     from tests.test_collector import Scripted
 
     snapshot = Hub(Config(), [Scripted("amd", ["0000:03:00.0"])]).collect_once()

@@ -7,11 +7,11 @@ import threading
 
 from prometheus_client import exposition as text_format
 
-from exporter.collect.hub import Hub
-from exporter.collect.state import Snapshot
 from exporter.core.config import Config
 from exporter.output.render import Renderer, RenderOptions
 from exporter.output.render.selection import Selection
+from exporter.pipeline.hub import Hub
+from exporter.pipeline.state import Snapshot
 from tests.daemon import parse_samples
 from tests.test_collector import Scripted
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.output.dcgm import FIELDS, HEALTH_FAMILY, parse_counters
 from exporter.output.render import Renderer, RenderOptions
 from exporter.output.render.selection import Selection, load_selection
+from exporter.pipeline.hub import Hub
 from tests.daemon import FIXTURES, REPO, machine_args, running
 from tests.test_collector import Scripted
 from tests.test_server import run_cli

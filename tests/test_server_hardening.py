@@ -22,14 +22,14 @@ import httpx
 import pytest
 import uvicorn
 
-from exporter.collect.backends.base import KERNEL, Cycle
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample
 from exporter.output.render import Renderer
+from exporter.pipeline.hub import Hub
 from exporter.serve.connections import Slots, protocol_factory
 from exporter.serve.server import Server, build_app, negotiate
 from exporter.serve.snapshot import snapshot_json
+from exporter.sources.base import KERNEL, Cycle
 from tests.daemon import REPO, running
 from tests.test_server import no_gpu_args, run_cli
 

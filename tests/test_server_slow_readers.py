@@ -22,10 +22,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.output.render import Renderer
 from exporter.output.render.exposition import PAGE_QUEUE, Busy, Worker
+from exporter.pipeline.hub import Hub
 from exporter.serve import connections
 from exporter.serve.connections import CHUNK, IDLE, Slots, protocol_factory
 from exporter.serve.middleware import ChunkedBodyMiddleware

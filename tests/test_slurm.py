@@ -10,8 +10,8 @@ import os
 import threading
 from pathlib import Path
 
-from exporter.collect import slurm
-from exporter.collect.slurm import SlurmBackend
+from exporter.attribution import slurm
+from exporter.attribution.slurm import SlurmBackend
 from exporter.core.config import Config
 from tests.daemon import FIXTURES, machine_args, running, values_of
 

@@ -13,25 +13,25 @@ from typing import Any
 
 import pytest
 
-import exporter.collect.state
-from exporter.collect.hub import Hub
+import exporter.pipeline.state
 from exporter.core.config import Config
 from exporter.core.model import DeviceSample, ProcessSample
+from exporter.pipeline.hub import Hub
 from exporter.serve.snapshot import snapshot_json
 from tests.test_collector import Scripted, scrape
 
 
 @pytest.fixture
 def merges(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The name of the thread of every call to exporter.collect.merge.merge made for a snapshot."""
+    """The name of the thread of every call to exporter.pipeline.merge.merge made for a snapshot."""
     calls: list[str] = []
-    real = exporter.collect.state.merge
+    real = exporter.pipeline.state.merge
 
     def counting(*args: Any, **kwargs: Any) -> list[DeviceSample]:
         calls.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(exporter.collect.state, "merge", counting)
+    monkeypatch.setattr(exporter.pipeline.state, "merge", counting)
     return calls
 
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.backends.amd.backend import AmdBackend
-from exporter.collect.backends.intel.backend import IntelBackend
-from exporter.collect.discovery import DrmDiscovery
 from exporter.core.config import Config
 from exporter.core.fs import SysFS
+from exporter.sources.amd.backend import AmdBackend
+from exporter.sources.discovery import DrmDiscovery
+from exporter.sources.intel.backend import IntelBackend
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -22,11 +22,11 @@ import bcrypt
 import pytest
 from structlog.testing import capture_logs
 
-from exporter.collect.hub import Hub
 from exporter.core.config import Config, ConfigError
 from exporter.core.logs import Every
 from exporter.output.render import Renderer
 from exporter.output.render.telemetry import Telemetry
+from exporter.pipeline.hub import Hub
 from exporter.serve import webconfig
 from exporter.serve.middleware import OK, PasswordChecker
 from exporter.serve.server import build_app

@@ -29,10 +29,10 @@ import pytest
 
 from bench.imports import nvidia_only_args, nvidia_only_env, probe
 from exporter.client.fetch import HTTPStatus, ReplyTimeout, ReplyTooLarge, fetch_snapshot
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.labels import HealthStatus
 from exporter.core.model import ProcessSample
+from exporter.pipeline.hub import Hub
 from exporter.serve import view
 from exporter.serve.history import History
 from tests import hostile
@@ -46,7 +46,7 @@ pytest.importorskip("rich", reason="the top extra (rich) is not installed")
 
 from rich.console import Console  # noqa: E402
 
-from exporter.client import top  # noqa: E402
+from exporter.client.top import command as top  # noqa: E402
 
 MIXED = FIXTURES / "mixed"
 TMUX = shutil.which("tmux")
@@ -824,4 +824,4 @@ def test_the_daemon_never_imports_rich() -> None:
     assert "exporter.serve.history" in modules  # the page's own code: on its first request
     # (``rich`` itself is listed: the None that keeps structlog from importing it)
     assert [m for m in modules if m.startswith("rich.")] == []
-    assert "exporter.client.top" not in modules
+    assert "exporter.client.top.command" not in modules

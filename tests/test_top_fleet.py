@@ -3,9 +3,9 @@ drilling into a node and back, the state lines (a load in progress, failed queri
 cut answer, no answer at all) and Prometheus' strings stripped before they are drawn.
 
 Prometheus is faked at the HTTP boundary, as tests/test_fleet_client.py does: a local
-server answers each query of exporter.client.fleetql (the expression text looked up in
+server answers each query of exporter.client.fleet.ql (the expression text looked up in
 FleetQL's own query tables) with the API's JSON envelope (Prometheus' querying/api
-documentation); the view is fed what exporter.client.fleet made of it, as the poller
+documentation); the view is fed what exporter.client.fleet.nodes made of it, as the poller
 feeds it. The real server, daemons and terminal: tests/test_top_fleet_e2e.py.
 """
 
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.client.fleet import Progress, load_fleet, load_history, load_node
-from exporter.client.fleetflags import Query, connect
-from exporter.client.fleetql import FleetQL
-from exporter.client.promapi import PrometheusAPI
+from exporter.client.fleet.flags import Query, connect
+from exporter.client.fleet.nodes import Progress, load_fleet, load_history, load_node
+from exporter.client.fleet.promapi import PrometheusAPI
+from exporter.client.fleet.ql import FleetQL
 from exporter.core.config import ConfigError, MetricNames
 from tests.test_fleet_client import Reply, serving, vector
 
@@ -32,8 +32,8 @@ pytest.importorskip("rich", reason="the top extra (rich) is not installed")
 
 from rich.console import Console  # noqa: E402
 
-from exporter.client import fleettop  # noqa: E402
-from exporter.client.fleettop import FleetApp  # noqa: E402
+from exporter.client.fleet import command as fleettop  # noqa: E402
+from exporter.client.fleet.command import FleetApp  # noqa: E402
 from exporter.client.terminal import Wakeup  # noqa: E402
 
 EVIL = "gpu\x1b]0;pwned\x07node\x1b[2J\u202e"  # a title, a clear screen, a bidi override
@@ -394,8 +394,8 @@ def test_flags_become_the_client_and_the_queries(tmp_path: Path) -> None:
 
 
 def test_the_defaults_are_the_clients() -> None:
-    from exporter.client.fleetflags import FLEET_DEFAULTS
-    from exporter.client.promapi import DEFAULT_MAX_SERIES, DEFAULT_TIMEOUT
+    from exporter.client.fleet.flags import FLEET_DEFAULTS
+    from exporter.client.fleet.promapi import DEFAULT_MAX_SERIES, DEFAULT_TIMEOUT
 
     api, query = connect("http://p:9090", {})
     assert (api.timeout, api.max_series) == (DEFAULT_TIMEOUT, DEFAULT_MAX_SERIES)

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from exporter.client.fleet import load_fleet
-from exporter.client.promapi import PrometheusAPI
+from exporter.client.fleet.nodes import load_fleet
+from exporter.client.fleet.promapi import PrometheusAPI
 from exporter.core.config import MetricNames
 from tests.prometheus_harness import PROMETHEUS, query
 from tests.test_fleet_prometheus_e2e import fleet_api, truth  # noqa: F401 - fixtures

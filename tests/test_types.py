@@ -38,7 +38,7 @@ def test_a_string_error_reason_is_a_type_error(tmp_path: Path) -> None:
     snippet = tmp_path / "reasons.py"
     snippet.write_text(textwrap.dedent("""
         from collections import Counter
-        from exporter.collect.backends.base import Cycle
+        from exporter.sources.base import Cycle
         from exporter.core.labels import ErrorReason
 
         errors: Counter[ErrorReason] = Counter()

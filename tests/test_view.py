@@ -9,11 +9,11 @@ import json
 import re
 from pathlib import Path
 
-from exporter.collect.health import STATUS_NAMES
-from exporter.collect.hub import Hub
 from exporter.core.config import Config
 from exporter.core.labels import HealthStatus
 from exporter.core.model import ProcessSample
+from exporter.pipeline.health import STATUS_NAMES
+from exporter.pipeline.hub import Hub
 from exporter.serve import view
 from exporter.serve.history import History
 from exporter.serve.landing_static import APP_JS
@@ -79,8 +79,8 @@ def test_the_words_are_defined_once() -> None:
     words = "up|down|stale|healthy|degraded|failed|failing|cool|warm|hot"
     literal = re.compile(rf"""["']({words})["']""")
     for path in ("exporter/serve/history.py", "exporter/serve/landing.py",
-                 "exporter/serve/static/app.js", "exporter/client/top.py",
-                 "exporter/client/fleetmodel.py", "exporter/client/fleetscreen.py"):
+                 "exporter/serve/static/app.js", "exporter/client/top/command.py",
+                 "exporter/client/fleet/model.py", "exporter/client/fleet/screen.py"):
         assert not literal.findall((ROOT / path).read_text()), path
 
 
@@ -91,11 +91,11 @@ def test_a_client_imports_the_view_without_the_daemon() -> None:
     import sys
 
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, exporter.serve.view, exporter.client.topmodel; "
+        [sys.executable, "-c", "import sys, exporter.serve.view, exporter.client.top.model; "
          "print(' '.join(sorted(sys.modules)))"], capture_output=True, text=True, cwd=ROOT,
         check=True, timeout=60).stdout.split()
     assert "exporter.serve.view" in loaded
-    heavy = [m for m in loaded if m.startswith(("exporter.collect", "exporter.output",
+    heavy = [m for m in loaded if m.startswith(("exporter.pipeline", "exporter.output",
                                                 "exporter.serve.server", "prometheus_client",
                                                 "starlette", "rich"))]
     assert heavy == []

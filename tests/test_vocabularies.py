@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from exporter.collect import health
 from exporter.core.labels import Check, FindingCode
 from exporter.core.model import DeviceInfo, DeviceSample
 from exporter.output import dcgm
+from exporter.pipeline import health
 
 
 def test_every_check_but_xid_is_a_dcgm_health_watch_and_codes_are_finding_codes() -> None:

@@ -109,14 +109,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return _fail("--from and --prometheus: one daemon or the fleet, not both")
         try:
             if prometheus is not None:
-                from exporter.client import fleettop
+                from exporter.client.fleet import command as fleettop
             else:
-                from exporter.client.top import main as top
+                from exporter.client.top.command import main as top
         except ImportError as e:
             return _fail(f"top needs the top extra: pip install '.[top]' in the "
                          f"gpu-exporter checkout ({e})")
         if prometheus is not None:
-            from exporter.client.fleetflags import connect
+            from exporter.client.fleet.flags import connect
 
             try:
                 api, query = connect(prometheus, fleet, ca_file, insecure)

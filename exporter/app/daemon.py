@@ -16,16 +16,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from exporter.collect.registry import Shared
 from exporter.core.config import Config
 from exporter.output.render.selection import Selection
 from exporter.output.render.telemetry import ConnectionCounts, Telemetry
+from exporter.pipeline.registry import Shared
 
 if TYPE_CHECKING:
     from exporter.app.reload import Reloader
-    from exporter.collect.state import Snapshot
     from exporter.output.otlp import Pusher
     from exporter.output.render import Renderer, RenderOptions
+    from exporter.pipeline.state import Snapshot
 
 
 class Daemon:
@@ -43,8 +43,8 @@ class Daemon:
     """
 
     def __init__(self, config: Config, selection: Selection | None = None) -> None:
-        from exporter.collect.hub import Hub
-        from exporter.collect.registry import build_backends
+        from exporter.pipeline.hub import Hub
+        from exporter.pipeline.registry import build_backends
         from exporter.serve.history import History
 
         self.config = config
@@ -67,7 +67,7 @@ class Daemon:
 
     def check(self) -> str | None:
         """Why a collector switched on cannot run (exit 2), or None."""
-        from exporter.collect.registry import forced_but_unavailable
+        from exporter.pipeline.registry import forced_but_unavailable
 
         return forced_but_unavailable(self.config, self.backends)
 

@@ -1,7 +1,7 @@
 """The flags, and how a ``Config`` is read from them, the environment and the config file.
 
 Owns the flag table (``OPTIONS``; the collector switches ``--[no-]collector.<name>``
-come from the backend table, exporter.collect.backends), the argparse parser and its help, and
+come from the backend table, exporter.sources), the argparse parser and its help, and
 loading: precedence is flag > environment > file > default. Every key has one name
 (``collector.interval``); the flag is ``--collector.interval``, the variable
 ``GPU_EXPORTER_COLLECTOR_INTERVAL`` and the file key ``collector.interval`` (or
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter import __version__
-from exporter.client.fleetflags import FLEET_DEFAULTS
-from exporter.collect.registry import COLLECTORS, TABLE
+from exporter.client.fleet.flags import FLEET_DEFAULTS
 from exporter.core.config import (
     ALIASES,
     Config,
@@ -41,6 +40,7 @@ from exporter.core.config import (
     parse_telemetry_path,
     parse_url,
 )
+from exporter.pipeline.registry import COLLECTORS, TABLE
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -174,7 +174,7 @@ OPTIONS = (
 )
 KEYS = {o.key: o for o in OPTIONS}
 # --help's groups (argparse argument groups) and README.md's flag tables
-# (exporter.app.flagsdoc), in this order: (title, the key prefixes that belong to it; the
+# (tools.flagsdoc), in this order: (title, the key prefixes that belong to it; the
 # first group whose prefix a key starts with takes it). COLLECTORS are the switches of the
 # backend table; CLIENT the flags of `snapshot --from` and `top`.
 COLLECTORS_GROUP = "collectors"
@@ -282,7 +282,7 @@ def add_client_flags(group: argparse._ActionsContainer) -> None:
 
 def add_fleet_flags(group: argparse._ActionsContainer) -> None:
     """``top --prometheus``'s own flags (its connection besides --tls.ca-file and
-    --tls.insecure-skip-verify, what it asks, its bounds): exporter.client.fleettop."""
+    --tls.insecure-skip-verify, what it asks, its bounds): exporter.client.fleet.command."""
     group.add_argument("--prometheus", dest="prometheus", metavar="URL",
                        help="show the fleet from the Prometheus (or Thanos, Mimir, "
                        "VictoriaMetrics) API at URL that scrapes the exporters, "

@@ -1,5 +1,6 @@
-"""The terminal of ``gpu-exporter top``, for both of its views (one daemon, exporter.client.top;
-the fleet from Prometheus, exporter.client.fleettop): the terminal set up and given back,
+"""The terminal of ``gpu-exporter top``, for both of its views (one daemon,
+exporter.client.top.command;
+the fleet from Prometheus, exporter.client.fleet.command): the terminal set up and given back,
 the signals, the poller thread and the drawing loop.
 
 A view is an ``App``: it draws a frame for the terminal's size, takes a key, and takes
@@ -24,16 +25,53 @@ import sys
 import termios
 import threading
 import tty
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import Protocol
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
+from rich.segment import Segment
+from rich.text import Text
 
-from exporter.client.topmodel import _keys
-from exporter.client.toppanels import Screen
+
+class Screen:
+    """A frame's lines, each rendered as it is (rich's Text wraps and splits a joined
+    text first: most of a refresh's cost)."""
+
+    def __init__(self, lines: Sequence[Text]) -> None:
+        self.lines = lines
+
+    @property
+    def plain(self) -> str:
+        return "\n".join(line.plain for line in self.lines)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        newline = Segment.line()
+        for line in self.lines:
+            yield from line.render(console)
+            yield newline
+
+
+def _keys(data: str) -> list[str]:
+    """Split what the terminal sent into keys: an escape sequence (CSI ``ESC [`` up to
+    its final byte, SS3 ``ESC O`` and one more) is one key."""
+    out, i = [], 0
+    while i < len(data):
+        if data[i] == "\x1b" and data[i + 1:i + 2] == "[":
+            j = i + 2
+            while j < len(data) and not "\x40" <= data[j] <= "\x7e":
+                j += 1
+            out.append(data[i:j + 1])
+            i = j + 1
+        elif data[i] == "\x1b" and data[i + 1:i + 2] == "O" and i + 2 < len(data):
+            out.append(data[i:i + 3])
+            i += 3
+        else:
+            out.append(data[i])
+            i += 1
+    return out
 
 
 class HangUp(Exception):

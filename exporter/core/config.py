@@ -71,7 +71,7 @@ class Config:
     slow_interval: float = 10.0  # expensive calls, seconds
     processes_interval: float = 5.0  # per-process /proc scan
     processes_budget: float = 0.5  # seconds one scan may take before it stops early
-    # The collector switches the operator gave (exporter.collect.registry holds the
+    # The collector switches the operator gave (exporter.pipeline.registry holds the
     # defaults): True (forced on), False (off), None (auto).
     collectors: Mapping[str, bool | None] = field(default_factory=dict)
     max_processes_per_gpu: int = 64

@@ -69,7 +69,7 @@ class Exposure(Enum):
 
     SERVED = "served"  # a family under ``name`` (and its OTLP name)
     DCGM_ONLY = "dcgm_only"  # only as a dcgm-exporter field, in dcgm mode (exporter.output.dcgm)
-    INTERNAL = "internal"  # an input of the health verdict (exporter.collect.health), never served
+    INTERNAL = "internal"  # an input of the health verdict (exporter.pipeline.health), never served
 
 
 @dataclass(frozen=True)

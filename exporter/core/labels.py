@@ -156,7 +156,7 @@ class ProcessContext(Vocabulary):
 
 
 class Check(Vocabulary):
-    """``gpu_health_check_status{check}``: the health checks (exporter.collect.health), in the
+    """``gpu_health_check_status{check}``: the health checks (exporter.pipeline.health), in the
     order served."""
 
     THERMAL = "thermal"
@@ -240,7 +240,7 @@ class ErrorReason(Vocabulary):
 
 class DownReason(Vocabulary):
     """``gpu_exporter_backend_down_reason{reason}``: why a backend is off, a closed set of
-    codes mapped from its free-text reason (exporter.collect.hubstate.down_code); the text
+    codes mapped from its free-text reason (exporter.pipeline.hubstate.down_code); the text
     itself is logged once and shown in ``/snapshot``."""
 
     NOT_STARTED = "not_started"  # open() not tried yet

@@ -7,7 +7,7 @@ series: never 0, never NaN.
 
 Every value field declares its metric once, in ``field(metadata=...)``: family name,
 help, type, unit and the label name(s) of a mapping's key (``MetricSpec``, see
-``exporter.core.fieldspec``). Render, merge, docs/metrics.md (``exporter.output.metricsdoc``) and
+``exporter.core.fieldspec``). Render, merge, docs/metrics.md (``tools.metricsdoc``) and
 the dcgm mapping read that table (``value_specs``), so a new field is one declaration
 here. Mapping fields are keyed by
 the label value (``temperatures_celsius[Sensor.JUNCTION]``, ``clocks_hertz["sm"]``);
@@ -183,7 +183,7 @@ class ProcessSample:
         "context",
         note="NVIDIA only (NVML's compute, graphics and MPS client process lists).",
         otlp=Otlp("gpu.process.context", "{info}"))
-    # Filled after the merge by exporter.collect.energy_split, never by a backend.
+    # Filled after the merge by exporter.pipeline.energy_split, never by a backend.
     energy_joules: float | None = value(
         "gpu_process_energy_joules_total",
         "GPU energy attributed to the process by its share of engine busy time.",
@@ -282,14 +282,14 @@ class DeviceValues:
         unit="joules",
         cadence_by={"nvidia": SLOW},
         otlp=Otlp("hw.energy"))
-    # Filled after the merge by exporter.collect.energy_split, never by a backend.
+    # Filled after the merge by exporter.pipeline.energy_split, never by a backend.
     idle_energy_joules: float | None = value(
         "gpu_idle_energy_joules_total",
         "GPU energy attributed to no process: idle time, and all of it where per-process "
         "engine data is missing.", Kind.COUNTER, unit="joules",
         note="Source `estimate` (docs/energy.md).",
         otlp=Otlp("gpu.idle_energy"))
-    # Filled after the merge by exporter.collect.energy_split, never by a backend: for a GPU
+    # Filled after the merge by exporter.pipeline.energy_split, never by a backend: for a GPU
     # that reports its power but has no energy counter.
     estimated_energy_joules: float | None = value(
         "gpu_estimated_energy_joules_total",
@@ -453,7 +453,7 @@ class DeviceValues:
         cadence=SLOW,
         otlp=Otlp("gpu.{key}"))
 
-    # Health inputs (exporter.collect.health), not families of their own.
+    # Health inputs (exporter.pipeline.health), not families of their own.
     recovery_action: str | None = value(  # nvmlDeviceGpuRecoveryAction_t as a word
         help="NVML's GPU recovery action: none, gpu_reset, node_reboot, drain_p2p, ...",
         cadence=SLOW, exposure=INTERNAL)
@@ -578,3 +578,10 @@ class BackendSample:
     devices: tuple[DeviceSample, ...] = ()
     # reason -> how many values/processes this cycle dropped (per-cycle, not cumulative)
     errors: Mapping[ErrorReason, int] = field(default_factory=dict)
+
+
+# Mapping fields whose keys are owned together (one engine, one owner): the merge's rule
+# (exporter.pipeline.merge), which a source that pre-merges its own files follows too.
+KEY_GROUPS: Mapping[str, str] = {
+    name: spec.group for name, spec in (*value_specs(DeviceValues), *value_specs(ProcessSample))
+    if spec.group}

@@ -6,7 +6,7 @@ families, the join series (kubernetes.podlabels, slurm) and the ``gpu_exporter_*
 render.selfmetrics. Each spec names its Prometheus family, help, type and unit and, in
 ``Otlp``, its OTLP name (UCUM unit and point kind follow from the spec unless it says
 otherwise). Render, dcgm, OTLP (exporter.output.otlp), docs/metrics.md and docs/otlp.md
-(exporter.output.metricsdoc) all read it from here or from the specs themselves.
+(tools.metricsdoc) all read it from here or from the specs themselves.
 
 OTLP names and attributes follow OpenTelemetry's hardware semantic conventions, version
 1.44.0 (open-telemetry/semantic-conventions, docs/hardware/gpu.md, docs/hardware/common.md
@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from exporter.collect import health, slurm
-from exporter.collect.kubernetes import podlabels, unallocated
+from exporter.attribution import slurm
+from exporter.attribution.kubernetes import podlabels, unallocated
 from exporter.core.fieldspec import GAUGE, HISTOGRAM, SUM, UPDOWN, MetricSpec
 from exporter.output.render.families import (
     ALLOCATION,
@@ -35,6 +35,7 @@ from exporter.output.render.families import (
     UP,
 )
 from exporter.output.render.selfmetrics import EXPORTER
+from exporter.pipeline import health
 
 __all__ = ["FAMILIES", "GAUGE", "HISTOGRAM", "INT_ATTRIBUTES", "LABELS", "SCHEMA_URL", "SPECS",
            "SUM", "UPDOWN", "Target", "attribute_name", "otlp_table", "target"]

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import Metric
 
-from exporter.collect.health import Verdict
 from exporter.core.fieldspec import value_specs
 from exporter.core.labels import (
     Check,
@@ -43,6 +42,7 @@ from exporter.core.labels import (
     ThrottleReason,
 )
 from exporter.core.model import DeviceInfo, DeviceSample, DeviceValues, PodRef
+from exporter.pipeline.health import Verdict
 
 MIB = float(1 << 20)
 # (unit of the DeviceValues field, in exporter.core.model's table; dcgm-exporter's unit) -> factor

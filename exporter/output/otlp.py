@@ -50,9 +50,6 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client.core import Metric as PromMetric
 
 from exporter import __version__
-from exporter.collect import health
-from exporter.collect.hub import Hub
-from exporter.collect.state import Snapshot
 from exporter.core.config import Config, MetricNames
 from exporter.core.fieldspec import MetricSpec
 from exporter.output.catalogue import (
@@ -72,6 +69,9 @@ from exporter.output.render.families import in_order, walk
 from exporter.output.render.joins import join_families
 from exporter.output.render.selection import Selection
 from exporter.output.render.selfmetrics import exporter_families
+from exporter.pipeline import health
+from exporter.pipeline.hub import Hub
+from exporter.pipeline.state import Snapshot
 
 log = structlog.get_logger(__name__)
 CUMULATIVE = AggregationTemporality.CUMULATIVE

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.collect.state import Snapshot
 from exporter.core.model import DeviceSample
+from exporter.pipeline.state import Snapshot
 from exporter.serve import view
 from exporter.serve.tables import (
     critical,
@@ -197,7 +197,7 @@ class History:
         """Hub subscriber: one sample per GPU per interval from the snapshot's merged devices."""
         # Backends publish several times an interval: before anything else, keep the
         # first of each interval, so a publish in between costs nothing here (the
-        # snapshot arrives merged: exporter.collect.state.merged_view).
+        # snapshot arrives merged: exporter.pipeline.state.merged_view).
         if not snapshot.ready:  # not every backend has had its first cycle: GPUs missing
             return
         with self._lock:

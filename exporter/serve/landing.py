@@ -19,8 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from exporter import __version__
-from exporter.collect.state import Snapshot
 from exporter.core.labels import HealthStatus
+from exporter.pipeline.state import Snapshot
 from exporter.serve.history import SERIES, History, Series
 from exporter.serve.tables import TOP_PROCESSES, current, otlp_view, top_processes
 from exporter.serve.view import (

@@ -38,14 +38,14 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive
 
-from exporter.collect.hub import Hub
-from exporter.collect.state import Snapshot
 from exporter.core.config import Config, split_listen_address
 from exporter.core.fs import open_files_limit
 from exporter.core.logs import Every
 from exporter.output.render import Renderer, Worker
 from exporter.output.render.exposition import Busy, Variant
 from exporter.output.render.telemetry import Telemetry
+from exporter.pipeline.hub import Hub
+from exporter.pipeline.state import Snapshot
 from exporter.serve.connections import MAX_CONNECTIONS, Slots, protocol_factory
 from exporter.serve.history import History
 from exporter.serve.middleware import (

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter import __version__
-from exporter.collect.state import Snapshot
+from exporter.pipeline.state import Snapshot
 
 
 def _plain(value: Any) -> Any:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from exporter.collect.health import Verdict
-from exporter.collect.state import BackendState, Snapshot
 from exporter.core.labels import Clock, HealthStatus, Sensor
 from exporter.core.model import DeviceSample, ProcessSample
+from exporter.pipeline.health import Verdict
+from exporter.pipeline.state import BackendState, Snapshot
 from exporter.serve import view
 from exporter.serve.view import NO_DATA, Heat, State
 

@@ -1,7 +1,7 @@
 """The live view: the one typed contract between its producer (exporter.serve.history
 and exporter.serve.tables, from the merged snapshot) and its three readers: the page
 (exporter.serve.landing, drawn on the server, and ``static/app.js``, which refreshes
-it), its JSON (``/api/v1/history``) and ``gpu-exporter top`` (exporter.client.top, which
+it), its JSON (``/api/v1/history``) and ``gpu-exporter top`` (exporter.client.top.command, which
 decodes the JSON back into these same classes).
 
 Its words (``State``, ``Heat``, ``OtlpState``, ``HealthStatus``) and their marks are

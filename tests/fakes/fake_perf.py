@@ -1,4 +1,4 @@
-"""A fake kernel behind ``perf_event_open``: the exporter.collect.kernel.perf.Syscalls boundary.
+"""A fake kernel behind ``perf_event_open``: the exporter.sources.kernel.perf.Syscalls boundary.
 
 It keeps the kernel's rules the backend depends on: a PMU type nobody registered or a
 config the PMU does not have is ENOENT, a negative cpu is EINVAL (GPU PMUs have no
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.collect.kernel.perf import PerfEventAttr
+from exporter.sources.kernel.perf import PerfEventAttr
 
 
 @dataclass

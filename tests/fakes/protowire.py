@@ -2,7 +2,7 @@
 
 Written from the encoding spec (varints, ``key = field << 3 | wire type``, wire type 0
 for integers and enums, 2 for strings, messages, maps and packed repeated scalars),
-independently of protobuf and of exporter/collect/kubernetes/proto, so a test that encodes
+independently of protobuf and of exporter/attribution/kubernetes/proto, so a test that encodes
 here and decodes with the exporter's generated classes (or the reverse) checks the
 field numbers against upstream's, not against themselves.
 """

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.health import RECOVERY_ACTIONS, RECOVERY_FIELD
-from exporter.collect.health import HEALTHY
 from exporter.core.config import Config
+from exporter.pipeline.health import HEALTHY
+from exporter.sources.nvidia.backend import NvidiaBackend
+from exporter.sources.nvidia.health import RECOVERY_ACTIONS, RECOVERY_FIELD
 
 REPO = Path(__file__).resolve().parents[2]
 

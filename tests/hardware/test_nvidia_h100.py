@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collect.backends.nvidia.device import COUNTERS_EVERY
+from exporter.sources.nvidia.device import COUNTERS_EVERY
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20

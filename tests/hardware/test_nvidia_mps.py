@@ -216,8 +216,8 @@ def smi_pids(index: str) -> dict[int, tuple[str, float | None]]:
 def test_mps_clients_are_processes_with_the_memory_nvidia_smi_shows(mps: Mps) -> None:
     import pynvml
 
-    from exporter.collect.backends.nvidia.backend import NvidiaBackend
     from exporter.core.config import Config
+    from exporter.sources.nvidia.backend import NvidiaBackend
 
     backend = NvidiaBackend(Config(procfs="/proc"), nvml=pynvml)
     backend.open()

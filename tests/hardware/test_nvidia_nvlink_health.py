@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from exporter.collect.backends.nvidia.backend import NvidiaBackend
-from exporter.collect.backends.nvidia.fields import field_values
 from exporter.core.config import Config
 from exporter.core.model import DeviceSample
+from exporter.sources.nvidia.backend import NvidiaBackend
+from exporter.sources.nvidia.fields import field_values
 
 
 def smi_text(*args: str) -> str:

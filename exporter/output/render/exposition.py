@@ -30,13 +30,13 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import CollectorRegistry
 
-from exporter.collect.readers import Readers
-from exporter.collect.state import Snapshot
 from exporter.output.render.families import RenderOptions, device_families
 from exporter.output.render.joins import join_families
 from exporter.output.render.selection import Filtered, Selection
 from exporter.output.render.selfmetrics import exporter_families
 from exporter.output.render.telemetry import Telemetry
+from exporter.pipeline.state import Snapshot
+from exporter.sources.readers import Readers
 
 TEXT_CONTENT_TYPE = getattr(text_format, "CONTENT_TYPE_PLAIN_0_0_4",
                             "text/plain; version=0.0.4; charset=utf-8")
@@ -270,7 +270,7 @@ class Renderer:
     def __init__(self, lead: float = 2.0, options: RenderOptions | None = None,
                  telemetry: Telemetry | None = None, readers: Readers | None = None) -> None:
         self.lead = lead  # render ahead when a scrape is due within this many seconds
-        # Every /metrics request counts as a read (exporter.collect.readers): the backends
+        # Every /metrics request counts as a read (exporter.sources.readers): the backends
         # take the readings only a reader sees when one came since.
         self.readers = readers or Readers()
         # The options in force: replaced whole on a reload (select()), never changed.

@@ -14,16 +14,17 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Protocol
 
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from exporter.collect import health
-from exporter.collect.state import Snapshot
 from exporter.core.config import MetricNames
 from exporter.core.fieldspec import Cadence, Kind, MetricSpec, Otlp, value_specs
 from exporter.core.model import DeviceSample, DeviceValues, PodRef, ProcessSample
 from exporter.output import dcgm
 from exporter.output.render.selection import Selection
+from exporter.pipeline import health
+from exporter.pipeline.health import Verdict
+from exporter.pipeline.state import Snapshot
 
 GPU_LABELS = ("gpu", "uuid", "vendor", "source")
 PROCESS_LABELS = (*GPU_LABELS, "pid", "process")
@@ -229,7 +230,7 @@ def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
     f = _Families(opts.selection)
     walk(s, opts, f)
     ours = [f.by_name[n] for n in in_order(f.by_name)]
-    ours += opts.selection.keep(health.families(s.health))
+    ours += opts.selection.keep(health_families(s.health))
     if opts.metric_names is MetricNames.GPU:
         return ours
     # dcgm replaces the per-GPU families; per-process and health ones (dcgm-exporter has
@@ -241,3 +242,14 @@ def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
                                            fields))
             + (dcgm.health_family(s.health, opts.hostname)
                if opts.selection.allows_dcgm(dcgm.HEALTH_FAMILY) else []))
+
+
+def health_families(entries: Iterable[tuple[str, DeviceSample, Verdict]]) -> list[Metric]:
+    """``gpu_health_status`` and ``gpu_health_check_status`` of a snapshot's verdicts."""
+    status = GaugeMetricFamily(health.STATUS.name, health.STATUS.help, labels=list(health.LABELS))
+    checks = GaugeMetricFamily(health.CHECK.name, health.CHECK.help,
+                               labels=[*health.LABELS, *health.CHECK.labels])
+    for spec, labels, value in health.series(entries):
+        family = status if spec is health.STATUS else checks
+        family.samples.append(Sample(spec.name, labels, value))
+    return [status, checks] if status.samples else []

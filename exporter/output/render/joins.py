@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-from exporter.collect.state import Snapshot
+from exporter.pipeline.state import Snapshot
 
 
 def join_families(s: Snapshot) -> list[Metric]:

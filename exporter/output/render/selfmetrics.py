@@ -20,9 +20,9 @@ from prometheus_client.core import (
 )
 
 from exporter import __version__
-from exporter.collect.state import DURATION_BUCKETS, Snapshot
 from exporter.core.fieldspec import Kind, MetricSpec, Otlp
 from exporter.core.labels import DownReason
+from exporter.pipeline.state import DURATION_BUCKETS, Snapshot
 
 BUILD = MetricSpec("gpu_exporter_build_info", "Build information; value 1.",
                    labels=("version", "python_version"),

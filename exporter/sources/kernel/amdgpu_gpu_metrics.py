@@ -1,0 +1,342 @@
+"""Decoder for amdgpu's binary ``gpu_metrics`` sysfs file (pure: bytes in, dataclass out).
+
+The layouts (v1.0 .. v1.8 dGPU, v2.0 .. v2.4 and v3.0 APU) and the table of which
+fields each has live in ``amd_gpu_metrics_layouts``. Every version starts with the
+same header: ``structure_size`` u16, ``format_revision`` u8, ``content_revision`` u8.
+
+A field of all ones (0xFFFF, 0xFFFFFFFF, ...) means "this ASIC does not fill it" and
+decodes to None. A file shorter than its layout (a truncated read) decodes the
+fields that fit. Every value goes through exporter.core.units: a field that is filled but
+impossible for its unit (a 60,000 °C sensor, 101 % busy after rounding far past the
+firmware's overshoot) is dropped and counted in ``GpuMetrics.dropped``. Units differ
+by generation, and are normalised here:
+
+- v1.x (dGPU): temperatures in °C, socket power in W (v1.4+: ``curr_socket_power``).
+- v2.x, v3.0 (APU): temperatures in centi-°C, power in mW.
+- energy_accumulator: 15.259 µJ (2^-16 J) units (the resolution amdsmi reports);
+  a value of 0 is taken as "not filled" (RDNA3 firmware never updates it).
+- activities in percent (v2.4: hundredths of a percent), clocks in MHz, PCIe speed in
+  0.1 GT/s, XGMI accumulators in kilobytes (1000 bytes), XGMI bit rate in Gb/s.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from exporter.core import units
+from exporter.sources.kernel.amdgpu_gpu_metrics_layouts import LAYOUTS, Layout, Nested
+
+# Independent throttle bits (SMU_THROTTLER_*_BIT in amdgpu_smu.h), grouped into the
+# `reason` values docs/metrics.md defines: PPT/SPL limits are firmware power capping,
+# TDC/EDC are electrical (current) limits, temperature limits are enforced by the
+# firmware, VRHOT/PROCHOT are hardware signals from outside the GPU.
+THROTTLE_GROUPS: Mapping[str, tuple[int, ...]] = MappingProxyType(
+    {
+        "sw_power_cap": tuple(range(0, 8)),
+        "hw_slowdown": tuple(range(16, 24)),
+        "sw_thermal": tuple(range(32, 44)),
+        "hw_thermal": (44, 45),
+        "hw_power_brake": (46, 47),
+    }
+)
+
+# MI300's five throttlers, as v1.4/v1.5 set bits in ``throttle_status`` (THROTTLER_*_BIT of
+# the kernel's smu13_driver_if_v13_0_6.h) and v1.6+ count them in ``*_residency_acc``,
+# in the same order, grouped as above.
+MI300_THROTTLERS: Mapping[str, str] = MappingProxyType(
+    {
+        "prochot": "hw_power_brake",  # bit 0
+        "ppt": "sw_power_cap",  # bit 1
+        "socket_thm": "sw_thermal",  # bit 2
+        "vr_thm": "hw_thermal",  # bit 3, VRHOT
+        "hbm_thm": "sw_thermal",  # bit 4
+    }
+)
+_MI300_REASONS = tuple(dict.fromkeys(MI300_THROTTLERS.values()))
+
+RawValue = int | tuple[int | None, ...] | None
+
+
+class GpuMetricsError(ValueError):
+    """Too short for even the header, or a revision this decoder does not know."""
+
+
+@dataclass(frozen=True)
+class GpuMetrics:
+    """The fields the exporter uses, in base units; None = not filled by this ASIC."""
+
+    format_revision: int
+    content_revision: int
+    structure_size: int
+    temperatures_celsius: Mapping[str, float] = field(default_factory=dict)
+    gfx_activity_ratio: float | None = None
+    memory_activity_ratio: float | None = None  # UMC (memory controller)
+    video_activity_ratio: float | None = None  # UVD/VCN (mean of the VCN instances on v1.4+)
+    socket_power_watts: float | None = None
+    energy_joules: float | None = None
+    clocks_hertz: Mapping[str, float] = field(default_factory=dict)  # current, by clock
+    throttle_status: int | None = None  # ASIC-dependent bits, kept for debugging
+    indep_throttle_status: int | None = None  # ASIC-independent SMU_THROTTLER_* bits
+    fan_rpm: float | None = None
+    pcie_link_width: int | None = None
+    pcie_link_speed_gts: float | None = None
+    # MI300 (v1.4+): per-link XGMI accumulators in bytes (counters), link state (v1.7+),
+    # the driver's timestamp of the table (ns), accumulated throttler residencies (v1.6+).
+    xgmi_read_bytes: Mapping[str, float] = field(default_factory=dict)  # link -> counter
+    xgmi_write_bytes: Mapping[str, float] = field(default_factory=dict)
+    xgmi_link_up: Mapping[str, bool] = field(default_factory=dict)
+    system_clock_ns: int | None = None
+    throttle_residency: Mapping[str, int] = field(default_factory=dict)  # throttler -> acc
+    dropped: int = 0  # fields filled with a value impossible for their unit
+    raw: Mapping[str, RawValue] = field(default_factory=dict)
+
+    @property
+    def throttle_reasons(self) -> dict[str, bool]:
+        """reason -> active, from the independent status (v1.3) or MI300's bits (v1.4/1.5);
+        {} when not reported (v1.6+ reports residencies: see amd.py for their deltas)."""
+        status = self.indep_throttle_status
+        if status is not None:
+            return {reason: any(status >> bit & 1 for bit in bits)
+                    for reason, bits in THROTTLE_GROUPS.items()}
+        if (self.format_revision, self.content_revision) in ((1, 4), (1, 5)) and \
+                self.throttle_status is not None:
+            active = {MI300_THROTTLERS[name] for bit, name in enumerate(MI300_THROTTLERS)
+                      if self.throttle_status >> bit & 1}
+            return {reason: reason in active for reason in _MI300_REASONS}
+        return {}
+
+
+def _kind_size(code: str | Nested) -> tuple[int, int]:
+    """(size of one element, its alignment) for a struct code or a nested struct."""
+    if isinstance(code, Nested):
+        _, size, align = layout_offsets(code.layout)
+        return size, align
+    size = struct.calcsize(code[-1])
+    return size, size
+
+
+def _count(code: str | Nested) -> int:
+    return code.count if isinstance(code, Nested) else int(code[:-1] or 1)
+
+
+Offsets = tuple[list[tuple[str, int, str | Nested]], int, int]
+# Layouts are module constants: what is derived from one is computed once, keyed by
+# its id (the layout itself is kept beside, so an id is never reused meanwhile).
+_OFFSETS: dict[int, tuple[Layout, Offsets]] = {}
+_PLANS: dict[int, tuple[Layout, list[tuple[str, int, str, int, int, int]]]] = {}
+_WHOLE: dict[int, tuple[Layout, tuple[struct.Struct, list[tuple[str, int, int, int]]]]] = {}
+
+
+def layout_offsets(layout: Layout) -> Offsets:
+    """([(field, offset, code)], sizeof, alignment) as a C compiler lays the struct out."""
+    cached = _OFFSETS.get(id(layout))
+    if cached is not None and cached[0] is layout:
+        return cached[1]
+    result = _layout_offsets(layout)
+    _OFFSETS[id(layout)] = (layout, result)
+    return result
+
+
+def _layout_offsets(layout: Layout) -> Offsets:
+    offset, align, fields = 0, 1, []
+    for name, code in layout:
+        size, field_align = _kind_size(code)
+        offset += -offset % field_align
+        fields.append((name, offset, code))
+        offset += size * _count(code)
+        align = max(align, field_align)
+    return fields, offset + -offset % align, align
+
+
+def layout_for(fmt_rev: int, content_rev: int, size: int) -> Layout | None:
+    """The layout of this revision whose size is ``structure_size`` (else its first one)."""
+    candidates = LAYOUTS.get((fmt_rev, content_rev))
+    if not candidates:
+        return None
+    for layout in candidates:
+        if layout_offsets(layout)[1] == size:
+            return layout
+    return candidates[0]
+
+
+def decode_raw(data: bytes) -> tuple[int, int, int, dict[str, RawValue]]:
+    """(format, content, size, {field: value}) with all-ones fields as None."""
+    if len(data) < 4:
+        raise GpuMetricsError(f"gpu_metrics is {len(data)} bytes: no header")
+    size, fmt_rev, content_rev = struct.unpack_from("<HBB", data)
+    layout = layout_for(fmt_rev, content_rev, size)
+    if layout is None:
+        raise GpuMetricsError(f"unknown gpu_metrics revision v{fmt_rev}.{content_rev}")
+    # The kernel may pad the file (sysfs reads of a page); trust structure_size, but
+    # never read past what we have.
+    limit = min(len(data), size or len(data))
+    out: dict[str, RawValue] = {}
+    plan = _plan(layout)
+    whole = _WHOLE.get(id(layout))
+    if whole is None or whole[0] is not layout:
+        whole = _WHOLE[id(layout)] = (layout, _whole(plan))
+    table, slices = whole[1]
+    if table.size <= limit:  # the common case: every field at once, one unpack
+        flat = table.unpack_from(data)
+        for name, start, count, unset in slices:
+            if count == 1:
+                v = flat[start]
+                out[name] = None if v == unset else v
+            else:
+                out[name] = tuple(None if v == unset else v for v in flat[start:start + count])
+        return fmt_rev, content_rev, size, out
+    for name, offset, fmt, count, end, unset in plan:
+        if end > limit:
+            break
+        values = struct.unpack_from(fmt, data, offset)
+        cleaned = tuple(None if v == unset else v for v in values)
+        out[name] = cleaned if count > 1 else cleaned[0]
+    return fmt_rev, content_rev, size, out
+
+
+def _whole(plan: list[tuple[str, int, str, int, int, int]]
+           ) -> tuple[struct.Struct, list[tuple[str, int, int, int]]]:
+    """One struct for every plain field of a plan (gaps skipped as pad bytes) and
+    (field, index of its first value, count, all-ones value) of each."""
+    fmt, at, index, slices = "<", 0, 0, []
+    for name, offset, field_fmt, count, end, unset in plan:
+        fmt += f"{offset - at}x" if offset > at else ""
+        fmt += field_fmt[1:]
+        slices.append((name, index, count, unset))
+        at, index = end, index + count
+    return struct.Struct(fmt), slices
+
+
+def _plan(layout: Layout) -> list[tuple[str, int, str, int, int, int]]:
+    """(field, offset, struct format, count, end offset, all-ones value) of each plain
+    field, in order: computed once per layout (decode_raw runs every cycle)."""
+    cached = _PLANS.get(id(layout))
+    if cached is not None and cached[0] is layout:
+        return cached[1]
+    plan = []
+    for name, offset, code in layout_offsets(layout)[0]:
+        if isinstance(code, Nested):
+            continue  # per-partition blocks: amdsmi reports partitions as devices instead
+        kind, count = code[-1], _count(code)
+        size = struct.calcsize(kind)
+        plan.append((name, offset, f"<{count}{kind}", count, offset + size * count,
+                     (1 << (8 * size)) - 1))
+    _PLANS[id(layout)] = (layout, plan)
+    return plan
+
+
+class _Reader:
+    """Bounded reads of decoded fields, counting the filled-but-impossible ones."""
+
+    def __init__(self, raw: Mapping[str, RawValue]) -> None:
+        self.raw = raw
+        self.dropped = 0
+
+    def num(self, name: str) -> int | None:
+        value = self.raw.get(name)
+        return value if isinstance(value, int) else None
+
+    def values(self, name: str) -> tuple[int | None, ...]:
+        value = self.raw.get(name)
+        return value if isinstance(value, tuple) else ()
+
+    def keep(self, value: float | None, raw: int | None) -> float | None:
+        if value is None and raw is not None:
+            self.dropped += 1
+        return value
+
+    def scaled(self, name: str, scale: float, unit: str) -> float | None:
+        raw = self.num(name)
+        return self.keep(units.scaled(raw, scale, unit), raw)
+
+    def ratio(self, name: str, scale: float) -> float | None:
+        raw = self.num(name)
+        return self.keep(units.ratio_from_percent(units.scaled(raw, scale, "count")), raw)
+
+    def first(self, name: str, scale: float, unit: str) -> float | None:
+        """A scalar field, or the first filled element of an array one (``current_gfxclk[8]``
+        on v1.4+, one per XCD)."""
+        raw = self.num(name)
+        if raw is None:
+            raw = next((v for v in self.values(name) if v is not None), None)
+        return self.keep(units.scaled(raw, scale, unit), raw)
+
+    def mean_ratio(self, name: str) -> float | None:
+        filled = [v for v in self.values(name) if v is not None]
+        if not filled:
+            return None
+        return self.keep(units.ratio_from_percent(sum(filled) / len(filled)), filled[0])
+
+    def per_link(self, name: str, scale: float, unit: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for link, raw in enumerate(self.values(name)):
+            if (value := self.keep(units.scaled(raw, scale, unit), raw)) is not None:
+                out[str(link)] = value
+        return out
+
+
+def parse_gpu_metrics(data: bytes) -> GpuMetrics:
+    """Decode a whole ``gpu_metrics`` read. Raises GpuMetricsError on an unknown layout."""
+    fmt_rev, content_rev, size, raw = decode_raw(data)
+    r = _Reader(raw)
+    apu = fmt_rev >= 2
+    mi300 = (fmt_rev, content_rev) >= (1, 4) and not apu
+    temp_scale = 0.01 if apu else 1.0  # APU tables report centi-degrees
+    names = (
+        {"gfx": "temperature_gfx", "soc": "temperature_soc"}
+        if apu
+        else {"edge": "temperature_edge", "junction": "temperature_hotspot",
+              "memory": "temperature_mem", "vrgfx": "temperature_vrgfx",
+              "vrsoc": "temperature_vrsoc", "vrmem": "temperature_vrmem"}
+    )  # fmt: skip
+    temps = {sensor: v for sensor, name in names.items()
+             if (v := r.scaled(name, temp_scale, "celsius")) is not None}
+    clocks: dict[str, float] = {}
+    for clock, name in (("graphics", "current_gfxclk"), ("memory", "current_uclk"),
+                        ("soc", "current_socclk"), ("fabric", "current_fclk")):  # fmt: skip
+        value = r.first(name, 1_000_000, "hertz")
+        if value is not None:
+            clocks[clock] = value
+    # SMU13 dGPUs (RDNA3) leave the accumulator at 0 for the life of the driver: a
+    # counter that never moves is "not filled", not a card that used no energy.
+    energy = r.scaled("energy_accumulator", 2.0**-16, "joules") or None
+    # v2.4 reports activity in hundredths of a percent.
+    activity_scale = 0.01 if (fmt_rev, content_rev) == (2, 4) else 1.0
+    if mi300:
+        video = r.mean_ratio("vcn_activity")
+        power = r.scaled("curr_socket_power", 1, "watts")
+    else:
+        video = r.ratio("average_vcn_activity" if fmt_rev == 3 else "average_mm_activity",
+                        activity_scale)
+        power = r.scaled("average_socket_power", 0.001 if apu else 1, "watts")
+    speed = r.scaled("pcie_link_speed", 0.1, "count")
+    link_status = r.values("xgmi_link_status")
+    residency = {name: v for name in MI300_THROTTLERS
+                 if (v := r.num(f"{name}_residency_acc")) is not None}
+    return GpuMetrics(
+        format_revision=fmt_rev,
+        content_revision=content_rev,
+        structure_size=size,
+        temperatures_celsius=temps,
+        gfx_activity_ratio=r.ratio("average_gfx_activity", activity_scale),
+        memory_activity_ratio=r.ratio("average_umc_activity", activity_scale),
+        video_activity_ratio=video,
+        socket_power_watts=power,
+        energy_joules=energy,
+        clocks_hertz=clocks,
+        throttle_status=r.num("throttle_status"),
+        indep_throttle_status=r.num("indep_throttle_status"),
+        fan_rpm=None if apu else r.scaled("current_fan_speed", 1, "rpm"),
+        pcie_link_width=units.parse_link_width(str(r.num("pcie_link_width"))),
+        pcie_link_speed_gts=speed,
+        xgmi_read_bytes=r.per_link("xgmi_read_data_acc", 1000, "bytes"),
+        xgmi_write_bytes=r.per_link("xgmi_write_data_acc", 1000, "bytes"),
+        xgmi_link_up={str(i): bool(v) for i, v in enumerate(link_status) if v is not None},
+        system_clock_ns=r.num("system_clock_counter"),
+        throttle_residency=residency,
+        dropped=r.dropped,
+        raw=raw,
+    )

@@ -1,0 +1,143 @@
+"""Health counters of one NVIDIA GPU that change slowly: read on the slow or rare tier.
+
+- Clock-event durations -> ``clock_event_seconds[reason]``: ``nvmlDeviceGetViolationStatus``
+  per perf policy (nvml.h nvmlViolationTime_t: ``violationTime`` in nanoseconds since
+  the driver loaded). POWER is the software power cap (``sw_power_cap``), THERMAL the
+  driver's thermal slowdown (``sw_thermal``), SYNC_BOOST ``sync_boost``: the reasons
+  nvidia-smi -q lists under "Clocks Event Reasons Counters" that this API carries. The
+  hardware slowdown and power-brake durations exist only as field ids that NVIDIA
+  renumbered between releases (see fields.py), so they are not exported.
+- ECC by location -> ``ras_errors[(block, severity)]`` (rare tier):
+  ``nvmlDeviceGetMemoryErrorCounter`` with the VOLATILE counter (since driver load, like
+  ``gpu_ecc_errors_total``) for every
+  nvmlMemoryLocation_t; a location this GPU does not split out answers NOT_SUPPORTED once
+  and is not asked again (an H100 has ``dram`` and ``sram``; Volta also L1/L2/register
+  file/texture). The AGGREGATE counters (lifetime, kept in the InfoROM) are not exported:
+  docs/metrics.md has no family for a lifetime count, and over the exporter's life they move
+  exactly like the volatile ones.
+- Retired pages (before Ampere; Ampere and later remap rows instead and answer N/A) ->
+  ``retired_pages[cause]``: field values NVML_FI_DEV_RETIRED_SBE / _DBE (page counts),
+  asked for in the slow field batch, with NVML_FI_DEV_RETIRED_PENDING (1 while a retirement
+  waits for the next reset) -> ``retired_pages_pending``.
+- GPU recovery action -> ``recovery_action``: field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+  (230 in nvml.h; drivers from R570 answer it, older ones NOT_SUPPORTED, which drops it
+  from later batches), the driver's own word on what the GPU needs (nvml.h
+  nvmlDeviceGpuRecoveryAction_t). A value outside that enum is counted as ``parse``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from exporter.core.labels import ErrorReason, RetireCause, Severity, ThrottleReason
+from exporter.core.model import DeviceValues
+from exporter.core.units import scaled
+from exporter.sources.nvidia.calls import Caller, Nvml, u64
+from exporter.sources.nvidia.fields import FieldKey, FieldValue, field_id
+
+K = TypeVar("K")
+VIOLATIONS = {ThrottleReason.SW_POWER_CAP: "NVML_PERF_POLICY_POWER",
+              ThrottleReason.SW_THERMAL: "NVML_PERF_POLICY_THERMAL",
+              ThrottleReason.SYNC_BOOST: "NVML_PERF_POLICY_SYNC_BOOST"}
+# nvmlMemoryLocation_t -> block label; DEVICE_MEMORY and DRAM are the same value (2).
+LOCATIONS = {"NVML_MEMORY_LOCATION_L1_CACHE": "l1_cache",
+             "NVML_MEMORY_LOCATION_L2_CACHE": "l2_cache",
+             "NVML_MEMORY_LOCATION_DRAM": "dram",
+             "NVML_MEMORY_LOCATION_REGISTER_FILE": "register_file",
+             "NVML_MEMORY_LOCATION_TEXTURE_MEMORY": "texture_memory",
+             "NVML_MEMORY_LOCATION_TEXTURE_SHM": "texture_shm",
+             "NVML_MEMORY_LOCATION_CBU": "cbu",
+             "NVML_MEMORY_LOCATION_SRAM": "sram"}
+SEVERITIES = {Severity.CORRECTED: "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+              Severity.UNCORRECTED: "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"}
+RETIRED_FIELDS = {RetireCause.SINGLE_BIT: "NVML_FI_DEV_RETIRED_SBE",
+                  RetireCause.DOUBLE_BIT: "NVML_FI_DEV_RETIRED_DBE"}
+PENDING_FIELD = "NVML_FI_DEV_RETIRED_PENDING"
+RECOVERY_FIELD = "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"
+# nvml.h nvmlDeviceGpuRecoveryAction_t -> the name exporter.pipeline.health classifies.
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
+                    4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
+                    7: "system_reboot"}
+# Page retirement is what GPUs before Ampere do (nvml.h: row remapping replaced it).
+RETIRES_PAGES = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
+
+
+def _constants(nvml: Any, names: Mapping[K, str]) -> dict[K, Any]:
+    return {label: getattr(nvml, c) for label, c in names.items() if hasattr(nvml, c)}
+
+
+class Health:
+    """The slow health reads of one device handle."""
+
+    def __init__(self, call: Caller, architecture: str) -> None:
+        self.call = call
+        nvml = call.nvml
+        self.violations = _constants(nvml, VIOLATIONS)
+        self.severities = _constants(nvml, SEVERITIES)
+        self.volatile = getattr(nvml, "NVML_VOLATILE_ECC", None)
+        locations: dict[int, str] = {}
+        for const, label in LOCATIONS.items():
+            if hasattr(nvml, const):
+                locations.setdefault(getattr(nvml, const), label)
+        self.locations = locations
+        self.retired = {cause: fid for cause, name in RETIRED_FIELDS.items()
+                        if (fid := field_id(nvml, name)) is not None
+                        } if architecture in RETIRES_PAGES else {}
+        self.pending = field_id(nvml, PENDING_FIELD) if architecture in RETIRES_PAGES else None
+        self.recovery = field_id(nvml, RECOVERY_FIELD)
+        self.events: dict[str, float] | None = None  # the last violation times read
+
+    def fields(self) -> list[FieldKey]:
+        """Requests for the slow-tier field batch."""
+        extra = (fid for fid in (self.pending, self.recovery) if fid is not None)
+        return [(fid, 0) for fid in (*self.retired.values(), *extra)]
+
+    def read(self, errors: Counter[ErrorReason], values: dict[FieldKey, FieldValue],
+             counters_due: bool = True) -> DeviceValues:
+        """clock_event_seconds, retired_pages, retired_pages_pending, recovery_action.
+        The violation times are read when ``counters_due`` (every COUNTERS_EVERY-th slow
+        cycle when a reader came since, exporter.sources.nvidia.device), else kept."""
+        g = self.call.get
+        if counters_due or self.events is None:
+            events: dict[str, float] = {}
+            for reason, policy in self.violations.items():
+                v = g(errors, Nvml.DEVICE_GET_VIOLATION_STATUS, policy)
+                seconds = None if v is None else scaled(u64(v.violationTime), 1e-9, "seconds")
+                if seconds is not None:
+                    events[reason] = seconds
+            self.events = events
+        events = self.events
+        retired: dict[str, int] = {}
+        for cause, fid in self.retired.items():
+            pages = self._value(values, fid)
+            if pages is not None:
+                retired[cause] = pages
+        pending = self._value(values, self.pending)
+        action = self._value(values, self.recovery)
+        recovery = None
+        if action is not None:
+            recovery = RECOVERY_ACTIONS.get(action)
+            if recovery is None:
+                errors[ErrorReason.PARSE] += 1
+        return DeviceValues(clock_event_seconds=events, retired_pages=retired,
+                            retired_pages_pending=None if pending is None else pending != 0,
+                            recovery_action=recovery)
+
+    def read_ras(self, errors: Counter[ErrorReason]) -> dict[tuple[str, str], int]:
+        """ECC by location (the rare tier: device.py RARE_EVERY)."""
+        ras: dict[tuple[str, str], int] = {}
+        if self.volatile is not None:
+            for location, block in self.locations.items():
+                for severity, kind in self.severities.items():
+                    n = u64(self.call.get(errors, Nvml.DEVICE_GET_MEMORY_ERROR_COUNTER, kind,
+                                          self.volatile, location))
+                    if n is not None:
+                        ras[(block, severity)] = n
+        return ras
+
+    @staticmethod
+    def _value(values: dict[FieldKey, FieldValue], fid: int | None) -> int | None:
+        fv = None if fid is None else values.get((fid, 0))
+        return None if fv is None else u64(fv.value)
