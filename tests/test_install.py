@@ -192,6 +192,10 @@ def test_a_fresh_checkout_builds_a_wheel_and_sdist_that_install_top_and_otlp(
     for package in PYPROJECT["tool"]["setuptools"]["packages"]:
         assert f"{package.replace('.', '/')}/__init__.py" in files, package
     assert f"gpu_exporter-{VERSION}.data/data/share/doc/gpu-exporter/docs/deploy.md" in files
+    # Only the product: no doc generator (tools/), no test module, nothing else of the checkout.
+    code = {f for f in files if f.endswith(".py")}
+    assert code and all(f.startswith("exporter/") for f in code), sorted(code)[:5]
+    assert not {f.rsplit("/", 1)[-1] for f in code} & {"metricsdoc.py", "flagsdoc.py"}
     with zipfile.ZipFile(wheel) as z:
         meta = z.read(f"gpu_exporter-{VERSION}.dist-info/METADATA").decode()
         scripts = z.read(f"gpu_exporter-{VERSION}.dist-info/entry_points.txt").decode()

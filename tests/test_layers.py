@@ -245,3 +245,13 @@ def test_the_declared_check_catches_a_test_import(tmp_path: Path) -> None:
     source.write_text("import yaml\nfrom tests import coverage_matrix\nimport tools.metricsdoc\n")
     assert [top for _, top in third_party(source) if top not in _declared()] == [
         "tests", "tools"]
+
+
+def test_pyproject_lists_every_package_and_nothing_else() -> None:
+    """The wheel's package list (pyproject.toml lists it: discovery would walk the fixture
+    trees' symlink cycles) is exactly the folders of exporter/ with an __init__.py."""
+    import tomllib
+
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert sorted(listed) == sorted(found)
