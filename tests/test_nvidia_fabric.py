@@ -61,6 +61,28 @@ def test_recovery_action_on_the_fixture_golden() -> None:
     assert "gpu_recovery_action_info" not in (GOLDEN / "nvidia-t4.prom").read_text()
 
 
+def test_xid_154_is_the_action_s_announcement_not_a_finding_of_its_own() -> None:
+    """XID 154 says the recovery action changed: with the field read, only the action
+    counts (a reset asked for fails the driver check; none leaves the GPU healthy)."""
+    reset = sample(FakeGPU(xids=[154], recovery_action=1))
+    v = evaluate(reset, max(reset.xid_seen_seconds.values()))
+    assert [(f.check, f.status) for f in v.findings] == [("driver", FAILED)]
+    assert v.checks["xid"] == HEALTHY
+    cleared = sample(FakeGPU(xids=[154], recovery_action=0))
+    assert evaluate(cleared, max(cleared.xid_seen_seconds.values())).status == HEALTHY
+    # a driver without the field: the XID is all there is, unclassified (look at it)
+    old = sample(FakeGPU(xids=[154], recovery_action=None))
+    v = evaluate(old, max(old.xid_seen_seconds.values()))
+    assert v.checks["xid"] == DEGRADED
+    assert [f.reason for f in v.findings] == ["XID 154: GPU recovery action changed"]
+
+
+def test_an_unknown_fabric_state_is_counted_not_served() -> None:
+    b, _ = backend(FakeGPU(fabric={**REGISTERED, "state": 9}))
+    cycle = b.sample(slow=True)
+    assert cycle.devices[0].fabric_state is None and cycle.errors.get("parse") == 1
+
+
 def test_a_gpu_in_no_fabric_serves_nothing_and_is_not_asked_again() -> None:
     b, fake = backend(FakeGPU())  # a PCIe card: NOT_SUPPORTED
     for _ in range(3):

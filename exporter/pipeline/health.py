@@ -47,6 +47,10 @@ XIDS: Mapping[int, tuple[Check, int]] = {
     92: (Check.MEMORY, DEGRADED), 94: (Check.MEMORY, DEGRADED), 95: (Check.MEMORY, FAILED),
     119: (Check.XID, FAILED), 120: (Check.XID, FAILED), 140: (Check.MEMORY, FAILED),
 }
+# XID 154 says that the recovery action below changed (NVIDIA's XID catalogue, "Xid 154
+# linkage"): where the driver's field is read, the action is the finding and the XID that
+# announced it is none; without the field it is an unclassified XID (degraded: look).
+XID_RECOVERY_CHANGED = 154
 # nvml.h nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the
 # backend names it: what the driver says must happen before the GPU is usable again.
 RECOVERY_ACTIONS: Mapping[str, int] = {
@@ -131,6 +135,8 @@ def _xid(d: DeviceSample, now: float, window: float) -> Iterable[Finding]:
         seen = d.xid_seen_seconds.get(code)
         if count <= 0 or seen is None or now - seen > window:
             continue
+        if code == XID_RECOVERY_CHANGED and d.recovery_action is not None:
+            continue  # the action itself is read: it, not its change, is the finding
         check, status = XIDS.get(code, (Check.XID, DEGRADED))
         if status:
             yield Finding(check, status, f"XID {code}: {xid_meaning(code)}", FindingCode.XID)
