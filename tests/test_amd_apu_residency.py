@@ -186,3 +186,28 @@ def test_the_captured_v2_1_table_has_no_throttle_reason(apu: tuple[AmdBackend, P
         (d,) = backend.sample(slow=True).devices
     assert dict(d.throttle_reasons) == {}
     backend.close()
+
+
+def test_the_page_and_top_say_why(tmp_path: Path) -> None:
+    from exporter.client.top.panels import panel
+    from exporter.pipeline.hub import Hub
+    from exporter.serve import landing
+    from exporter.serve.history import History
+    from exporter.serve.tables import current
+
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "amd-apu-phoenix" / "sys", root, symlinks=True)
+    (card,) = (root / "class/drm").glob("card[0-9]")
+    table = (card / "device").resolve() / "gpu_metrics"
+    config = Config(sysfs=str(root))
+    backend = AmdBackend(config, DrmDiscovery(SysFS(root), hotplug=False))
+    hub = Hub(config, [backend])
+    for residency in (ALL_ZERO, {**ALL_ZERO, "thm_soc": 12}):
+        table.write_bytes(v3_table(residency))
+        snapshot = hub.collect_once()
+    page = landing.page(snapshot, History(900.0, 1.0), "/metrics")
+    assert "thermal: clocks held back: sw_thermal" in page
+    (dev,), _ = current(snapshot)
+    shown = "\n".join(line.plain for line in panel(dev, [], False, 120))
+    assert "thermal: clocks held back: sw_thermal" in shown
+    backend.close()
