@@ -61,8 +61,8 @@ RECOVERY_ACTIONS: Mapping[str, int] = {
 # The NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV; nvml.h nvmlGpuFabricState_t,
 # NVML_GPU_FABRIC_HEALTH_SUMMARY_*): until the fabric manager has registered the GPU
 # (state NOT_STARTED 1, IN_PROGRESS 2) CUDA refuses NVLink peer-to-peer through the
-# NVSwitches, which is what the registration is for; registration normally completes within
-# a minute of boot, so it degrades (GpuFabricNotReady fires when it lasts); a registration
+# NVSwitches, which is what the registration is for; it happens once, when the fabric
+# manager starts at boot, so it degrades (GpuFabricNotReady fires when it lasts); a registration
 # that COMPLETED (3) with an error status fails the GPU: it will not come up without the
 # fabric manager being fixed and the GPU reset. The v3 summary: UNHEALTHY fails,
 # LIMITED_CAPACITY degrades.
