@@ -22,6 +22,7 @@ exporter's Python alone (no GPU needed; ``cc`` must be installed).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import sys
@@ -129,6 +130,11 @@ def calls(nvml: Any, h: Any) -> list[tuple[str, Callable[[], Any]]]:
          lambda: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_RX_BYTES)),
         ("nvmlDeviceGetViolationStatus(thermal)",
          lambda: n.nvmlDeviceGetViolationStatus(h, n.NVML_PERF_POLICY_THERMAL)),
+        # the slow tier's fabric read (NOT_SUPPORTED on a GPU in no NVSwitch fabric)
+        ("nvmlDeviceGetGpuFabricInfoV(v3)", lambda: n.nvmlDeviceGetGpuFabricInfoV(
+            h, ctypes.byref(n.c_nvmlGpuFabricInfo_v3_t()))),
+        ("nvmlDeviceGetGpuFabricInfoV(v2)", lambda: n.nvmlDeviceGetGpuFabricInfoV(
+            h, ctypes.byref(n.c_nvmlGpuFabricInfo_v2_t()))),
     ]
     return out
 

@@ -124,6 +124,7 @@ def nvidia_gpu() -> FakeGPU:
     return FakeGPU(power_instant_mw=70000, fans=[30],
                    violation_ns={"power": 10**9, "thermal": 0, "sync_boost": 0},
                    ecc_locations={"dram": (0, 0), "sram": (0, 0)}, recovery_action=0,
+                   fabric={"state": 3, "status": 0, "health_mask": 0, "health_summary": 1},
                    nvlinks=[FakeNvLink(errors={"replay": 0, "recovery": 0}), FakeNvLink()],
                    processes=[FakeProcess(4242, 1 << 30, sm_util=10)])
 
@@ -176,6 +177,11 @@ NVIDIA: dict[str, Move] = {
     "ecc_errors": _set(ecc_corrected=7),
     "ras_errors": _item("ecc_locations", "dram", (3, 0)),
     "recovery_action": _set(recovery_action=1),
+    "recovery_action_info": _set(recovery_action=1),
+    "fabric_state": _item("fabric", "state", 2),
+    "fabric_status": _item("fabric", "status", 999),
+    "fabric_health_mask": _item("fabric", "health_mask", 1),
+    "fabric_health_summary": _item("fabric", "health_summary", 3),
     "nvlink_up": _link(1, state=0),
     "nvlink_throughput_bytes_per_second": _link(0, tx_kib=10**9),
     "nvlink_errors": _link(0, errors={"replay": 5, "recovery": 0}),

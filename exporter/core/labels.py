@@ -192,6 +192,7 @@ class FindingCode(Vocabulary):
     THROTTLE_POWER = "throttle_power"
     NVLINK_DOWN = "nvlink_down"
     RECOVERY_ACTION = "recovery_action"
+    FABRIC = "fabric"
     GPU_UNREADABLE = "gpu_unreadable"
 
 

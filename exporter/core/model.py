@@ -453,6 +453,50 @@ class DeviceValues:
         cadence=SLOW,
         otlp=Otlp("gpu.{key}"))
 
+    recovery_action_info: Mapping[str, bool] = mapping(  # the action's word -> True
+        "gpu_recovery_action_info",
+        "1 with the recovery action the NVIDIA driver asks for before the GPU can be used "
+        "again (none when it needs nothing).", "action",
+        note="`action` is `none`, `gpu_reset`, `node_reboot`, `drain_p2p`, "
+        "`drain_and_reset`, `recover_imex_domain`, `bus_reset` or `system_reboot` "
+        "(NVML field `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, nvml.h "
+        "`nvmlDeviceGpuRecoveryAction_t`); no series where the driver has no such field. "
+        "What each action does to the verdict: health.md.",
+        cadence=SLOW,
+        otlp=Otlp("gpu.recovery_action.info", "{info}"))
+    # NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV): only where the GPU takes part in one.
+    fabric_state: int | None = value(
+        "gpu_fabric_state",
+        "The GPU's registration with the NVSwitch fabric: 1 not started, 2 in progress, "
+        "3 completed.",
+        note="nvml.h `nvmlGpuFabricState_t`; no series where the GPU has no fabric "
+        "(NOT_SUPPORTED).",
+        cadence=SLOW,
+        otlp=Otlp("gpu.fabric.state", "{state}"))
+    fabric_status: int | None = value(
+        "gpu_fabric_status",
+        "Result of the GPU's completed fabric registration: 0 success, else NVML's error "
+        "code (nvmlReturn_t).",
+        note="Served once the state is 3 (completed); a non-zero status is a GPU that "
+        "cannot use NVLink peer-to-peer through the fabric (health.md).",
+        cadence=SLOW,
+        otlp=Otlp("gpu.fabric.status", "{status}"))
+    fabric_health_mask: int | None = value(
+        "gpu_fabric_health_mask",
+        "The driver's fabric health mask of the GPU (nvmlGpuFabricInfo_v2 healthMask).",
+        note="Two bits a field (nvml.h `NVML_GPU_FABRIC_HEALTH_MASK_*`: 0 not supported, "
+        "1 true, 2 false), four for the configuration; the fields that reach the verdict "
+        "are in health.md.",
+        cadence=SLOW,
+        otlp=Otlp("gpu.fabric.health_mask", "{mask}"))
+    fabric_health_summary: int | None = value(
+        "gpu_fabric_health",
+        "The driver's fabric health summary: 1 healthy, 2 unhealthy, 3 limited capacity.",
+        note="nvmlGpuFabricInfo_v3 healthSummary (`NVML_GPU_FABRIC_HEALTH_SUMMARY_*`), from "
+        "drivers that have the v3 structure; no series where it is not supported.",
+        cadence=SLOW,
+        otlp=Otlp("gpu.fabric.health", "{state}"))
+
     # Health inputs (exporter.pipeline.health), not families of their own.
     recovery_action: str | None = value(  # nvmlDeviceGpuRecoveryAction_t as a word
         help="NVML's GPU recovery action: none, gpu_reset, node_reboot, drain_p2p, ...",

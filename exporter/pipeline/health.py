@@ -47,6 +47,10 @@ XIDS: Mapping[int, tuple[Check, int]] = {
     92: (Check.MEMORY, DEGRADED), 94: (Check.MEMORY, DEGRADED), 95: (Check.MEMORY, FAILED),
     119: (Check.XID, FAILED), 120: (Check.XID, FAILED), 140: (Check.MEMORY, FAILED),
 }
+# XID 154 says that the recovery action below changed (NVIDIA's XID catalogue, "Xid 154
+# linkage"): where the driver's field is read, the action is the finding and the XID that
+# announced it is none; without the field it is an unclassified XID (degraded: look).
+XID_RECOVERY_CHANGED = 154
 # nvml.h nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the
 # backend names it: what the driver says must happen before the GPU is usable again.
 RECOVERY_ACTIONS: Mapping[str, int] = {
@@ -54,6 +58,29 @@ RECOVERY_ACTIONS: Mapping[str, int] = {
     "gpu_reset": FAILED, "node_reboot": FAILED, "drain_and_reset": FAILED,
     "bus_reset": FAILED, "system_reboot": FAILED,
 }
+# The NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV; nvml.h nvmlGpuFabricState_t,
+# NVML_GPU_FABRIC_HEALTH_SUMMARY_*): until the fabric manager has registered the GPU
+# (state NOT_STARTED 1, IN_PROGRESS 2) CUDA refuses NVLink peer-to-peer through the
+# NVSwitches, which is what the registration is for; it happens once, when the fabric
+# manager starts at boot, so it degrades (GpuFabricNotReady fires when it lasts); a registration
+# that COMPLETED (3) with an error status fails the GPU: it will not come up without the
+# fabric manager being fixed and the GPU reset. The v3 summary: UNHEALTHY fails,
+# LIMITED_CAPACITY degrades.
+FABRIC_PENDING = {1: "not started", 2: "in progress"}
+FABRIC_COMPLETED = 3
+FABRIC_SUMMARY: Mapping[int, tuple[int, str]] = {
+    2: (FAILED, "unhealthy"), 3: (DEGRADED, "limited capacity")}
+# nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*: (shift, width) of each field of healthMask and the
+# words of the values that degrade the GPU (1 is TRUE for the two-bit fields; the
+# configuration field's values from 2 up name what is wrong).
+FABRIC_MASK_TRUE: Mapping[str, int] = {  # field -> shift; width 0x3, TRUE = 1
+    "bandwidth degraded": 0, "route recovery in progress": 2, "route unhealthy": 4,
+    "access timeout recovery in progress": 6}
+FABRIC_CONFIG_SHIFT, FABRIC_CONFIG_WIDTH = 8, 0xF
+FABRIC_CONFIG: Mapping[int, str] = {
+    2: "incorrect system GUID", 3: "incorrect chassis serial number", 4: "no partition",
+    5: "insufficient NVLinks", 6: "incompatible GPU firmware", 7: "invalid location",
+    8: "GPU state invalid"}
 # Each sensor's own thresholds (DeviceSample.temperature_limits_celsius) -> the status when
 # that sensor reaches it: hwmon's crit is where the firmware starts to slow the GPU down,
 # emergency where it shuts down (Documentation/hwmon/sysfs-interface.rst, amdgpu's
@@ -108,6 +135,8 @@ def _xid(d: DeviceSample, now: float, window: float) -> Iterable[Finding]:
         seen = d.xid_seen_seconds.get(code)
         if count <= 0 or seen is None or now - seen > window:
             continue
+        if code == XID_RECOVERY_CHANGED and d.recovery_action is not None:
+            continue  # the action itself is read: it, not its change, is the finding
         check, status = XIDS.get(code, (Check.XID, DEGRADED))
         if status:
             yield Finding(check, status, f"XID {code}: {xid_meaning(code)}", FindingCode.XID)
@@ -167,6 +196,29 @@ def _interconnect(d: DeviceSample) -> Iterable[Finding]:
                       f"links down that were up: {', '.join(down)}", FindingCode.NVLINK_DOWN)
 
 
+def _fabric(d: DeviceSample) -> Iterable[Finding]:
+    state = d.fabric_state
+    if state in FABRIC_PENDING:
+        yield Finding(Check.INTERCONNECT, DEGRADED,
+                      f"NVSwitch fabric registration {FABRIC_PENDING[state]}: no NVLink "
+                      "peer-to-peer until it completes", FindingCode.FABRIC)
+    if state == FABRIC_COMPLETED and d.fabric_status:
+        yield Finding(Check.INTERCONNECT, FAILED,
+                      f"NVSwitch fabric registration failed (NVML error {d.fabric_status}): "
+                      "no NVLink peer-to-peer", FindingCode.FABRIC)
+    if (summary := FABRIC_SUMMARY.get(d.fabric_health_summary or 0)) is not None:
+        yield Finding(Check.INTERCONNECT, summary[0], f"fabric health {summary[1]}",
+                      FindingCode.FABRIC)
+    mask = d.fabric_health_mask or 0
+    for what, shift in FABRIC_MASK_TRUE.items():
+        if mask >> shift & 0x3 == 1:
+            yield Finding(Check.INTERCONNECT, DEGRADED, f"fabric {what}", FindingCode.FABRIC)
+    config = FABRIC_CONFIG.get(mask >> FABRIC_CONFIG_SHIFT & FABRIC_CONFIG_WIDTH)
+    if config is not None:
+        yield Finding(Check.INTERCONNECT, DEGRADED, f"fabric configuration: {config}",
+                      FindingCode.FABRIC)
+
+
 def _recovery(d: DeviceSample) -> Iterable[Finding]:
     action = d.recovery_action
     status = RECOVERY_ACTIONS.get(action or "none", DEGRADED)
@@ -190,7 +242,7 @@ def _inputs(d: DeviceSample) -> set[Check]:
         have.add(Check.MEMORY)
     if d.xid_last is not None:  # registered for XID events
         have.add(Check.XID)
-    if d.nvlink_up:
+    if d.nvlink_up or d.fabric_state is not None:
         have.add(Check.INTERCONNECT)
     if any(THROTTLES.get(r) == Check.POWER for r in d.throttle_reasons):
         have.add(Check.POWER)
@@ -207,7 +259,7 @@ def evaluate(d: DeviceSample, now: float, xid_window: float = DEFAULT_XID_WINDOW
                           "answering", FindingCode.GPU_UNREADABLE)
         return Verdict(FAILED, {Check.DRIVER: FAILED}, (finding,))
     findings = [*_xid(d, now, xid_window), *_memory(d), *_thermal(d), *_interconnect(d),
-                *_recovery(d)]
+                *_fabric(d), *_recovery(d)]
     present = _inputs(d) | {f.check for f in findings}
     checks = [c for c in CHECKS if c in present]
     status = {c: max((f.status for f in findings if f.check == c), default=HEALTHY)

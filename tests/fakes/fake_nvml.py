@@ -126,6 +126,12 @@ class FakeGPU:
     # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t); None: a driver
     # older than the field, which answers NOT_SUPPORTED
     recovery_action: int | None = None
+    # nvmlDeviceGetGpuFabricInfoV: None for a GPU in no NVSwitch fabric (NOT_SUPPORTED, as a
+    # PCIe card answers); else {"state": nvmlGpuFabricState_t, "status": the registration's
+    # nvmlReturn_t, "health_mask": healthMask, "health_summary": healthSummary}, where a
+    # "health_summary" of None is a driver that knows only the v2 structure (it answers
+    # ARGUMENT_VERSION_MISMATCH to v3, as versioned NVML structures do).
+    fabric: dict[str, Any] | None = None
     mig_mode: int | None = None  # None: no MIG; 0 disabled; 1 enabled
     mig_devices: list[FakeMig] = field(default_factory=list)
     # field id -> (nvmlReturn, valueType, value): answer this instead (value types, faults)
@@ -412,6 +418,25 @@ class FakeNVML(LinksAndMig):
             v.valueType = N.NVML_VALUE_TYPE_UNSIGNED_INT
             v.value.uiVal = value
             v.nvmlReturn = N.NVML_SUCCESS
+
+    def nvmlDeviceGetGpuFabricInfoV(self, h: FakeHandle, ref: Any) -> int:
+        """nvidia-ml-py's wrapper hands the caller's structure (by reference) to the driver,
+        which checks its ``version`` and fills it."""
+        self._enter("nvmlDeviceGetGpuFabricInfoV", h)
+        fabric = h.gpu.fabric
+        if fabric is None:
+            raise N.NVMLError(N.NVML_ERROR_NOT_SUPPORTED)
+        info = ref._obj
+        knows_v3 = fabric.get("health_summary") is not None
+        if info.version == N.nvmlGpuFabricInfo_v3 and not knows_v3:
+            raise N.NVMLError(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if info.version not in (N.nvmlGpuFabricInfo_v2, N.nvmlGpuFabricInfo_v3):
+            raise N.NVMLError(N.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.state, info.status = fabric["state"], fabric.get("status", N.NVML_SUCCESS)
+        info.healthMask = fabric.get("health_mask", 0)
+        if info.version == N.nvmlGpuFabricInfo_v3:
+            info.healthSummary = fabric["health_summary"]
+        return int(N.NVML_SUCCESS)
 
     def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
         self._enter("nvmlDeviceGetPowerUsage", h)

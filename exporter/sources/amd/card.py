@@ -42,7 +42,7 @@ from exporter.sources.kernel.amdgpu import (
     parse_ras_count,
 )
 from exporter.sources.kernel.amdgpu_gpu_metrics import (
-    MI300_THROTTLERS,
+    RESIDENCY_THROTTLERS,
     GpuMetrics,
     GpuMetricsError,
     parse_gpu_metrics,
@@ -184,8 +184,9 @@ class _Slow:
 
 
 class CardCounters:
-    """What one card's sample needs from the previous one: XGMI accumulators and MI300
-    throttler residencies (gpu_metrics v1.4+) become rates and flags across cycles."""
+    """What one card's sample needs from the previous one: XGMI accumulators and the
+    throttler residencies (MI300's gpu_metrics v1.6+, the APU's v3.0) become rates and flags
+    across cycles."""
 
     def __init__(self) -> None:
         self.xgmi: AccumulatorRates[tuple[str, str]] = AccumulatorRates()
@@ -406,7 +407,7 @@ def _from_gpu_metrics(info: DeviceInfo, metrics: GpuMetrics,
         energy_joules=metrics.energy_joules,
         clocks_hertz={c: v for c, v in metrics.clocks_hertz.items() if c in _TABLE_CLOCKS},
         throttle_reasons=metrics.throttle_reasons or counters.residency.update(
-            metrics.throttle_residency, MI300_THROTTLERS),
+            metrics.throttle_residency, RESIDENCY_THROTTLERS),
         engine_utilization_ratio={k: v for k, v in engines.items() if v is not None},
         xgmi_throughput_bytes_per_second=counters.xgmi_rates(metrics),
         nvlink_up={(link, "gpu"): up for link, up in metrics.xgmi_link_up.items()},

@@ -56,6 +56,29 @@ MI300_THROTTLERS: Mapping[str, str] = MappingProxyType(
     }
 )
 _MI300_REASONS = tuple(dict.fromkeys(MI300_THROTTLERS.values()))
+# The APU table v3.0 (Strix Point and later, smu_v14_0_0) counts its throttlers in
+# ``throttle_residency_<name>``: per the firmware's own header (smu14_driver_if_v14_0_0.h,
+# ThrottleResidency_*), "a counter that is incremented on every metrics table update when
+# <it> was engaged", in PM_TIMER cycles, a clock whose rate neither header gives, so the
+# counters say *that* a throttler held the clocks between two reads, never for how long
+# (no gpu_clock_event_seconds_total). Grouped as THROTTLE_GROUPS does: SPL and the fast
+# and slow PPT are the firmware's power limits, the core, graphics and SoC thermal limits
+# are enforced by the firmware, PROCHOT is the hardware signal from outside the GPU.
+APU_THROTTLERS: Mapping[str, str] = MappingProxyType(
+    {
+        "prochot": "hw_power_brake",
+        "spl": "sw_power_cap",
+        "fppt": "sw_power_cap",
+        "sppt": "sw_power_cap",
+        "thm_core": "sw_thermal",
+        "thm_gfx": "sw_thermal",
+        "thm_soc": "sw_thermal",
+    }
+)
+# Every throttler counted in a residency accumulator, by the name GpuMetrics keys it with
+# (MI300's and the APU's share only ``prochot``, grouped alike).
+RESIDENCY_THROTTLERS: Mapping[str, str] = MappingProxyType({**MI300_THROTTLERS,
+                                                            **APU_THROTTLERS})
 
 RawValue = int | tuple[int | None, ...] | None
 
@@ -89,14 +112,16 @@ class GpuMetrics:
     xgmi_write_bytes: Mapping[str, float] = field(default_factory=dict)
     xgmi_link_up: Mapping[str, bool] = field(default_factory=dict)
     system_clock_ns: int | None = None
-    throttle_residency: Mapping[str, int] = field(default_factory=dict)  # throttler -> acc
+    # throttler -> accumulator: MI300's (v1.6+) and the APU's (v3.0), RESIDENCY_THROTTLERS
+    throttle_residency: Mapping[str, int] = field(default_factory=dict)
     dropped: int = 0  # fields filled with a value impossible for their unit
     raw: Mapping[str, RawValue] = field(default_factory=dict)
 
     @property
     def throttle_reasons(self) -> dict[str, bool]:
         """reason -> active, from the independent status (v1.3) or MI300's bits (v1.4/1.5);
-        {} when not reported (v1.6+ reports residencies: see amd.py for their deltas)."""
+        {} when not reported (v1.6+ and the APU's v3.0 report residencies: see
+        exporter.sources.amd.card for their deltas)."""
         status = self.indep_throttle_status
         if status is not None:
             return {reason: any(status >> bit & 1 for bit in bits)
@@ -314,8 +339,12 @@ def parse_gpu_metrics(data: bytes) -> GpuMetrics:
         power = r.scaled("average_socket_power", 0.001 if apu else 1, "watts")
     speed = r.scaled("pcie_link_speed", 0.1, "count")
     link_status = r.values("xgmi_link_status")
-    residency = {name: v for name in MI300_THROTTLERS
-                 if (v := r.num(f"{name}_residency_acc")) is not None}
+    if fmt_rev == 3:
+        residency = {name: v for name in APU_THROTTLERS
+                     if (v := r.num(f"throttle_residency_{name}")) is not None}
+    else:
+        residency = {name: v for name in MI300_THROTTLERS
+                     if (v := r.num(f"{name}_residency_acc")) is not None}
     return GpuMetrics(
         format_revision=fmt_rev,
         content_revision=content_rev,

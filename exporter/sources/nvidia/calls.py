@@ -61,6 +61,7 @@ class Nvml(str, Enum):
     DEVICE_GET_POWER_MANAGEMENT_DEFAULT_LIMIT = "nvmlDeviceGetPowerManagementDefaultLimit"
     DEVICE_GET_FIELD_VALUES = "nvmlDeviceGetFieldValues"
     DEVICE_GET_FAN_SPEED_V2 = "nvmlDeviceGetFanSpeed_v2"
+    DEVICE_GET_GPU_FABRIC_INFO_V = "nvmlDeviceGetGpuFabricInfoV"
     DEVICE_GET_GPU_INSTANCE_ID = "nvmlDeviceGetGpuInstanceId"
     DEVICE_GET_GRAPHICS_RUNNING_PROCESSES = "nvmlDeviceGetGraphicsRunningProcesses"
     DEVICE_GET_JPG_UTILIZATION = "nvmlDeviceGetJpgUtilization"

@@ -22,13 +22,23 @@
 - GPU recovery action -> ``recovery_action``: field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
   (230 in nvml.h; drivers from R570 answer it, older ones NOT_SUPPORTED, which drops it
   from later batches), the driver's own word on what the GPU needs (nvml.h
-  nvmlDeviceGpuRecoveryAction_t). A value outside that enum is counted as ``parse``.
+  nvmlDeviceGpuRecoveryAction_t), also served as ``recovery_action_info``. A value outside
+  that enum is counted as ``parse``.
+- NVSwitch fabric -> ``fabric_state``, ``fabric_status``, ``fabric_health_mask``,
+  ``fabric_health_summary``: ``nvmlDeviceGetGpuFabricInfoV`` with the newest structure
+  both this nvidia-ml-py and the driver know (nvml.h ``nvmlGpuFabricInfo_v3_t``, which adds
+  ``healthSummary`` to v2's ``healthMask``; a driver that knows only v2 answers
+  ARGUMENT_VERSION_MISMATCH to v3, and v2 is used from then on). A GPU outside any fabric
+  (a PCIe card, a board without NVSwitch) answers NOT_SUPPORTED or the state
+  NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: nothing is served and it is not asked again. The
+  status is the registration's result, meaningful once the state is COMPLETED.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from ctypes import byref
 from typing import Any, TypeVar
 
 from exporter.core.labels import ErrorReason, RetireCause, Severity, ThrottleReason
@@ -60,6 +70,15 @@ RECOVERY_FIELD = "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"
 RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
                     4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
                     7: "system_reboot"}
+# nvmlDeviceGetGpuFabricInfoV's structures, newest first (nvml.h nvmlGpuFabricInfo_v3_t,
+# nvmlGpuFabricInfo_v2_t; pynvml names them so), each one's version set by its constructor.
+FABRIC_STRUCTS = ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t")
+# nvml.h nvmlGpuFabricState_t: NOT_SUPPORTED 0, NOT_STARTED 1, IN_PROGRESS 2, COMPLETED 3.
+FABRIC_NOT_SUPPORTED, FABRIC_COMPLETED = 0, 3
+FABRIC_STATES = frozenset({1, 2, 3})
+# nvml.h NVML_GPU_FABRIC_HEALTH_SUMMARY_*: NOT_SUPPORTED 0, HEALTHY 1, UNHEALTHY 2,
+# LIMITED_CAPACITY 3.
+FABRIC_SUMMARIES = frozenset({1, 2, 3})
 # Page retirement is what GPUs before Ampere do (nvml.h: row remapping replaced it).
 RETIRES_PAGES = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
 
@@ -87,6 +106,8 @@ class Health:
                         } if architecture in RETIRES_PAGES else {}
         self.pending = field_id(nvml, PENDING_FIELD) if architecture in RETIRES_PAGES else None
         self.recovery = field_id(nvml, RECOVERY_FIELD)
+        self.fabric_structs = [name for name in FABRIC_STRUCTS if hasattr(nvml, name)]
+        self.fabric_absent = False  # the GPU is in no fabric: not asked again
         self.events: dict[str, float] | None = None  # the last violation times read
 
     def fields(self) -> list[FieldKey]:
@@ -96,7 +117,8 @@ class Health:
 
     def read(self, errors: Counter[ErrorReason], values: dict[FieldKey, FieldValue],
              counters_due: bool = True) -> DeviceValues:
-        """clock_event_seconds, retired_pages, retired_pages_pending, recovery_action.
+        """clock_event_seconds, retired_pages, retired_pages_pending, recovery_action (and
+        its info), the fabric's state.
         The violation times are read when ``counters_due`` (every COUNTERS_EVERY-th slow
         cycle when a reader came since, exporter.sources.nvidia.device), else kept."""
         g = self.call.get
@@ -123,7 +145,45 @@ class Health:
                 errors[ErrorReason.PARSE] += 1
         return DeviceValues(clock_event_seconds=events, retired_pages=retired,
                             retired_pages_pending=None if pending is None else pending != 0,
-                            recovery_action=recovery)
+                            recovery_action=recovery,
+                            recovery_action_info={recovery: True} if recovery else {},
+                            ).overlay(self.read_fabric(errors))
+
+    def read_fabric(self, errors: Counter[ErrorReason]) -> DeviceValues:
+        """The GPU's NVSwitch fabric registration and health, where it has a fabric."""
+        if self.fabric_absent or not self.fabric_structs:
+            return DeviceValues()
+        info = self.call.get_with(errors, Nvml.DEVICE_GET_GPU_FABRIC_INFO_V, self._fabric)
+        if info is None:
+            return DeviceValues()
+        state = int(info.state)
+        if state not in FABRIC_STATES:
+            if state == FABRIC_NOT_SUPPORTED:
+                self.fabric_absent = True
+            else:
+                errors[ErrorReason.PARSE] += 1
+            return DeviceValues()
+        summary = getattr(info, "healthSummary", None)  # v3 only
+        return DeviceValues(
+            fabric_state=state,
+            fabric_status=int(info.status) if state == FABRIC_COMPLETED else None,
+            fabric_health_mask=u64(info.healthMask),
+            fabric_health_summary=int(summary) if summary in FABRIC_SUMMARIES else None)
+
+    def _fabric(self, handle: Any) -> Any:
+        """nvmlDeviceGetGpuFabricInfoV with the newest structure the driver knows: one that
+        answers ARGUMENT_VERSION_MISMATCH to a structure is never given it again."""
+        nvml = self.call.nvml
+        mismatch = getattr(nvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", None)
+        while True:
+            info = getattr(nvml, self.fabric_structs[0])()
+            try:
+                nvml.nvmlDeviceGetGpuFabricInfoV(handle, byref(info))
+                return info
+            except nvml.NVMLError as e:
+                if getattr(e, "value", None) != mismatch or len(self.fabric_structs) == 1:
+                    raise
+                self.fabric_structs.pop(0)
 
     def read_ras(self, errors: Counter[ErrorReason]) -> dict[tuple[str, str], int]:
         """ECC by location (the rare tier: device.py RARE_EVERY)."""
