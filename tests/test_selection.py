@@ -90,7 +90,7 @@ def test_dcgm_counters_serve_only_the_fields_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["--dcgm.counters", str(COUNTERS)], "--dcgm.counters needs --metric-names dcgm or both"),
+    (["--dcgm.counters", str(COUNTERS)], "--dcgm.counters needs --metric-names dcgm, dcgm4.9"),
     (["--metric-names", "dcgm", "--dcgm.counters", "/nonexistent/counters.csv"],
      "--dcgm.counters: [Errno 2]"),
     (["--collector.metrics.include", "gpu_("], "--collector.metrics.include: not a regular"),
