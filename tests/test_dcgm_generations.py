@@ -36,6 +36,7 @@ from exporter.output.dcgm import (
 from exporter.output.render.selection import Selection
 
 REPO = Path(__file__).resolve().parent.parent
+DOC = (REPO / "docs" / "dcgm-compat.md").read_text()
 DATA = yaml.safe_load((REPO / "exporter" / "output" / "dcgm_generations.yml").read_text())
 MIB = 1 << 20
 HOST = "node-a"
@@ -208,3 +209,27 @@ def test_metric_names_words(word: str, gpu: bool, dcgm: str | None) -> None:
 def test_an_unknown_generation_is_refused() -> None:
     with pytest.raises(ConfigError, match="metric-names"):
         parse_choice("metric-names", "dcgm4.8", MetricNames)
+
+
+# -- the doc's table is the data ----------------------------------------------------------
+
+SOURCES = {"go-dcgm": "DCGM", "dcgm-4.7": "DCGM 4.7 ¹", "4.10": "4.10 ²"}
+
+
+def rename_table() -> str:
+    rows = ["| `dcgm` (up to 4.8) | `dcgm4.9` (4.9 and later) | unit | source of the name |",
+            "|---|---|---|---|"]
+    table = DATA["generations"]["dcgm4.9"]["fields"]
+    for old, new in zip(FIELDS, NEW.fields, strict=True):
+        unit = old.unit if new.unit == old.unit else f"{old.unit} → {new.unit}"
+        row = table.get(old.name)
+        source = SOURCES[row["source"]] if row else "unchanged"
+        rows.append(f"| `{old.name}` | `{new.name}` | {unit} | {source} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_the_compatibility_doc_has_the_rename_table_of_the_data() -> None:
+    assert rename_table() in DOC, f"docs/dcgm-compat.md: the rename table is now\n" \
+        f"{rename_table()}"
+    for label in DATA["generations"]["dcgm4.9"]["labels"].values():
+        assert f"`{label['name']}`" in DOC
