@@ -222,7 +222,7 @@ def test_nvidia_machine_pushes_a_faithful_copy_of_metrics(tmp_path: Path) -> Non
         "process.pid": burn["pid"]}).as_double == burn["used_memory_bytes"]
     assert one(found, "hw.status", **gpu0, **{"hw.state": "ok"}).as_double == 1
     info = {a.key: _value(a.value) for a in one(found, "gpu.info", **gpu0).attributes}
-    assert info["hw.name"] == "NVIDIA H100 80GB HBM3" and info["hw.id"].startswith("GPU-")
+    assert info["hw.model"] == "NVIDIA H100 80GB HBM3" and info["hw.id"].startswith("GPU-")
     histogram = found["gpu_exporter.collection.duration"][0].histogram
     assert histogram.aggregation_temporality == 2 and histogram.data_points[0].count >= 1
 

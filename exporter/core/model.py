@@ -353,7 +353,7 @@ class DeviceValues:
         otlp=Otlp("gpu.fan.speed_ratio"))
     voltages_volts: Mapping[str, float] = mapping(  # hwmon inN_label -> V
         "gpu_voltage_volts", "Voltage by rail.", "rail", unit="volts",
-        otlp=Otlp("gpu.voltage"))
+        otlp=Otlp("hw.voltage", labels={"rail": "hw.sensor_location"}))
     clocks_hertz: Mapping[str, float] = mapping(
         "gpu_clock_hertz", "Current clock frequency.", "clock", unit="hertz",
         otlp=Otlp("gpu.clock.frequency"))
@@ -387,7 +387,8 @@ class DeviceValues:
         "gpu_ecc_errors_total", "ECC errors since the driver loaded.", "severity",
         kind=Kind.COUNTER, unit="count",
         cadence=SLOW,
-        otlp=Otlp("gpu.ecc.errors", "{error}"))
+        # the conventions' GPU errors: error.type "corrected" / "uncorrected"
+        otlp=Otlp("hw.errors", "{error}", labels={"severity": "error.type"}))
     remapped_rows: Mapping[str, int] = mapping(
         "gpu_memory_remapped_rows", "Memory rows remapped.", "severity", unit="count",
         cadence=SLOW,

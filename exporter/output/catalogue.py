@@ -12,8 +12,10 @@ OTLP names and attributes follow OpenTelemetry's hardware semantic conventions, 
 1.44.0 (open-telemetry/semantic-conventions, docs/hardware/gpu.md, docs/hardware/common.md
 and model/hardware; the names of the opentelemetry-semantic-conventions package's
 ``_incubating.metrics.hw_metrics``) where a convention exists: ``hw.gpu.utilization``,
-``hw.gpu.memory.usage``/``.limit``, ``hw.power``, ``hw.energy``, ``hw.temperature``,
-``hw.status``, with ``hw.id``, ``hw.vendor``, ``hw.type``. Every other family gets a
+``hw.gpu.memory.usage``/``.limit``, ``hw.errors``, ``hw.power``, ``hw.energy``,
+``hw.temperature``, ``hw.voltage``, ``hw.status``, with ``hw.id``, ``hw.vendor``,
+``hw.model``, ``hw.type`` (docs/otlp.md compares them, difference by difference). Every
+other family gets a
 ``gpu.``-prefixed name (``gpu_exporter.`` for the exporter's own), by the same pattern.
 Imports nothing of OpenTelemetry: the names are plain strings.
 """
@@ -54,7 +56,7 @@ LABELS = {
     "vendor": "hw.vendor",
     "gpu": "gpu.index",
     "source": "gpu.source",
-    "name": "hw.name",
+    "name": "hw.model",  # the marketing name: the conventions' "descriptive model name"
     "driver_version": "hw.driver_version",
     "vbios_version": "hw.firmware_version",
     "serial": "hw.serial_number",
