@@ -31,12 +31,12 @@ from exporter.core.model import (
 )
 from exporter.output.dcgm import (
     FIELDS,
-    GENERATIONS,
     HEALTH_FAMILY,
     Field,
     Read,
     dcgm_bus_id,
     dcgm_families,
+    generations,
     hostname,
 )
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML
@@ -112,11 +112,11 @@ def test_every_default_counter_is_filled_with_its_declared_type_or_documented_mi
 
 def test_the_compatibility_doc_lists_every_field_and_every_gap() -> None:
     in_doc = set(re.findall(r"`(DCGM_[A-Z0-9_]+)`", DOC))
-    produced = {f.name for g in GENERATIONS.values() for f in g.fields} | {HEALTH_FAMILY}
+    produced = {f.name for g in generations().values() for f in g.fields} | {HEALTH_FAMILY}
     assert produced <= in_doc, produced - in_doc
     assert NOT_PROVIDED <= in_doc
     defaults = {name for name, _ in REFERENCES["default_counters"]}
-    labels = {g.driver_label for g in GENERATIONS.values()}
+    labels = {g.driver_label for g in generations().values()}
     unknown = in_doc - produced - NOT_PROVIDED - defaults - labels
     # Anything else the doc names must be in its "not provided" section, said so in words.
     not_provided_section = DOC.split("## Not provided", 1)[1]

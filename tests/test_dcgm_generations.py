@@ -22,14 +22,14 @@ from exporter.core.config import ConfigError, MetricNames, parse_choice
 from exporter.core.labels import Check
 from exporter.core.model import DeviceInfo, DeviceSample
 from exporter.output.dcgm import (
-    DCGM,
     FACTORS,
     FIELDS,
-    GENERATIONS,
     HEALTH_FAMILY,
     UNITS,
     _generation,
     dcgm_families,
+    generation,
+    generations,
     health_family,
     parse_counters,
 )
@@ -40,7 +40,7 @@ DOC = (REPO / "docs" / "dcgm-compat.md").read_text()
 DATA = yaml.safe_load((REPO / "exporter" / "output" / "dcgm_generations.yml").read_text())
 MIB = 1 << 20
 HOST = "node-a"
-NEW = GENERATIONS["dcgm4.9"]
+NEW = generation("dcgm4.9")
 H100 = DeviceInfo(vendor="nvidia", pci_bus_id="0000:18:00.0", uuid="GPU-5f6e0000",
                   name="NVIDIA H100 80GB HBM3", driver_version="550.127.05",
                   device_node="nvidia0")
@@ -66,8 +66,8 @@ SAMPLE = DeviceSample(
 
 def served(gen: str) -> dict[str, tuple[float, dict[str, str]]]:
     out = {}
-    for family in dcgm_families([("0", SAMPLE)], HOST, GENERATIONS[gen].fields,
-                                GENERATIONS[gen]):
+    for family in dcgm_families([("0", SAMPLE)], HOST, generation(gen).fields,
+                                generation(gen)):
         (s,) = family.samples
         out[s.name] = (s.value, dict(s.labels))
     return out
@@ -115,7 +115,7 @@ def test_the_first_generation_is_unchanged_by_the_second() -> None:
     assert len(old) == len(served("dcgm4.9"))
     assert old["DCGM_FI_DEV_SM_CLOCK"][0] == 1975 and old["DCGM_FI_DEV_FB_USED"][0] == 19818
     assert {"Hostname", "DCGM_FI_DRIVER_VERSION"} <= set(old["DCGM_FI_DEV_GPU_TEMP"][1])
-    assert DCGM.fields == FIELDS
+    assert generation("dcgm").fields == FIELDS
 
 
 def test_each_renamed_field_is_the_old_one_converted_and_every_row_is_applied() -> None:
@@ -203,7 +203,7 @@ def test_counters_keep_the_bare_name_even_when_it_ends_in_total() -> None:
 def test_metric_names_words(word: str, gpu: bool, dcgm: str | None) -> None:
     names = parse_choice("metric-names", word, MetricNames)
     assert (names.gpu, names.dcgm) == (gpu, dcgm)
-    assert dcgm is None or dcgm in GENERATIONS
+    assert dcgm is None or dcgm in generations()
 
 
 def test_an_unknown_generation_is_refused() -> None:

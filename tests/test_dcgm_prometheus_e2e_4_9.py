@@ -23,6 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
+from exporter.client.fleet import load_fleet, load_node
+from exporter.client.promapi import PrometheusAPI
+from exporter.core.config import MetricNames
 from tests.daemon import daemon_env, machine_args
 from tests.fakes.fake_nvml import FakeGPU
 from tests.prometheus_harness import PROMETHEUS, Exporter, get, query, scraped
@@ -199,3 +202,35 @@ def test_the_picker_lists_each_gpu_with_a_memory_figure_and_no_other(prometheus:
     for host in MACHINES:
         assert set(label_values(prometheus, f'DCGM_FI_DEV_SM_CLOCK_HERTZ{{hostname="{host}"}}',
                                 "gpu")) == {g for h, g in every_gpu(prometheus) if h == host}
+
+
+# -- the fleet view (top --prometheus) reads the 4.9 names ---------------------------------
+
+def test_the_fleet_view_reads_the_4_9_names_in_base_units(prometheus: str) -> None:
+    """The node list and one node's GPUs in ``--metric-names dcgm4.9``: the same numbers as
+    the DCGM series say, with no /100 or MiB scaling left over from the first generation."""
+    api = PrometheusAPI(prometheus)
+    machines = {r["metric"]["instance"]: r["metric"]["hostname"] for r in query(
+        prometheus, "group by (instance, hostname) (DCGM_FI_DEV_GPU_TEMP_CELSIUS)")}
+    fleet = load_fleet(api, names=MetricNames.DCGM_4_9)
+    assert fleet.errors == ()
+    nodes = {machines[n.node]: n for n in fleet.nodes if n.node in machines}
+    assert set(MACHINES) <= set(nodes)
+
+    def total(name: str, host: str) -> float:
+        return sum(float(r["value"][1])
+                   for r in query(prometheus, f'{name}{{hostname="{host}"}}'))
+
+    for host in MACHINES:
+        node = nodes[host]
+        assert node.gpus == len({g for h, g in every_gpu(prometheus) if h == host})
+        assert node.power_watts == pytest.approx(total("DCGM_FI_DEV_BOARD_POWER_WATTS", host))
+        assert node.memory_used_bytes == pytest.approx(total("DCGM_FI_DEV_FB_USED_BYTES", host))
+    (instance,) = [i for i, h in machines.items() if h == "nvidia-h100x2"]
+    detail = load_node(api, instance, names=MetricNames.DCGM_4_9)
+    assert detail.errors == ()
+    util = {r["metric"]["gpu"]: float(r["value"][1]) for r in query(
+        prometheus, 'DCGM_FI_DEV_GPU_UTIL_RATIO{hostname="nvidia-h100x2"}')}
+    assert {g.gpu: g.utilization for g in detail.gpus} == pytest.approx(util)
+    assert all(g.name.startswith("NVIDIA H100") for g in detail.gpus)
+    assert all(0 <= (g.utilization or 0) <= 1 for g in detail.gpus)

@@ -306,8 +306,9 @@ def add_fleet_flags(group: argparse._ActionsContainer) -> None:
                        "against and to send as SNI (default the URL's host)")
     group.add_argument("--metric-names", dest="metric-names", metavar="SCHEME",
                        help="the names the exporters' series have in Prometheus: gpu (ours), "
-                       "dcgm (exporters run with --metric-names dcgm, or dcgm-exporter) or "
-                       "both (read as gpu) (default gpu)")
+                       "dcgm (exporters run with --metric-names dcgm, or dcgm-exporter up to "
+                       "4.8), dcgm4.9 (--metric-names dcgm4.9, or dcgm-exporter 4.9 and "
+                       "later), both or both-dcgm4.9 (read as gpu) (default gpu)")
     group.add_argument("--prometheus.selector", dest="prometheus.selector",
                        metavar="MATCHERS", help="label matchers added to every selector, "
                        "e.g. 'job=\"gpu-exporter\"' or 'cluster=\"a\"' (default none)")

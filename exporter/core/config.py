@@ -57,7 +57,7 @@ class MetricNames(Choice):
 
     @property
     def dcgm(self) -> str | None:
-        """The dcgm-exporter generation served (exporter.output.dcgm.GENERATIONS), or None."""
+        """The dcgm-exporter generation served (exporter.output.dcgm.generations()), or None."""
         return {MetricNames.DCGM: "dcgm", MetricNames.BOTH: "dcgm",
                 MetricNames.DCGM_4_9: "dcgm4.9", MetricNames.BOTH_4_9: "dcgm4.9"}.get(self)
 

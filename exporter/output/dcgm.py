@@ -21,8 +21,8 @@ keep our names (exporter.output.render).
 dcgm-exporter has two generations of names: the one above (up to 4.8.2, ``dcgm``) and the
 one of 4.9 and later (``dcgm4.9``: DCGM 4.7's renamed fields, some in new units, and the
 ``hostname`` and ``DCGM_FI_SYSTEM_DRIVER_VERSION`` labels). The second is the first renamed
-by the data in dcgm_generations.yml (with the sources of each name); ``GENERATIONS`` holds
-both, each with its field table and label names.
+by the data in dcgm_generations.yml (with the sources of each name); ``generations()``
+holds both, each with its field table and label names.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cache
 from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
-import yaml
 from prometheus_client.core import Metric
 
 from exporter.collect.health import Verdict
@@ -331,15 +331,20 @@ def _generation(word: str, table: Mapping[str, Any]) -> Generation:
     return Generation(word, fields, labels["hostname"]["name"], labels["driver_version"]["name"])
 
 
-def _load() -> Mapping[str, Generation]:
+@cache
+def generations() -> Mapping[str, Generation]:
+    """--metric-names word -> its generation: "dcgm" (FIELDS as they are), "dcgm4.9". Read
+    from dcgm_generations.yml on first use: a daemon that serves no DCGM names never
+    imports yaml."""
+    import yaml
+
     text = resources.files(__package__).joinpath("dcgm_generations.yml").read_text("utf-8")
     tables: Mapping[str, Mapping[str, Any]] = yaml.safe_load(text)["generations"]
     return MappingProxyType({word: _generation(word, t) for word, t in tables.items()})
 
 
-# --metric-names word -> its generation: "dcgm" (FIELDS as they are), "dcgm4.9".
-GENERATIONS: Mapping[str, Generation] = _load()
-DCGM = GENERATIONS["dcgm"]
+def generation(word: str) -> Generation:
+    return generations()[word]
 
 
 def hostname() -> str:
@@ -406,7 +411,7 @@ def health_family(entries: Iterable[tuple[str, DeviceSample, Verdict]], host: st
     family = Metric(HEALTH_FAMILY, "GPU health status per DCGM health watch "
                     "(0 pass, 10 warn, 20 fail).", "gauge")
     for gpu, d, verdict in entries:
-        base = _labels(gpu, d.info, d.info, host, gen or DCGM)
+        base = _labels(gpu, d.info, d.info, host, gen or generation("dcgm"))
         for check, status in verdict.checks.items():
             watch = HEALTH_WATCHES.get(check)
             if watch is None:
@@ -438,7 +443,7 @@ def dcgm_families(devices: Iterable[tuple[str, DeviceSample]], host: str,
     of readable devices; ``fields``: those selected (--dcgm.counters), of generation ``gen``
     (its label names; the first generation's by default). A family without a value on any
     device is not emitted."""
-    gen = gen or DCGM
+    gen = gen or generation("dcgm")
     devices = list(devices)
     infos = {d.info.key: d.info for _, d in devices}
     families: dict[str, Metric] = {}
@@ -473,9 +478,13 @@ def dcgm_families(devices: Iterable[tuple[str, DeviceSample]], host: str,
 # DCGM_EXP_* families other than the health one have no counterpart here. A field is
 # selected by its name in any generation (dcgm-exporter 4.9 still reads a CSV of the old
 # names: DCGM resolves them as aliases), and known by its first generation's name.
-_KEYS: Mapping[str, str] = MappingProxyType(
-    {f.name: f.key for g in GENERATIONS.values() for f in g.fields}
-    | {HEALTH_FAMILY: HEALTH_FAMILY})
+
+
+@cache
+def _keys() -> Mapping[str, str]:
+    """Every generation's name of a field -> its first generation's name."""
+    return MappingProxyType({f.name: f.key for g in generations().values() for f in g.fields}
+                            | {HEALTH_FAMILY: HEALTH_FAMILY})
 
 
 @dataclass(frozen=True)
@@ -501,5 +510,6 @@ def parse_counters(text: str) -> Counters:
             names.append(name)
         else:
             malformed += 1
-    return Counters(frozenset(_KEYS[n] for n in names if n in _KEYS),
-                    tuple(dict.fromkeys(n for n in names if n not in _KEYS)), malformed)
+    keys = _keys()
+    return Counters(frozenset(keys[n] for n in names if n in keys),
+                    tuple(dict.fromkeys(n for n in names if n not in keys)), malformed)

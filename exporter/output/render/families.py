@@ -237,7 +237,7 @@ def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
     # no counterpart: docs/dcgm-compat.md) keep our names in every mode.
     kept = ours if opts.metric_names.gpu else [
         m for m in ours if m.name.startswith(("gpu_process_", "gpu_health_"))]
-    gen = dcgm.GENERATIONS[word]
+    gen = dcgm.generation(word)
     fields = tuple(f for f in gen.fields if opts.selection.allows_dcgm(f.key, f.name))
     return (kept + list(dcgm.dcgm_families(((g, d) for g, d in s.devices if d.up), opts.hostname,
                                            fields, gen))
