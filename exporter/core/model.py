@@ -30,12 +30,13 @@ from exporter.core.fieldspec import (
     Exposure,
     Kind,
     Otlp,
+    Route,
     empty,
     mapping,
     value,
     value_specs,
 )
-from exporter.core.labels import ErrorReason, Profiling, Sensor
+from exporter.core.labels import Engine, ErrorReason, Profiling, Sensor
 
 INTERNAL = Exposure.INTERNAL  # an input of the health verdict, not a family of its own
 # The tiers a field declares (Cadence): how often the backends read it.
@@ -378,7 +379,10 @@ class DeviceValues:
     engine_utilization_ratio: Mapping[str, float] = mapping(  # engine -> 0..1
         "gpu_engine_utilization_ratio", "Fraction of time an engine was busy.", "engine",
         unit="ratio", group="engine",
-        otlp=Otlp("gpu.engine.utilization"))
+        # the encoder's and decoder's are the conventions' GPU utilisation by task
+        otlp=Otlp("gpu.engine.utilization", route=Route(
+            "engine", frozenset({Engine.ENCODER.value, Engine.DECODER.value}), "hw.gpu.utilization",
+            "hw.gpu.task")))
     engine_busy_seconds: Mapping[str, float] = mapping(  # engine -> counter
         "gpu_engine_busy_seconds_total", "Time an engine was busy.", "engine",
         kind=Kind.COUNTER, unit="seconds", group="engine",

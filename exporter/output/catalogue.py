@@ -28,7 +28,7 @@ from types import MappingProxyType
 
 from exporter.collect import health, slurm
 from exporter.collect.kubernetes import podlabels, unallocated
-from exporter.core.fieldspec import GAUGE, HISTOGRAM, SUM, UPDOWN, MetricSpec
+from exporter.core.fieldspec import GAUGE, HISTOGRAM, SUM, UPDOWN, MetricSpec, Route
 from exporter.output.render.families import (
     ALLOCATION,
     DEVICE_SPECS,
@@ -78,6 +78,7 @@ class Target:
     kind: str = GAUGE
     labels: Mapping[str, str] = field(default_factory=dict)  # per-family label renames
     constant: Mapping[str, str] = field(default_factory=dict)  # attributes added to each point
+    route: Route | None = None  # label values sent under another family's metric
 
 
 def target(spec: MetricSpec, key: str = "") -> Target:
@@ -86,7 +87,7 @@ def target(spec: MetricSpec, key: str = "") -> Target:
     if otlp is None:
         raise ValueError(f"{spec.name}: a served family without its OTLP name")
     return Target(otlp.name.format(key=key), spec.otlp_unit(), spec.otlp_kind(), otlp.labels,
-                  otlp.constant)
+                  otlp.constant, otlp.route)
 
 
 def _targets() -> Mapping[str, Target]:
@@ -94,6 +95,11 @@ def _targets() -> Mapping[str, Target]:
     for spec in SPECS:
         for key in spec.per_key or ("",):  # one family per key, or the one family
             out[spec.family(key)] = target(spec, key)
+    by_name = {t.name: t for t in out.values()}
+    for family, t in out.items():  # a route goes to a metric of the same unit and kind
+        to = by_name.get(t.route.name) if t.route else None
+        if t.route and (to is None or (to.unit, to.kind) != (t.unit, t.kind)):
+            raise ValueError(f"{family}: routes to {t.route.name}, no metric of its unit")
     return MappingProxyType(out)
 
 
@@ -124,6 +130,10 @@ def otlp_table() -> str:
     for family, t in FAMILIES.items():
         extra = [f"`{label}` -> `{attr}`" for label, attr in t.labels.items()]
         extra += [f"`{attr}`=`{value}`" for attr, value in t.constant.items()]
+        if t.route:
+            values = "\\|".join(f"`{v}`" for v in sorted(t.route.values))
+            extra.append(f"`{t.route.label}` {values}: to `{t.route.name}`, as "
+                         f"`{t.route.attribute}`")
         lines.append(f"| `{family}` | `{t.name}` | `{t.unit}` | {kinds[t.kind]} | "
                      f"{', '.join(extra)} |")
     return "\n".join(lines) + "\n"
