@@ -476,8 +476,8 @@ def dcgm_families(devices: Iterable[tuple[str, DeviceSample]], host: str,
 # "DCGM_FI_DEV_SM_CLOCK, gauge, SM clock frequency (in MHz).", "#" starts a comment.
 # Only the name matters here: our type, unit and help are the table's. dcgm-exporter's own
 # DCGM_EXP_* families other than the health one have no counterpart here. A field is
-# selected by its name in any generation (dcgm-exporter 4.9 still reads a CSV of the old
-# names: DCGM resolves them as aliases), and known by its first generation's name.
+# selected by its name in any generation (DCGM keeps the old names as deprecated aliases of
+# the new: go-dcgm's const_fields.go), and known by its first generation's name.
 
 
 @cache
