@@ -112,6 +112,10 @@ def load_selection(include: str | None, exclude: str | None, metric_names: Metri
     ValueError where it makes no sense) and says once, in one log line, which of its
     names we cannot fill and how many lines were not a field; says in one more which of
     the exporter's own watched families it hides."""
+    if metric_names.dcgm is not None:  # its names, read once here: a broken install stops
+        from exporter.output.dcgm import generation  # the start, not every render
+
+        generation(metric_names.dcgm)
     if counters_file is None:
         return _warn_hidden(Selection(include, exclude))
     if metric_names.dcgm is None:
