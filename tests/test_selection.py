@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collect.hub import Hub
-from exporter.core.config import Config
+from exporter.core.config import Config, MetricNames
 from exporter.output.dcgm import FIELDS, HEALTH_FAMILY, parse_counters
 from exporter.output.render import Renderer, RenderOptions
 from exporter.output.render.selection import Selection, load_selection
@@ -159,7 +159,7 @@ def test_a_selection_that_hides_the_exporters_own_series_is_warned_about(
     from structlog.testing import capture_logs
 
     with capture_logs() as logs:
-        load_selection(include, exclude, "gpu", None)
+        load_selection(include, exclude, MetricNames.GPU, None)
     warned = [e for e in logs if e["event"] == "metric selection hides the exporter's own series"]
     assert [e["hidden"] for e in warned] == ([hidden] if hidden else [])
 
