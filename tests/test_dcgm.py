@@ -35,6 +35,7 @@ from exporter.output.dcgm import (
     Read,
     dcgm_bus_id,
     dcgm_families,
+    generations,
     hostname,
 )
 from exporter.sources.nvidia.backend import NvidiaBackend
@@ -75,8 +76,11 @@ def test_each_field_is_filled_from_fields_of_the_table_and_the_doc_names_their_f
     the unit the table declares, and docs/dcgm-compat.md names each family it is filled
     from (the family the table serves that field as)."""
     specs = dict(value_specs(DeviceValues))
-    rows = {name: row for row in DOC.splitlines() if row.startswith("| `DCGM_")
-            for name in re.findall(r"`(DCGM_[A-Z0-9_]+)`", row.split("|")[1])}
+    rows: dict[str, str] = {}  # a field's first row: the tables of what fills it
+    for row in DOC.splitlines():
+        if row.startswith("| `DCGM_"):
+            for name in re.findall(r"`(DCGM_[A-Z0-9_]+)`", row.split("|")[1]):
+                rows.setdefault(name, row)
     for f in FIELDS:
         for r in f.reads:
             spec = specs[r.field]
@@ -108,11 +112,12 @@ def test_every_default_counter_is_filled_with_its_declared_type_or_documented_mi
 
 def test_the_compatibility_doc_lists_every_field_and_every_gap() -> None:
     in_doc = set(re.findall(r"`(DCGM_[A-Z0-9_]+)`", DOC))
-    produced = {f.name for f in FIELDS} | {HEALTH_FAMILY}
+    produced = {f.name for g in generations().values() for f in g.fields} | {HEALTH_FAMILY}
     assert produced <= in_doc, produced - in_doc
     assert NOT_PROVIDED <= in_doc
     defaults = {name for name, _ in REFERENCES["default_counters"]}
-    unknown = in_doc - produced - NOT_PROVIDED - defaults - {"DCGM_FI_DRIVER_VERSION"}
+    labels = {g.driver_label for g in generations().values()}
+    unknown = in_doc - produced - NOT_PROVIDED - defaults - labels
     # Anything else the doc names must be in its "not provided" section, said so in words.
     not_provided_section = DOC.split("## Not provided", 1)[1]
     for name in unknown:

@@ -1,8 +1,10 @@
-"""Golden /metrics in dcgm-exporter names (``--metric-names dcgm`` and ``both``), from the real
-daemon on the NVIDIA and mixed fixture machines, linted by promtool, key values re-read.
+"""Golden /metrics in dcgm-exporter names (``--metric-names dcgm``, ``dcgm4.9`` and their
+``both`` modes), from the real daemon on the NVIDIA and mixed fixture machines, linted by
+promtool, key values re-read.
 
-``tests/golden/dcgm/<machine>.prom`` is the dcgm mode; ``both`` must be exactly the gpu mode's
-golden (tests/test_golden.py) plus the dcgm one. ``Hostname`` comes from ``NODE_NAME``, as in
+``tests/golden/dcgm/<machine>.prom`` is the dcgm mode, ``tests/golden/dcgm4.9/`` the dcgm4.9
+one; ``both`` (``both-dcgm4.9``) must be exactly the gpu mode's golden (tests/test_golden.py)
+plus the dcgm (dcgm4.9) one. ``Hostname`` comes from ``NODE_NAME``, as in
 dcgm-exporter, set here so the golden does not depend on the machine running the tests.
 
 Regenerate after an intended change: ``UPDATE_GOLDEN=1 python -m pytest tests/test_dcgm_golden.py``.
@@ -31,7 +33,8 @@ from tests.fakes.fake_nvml import FakeGPU, FakeNVML
 from tests.test_golden import GOLDEN, ONE_CYCLE, normalize
 
 MACHINES = ["mixed", "nvidia-h100-lost", "nvidia-h100x2"]
-MODES = ("dcgm", "both")
+GENERATIONS = {"dcgm": "both", "dcgm4.9": "both-dcgm4.9"}  # each with its both mode
+MODES = (*GENERATIONS, *GENERATIONS.values())
 NODE = "golden-node"
 MIB = 1 << 20
 # What promtool's lint says about dcgm-exporter's own names, which a drop-in must keep:
@@ -59,10 +62,11 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str
         yield {key: d.get().text for key, d in daemons.items()}
 
 
+@pytest.mark.parametrize("gen", GENERATIONS)
 @pytest.mark.parametrize("machine", MACHINES)
-def test_dcgm_golden(machine: str, scrapes: dict[tuple[str, str], str]) -> None:
-    got = normalize(scrapes[machine, "dcgm"])
-    path = GOLDEN / "dcgm" / f"{machine}.prom"
+def test_dcgm_golden(machine: str, gen: str, scrapes: dict[tuple[str, str], str]) -> None:
+    got = normalize(scrapes[machine, gen])
+    path = GOLDEN / gen / f"{machine}.prom"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)
         path.write_text(got)
@@ -70,19 +74,21 @@ def test_dcgm_golden(machine: str, scrapes: dict[tuple[str, str], str]) -> None:
     assert got == path.read_text(), f"/metrics of {machine} differs from {path}"
 
 
+@pytest.mark.parametrize("gen", GENERATIONS)
 @pytest.mark.parametrize("machine", MACHINES)
-def test_both_is_our_names_plus_dcgm_names(machine: str,
+def test_both_is_our_names_plus_dcgm_names(machine: str, gen: str,
                                            scrapes: dict[tuple[str, str], str]) -> None:
-    both = parse_samples(normalize(scrapes[machine, "both"]))
+    both = parse_samples(normalize(scrapes[machine, GENERATIONS[gen]]))
     gpu = parse_samples((GOLDEN / f"{machine}.prom").read_text())
-    dcgm = parse_samples(normalize(scrapes[machine, "dcgm"]))
+    dcgm = parse_samples(normalize(scrapes[machine, gen]))
     assert both == {**gpu, **dcgm}
 
 
+@pytest.mark.parametrize("gen", GENERATIONS)
 @pytest.mark.parametrize("machine", MACHINES)
 def test_dcgm_mode_keeps_process_and_exporter_families_and_drops_the_other_gpu_ones(
-        machine: str, scrapes: dict[tuple[str, str], str]) -> None:
-    names = {n for n, _ in parse_samples(scrapes[machine, "dcgm"])}
+        machine: str, gen: str, scrapes: dict[tuple[str, str], str]) -> None:
+    names = {n for n, _ in parse_samples(scrapes[machine, gen])}
     ours = {n for n in names if n.startswith("gpu_")}
     assert ours and all(n.startswith(("gpu_process_", "gpu_exporter_", "gpu_health_"))
                         for n in ours), ours
@@ -119,7 +125,7 @@ def test_a_label_whose_value_is_unknown_is_left_out() -> None:
 
 def test_every_dcgm_family_in_the_goldens_is_documented() -> None:
     doc = (REPO / "docs" / "dcgm-compat.md").read_text()
-    emitted = {n for golden in (GOLDEN / "dcgm").glob("*.prom")
+    emitted = {n for gen in GENERATIONS for golden in (GOLDEN / gen).glob("*.prom")
                for n, _ in parse_samples(golden.read_text()) if n.startswith("DCGM_")}
     assert emitted and {n for n in emitted if f"`{n}`" not in doc} == set()
 
@@ -167,6 +173,38 @@ def test_nvidia_values_match_the_fake_nvml_config(machine: str,
         if gpu.architecture >= 9:  # GPM: Hopper and later
             assert value(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", **sel) == pytest.approx(
                 gpu.gpm["any_tensor_util"] / 100)
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_nvidia_values_in_the_4_9_names_and_units_match_the_fake_nvml_config(
+        machine: str, scrapes: dict[tuple[str, str], str]) -> None:
+    """dcgm4.9's base units (Hz, J, ratio, bytes) from nvml.json, and its label names."""
+    text = scrapes[machine, "dcgm4.9"]
+    config = json.loads((FIXTURES / machine / "nvml.json").read_text())
+    lost = set(config.get("faults", {}).get("lost_gpus", []))
+    for index, spec in enumerate(config["gpus"]):
+        gpu = FakeGPU(index=index, **{k: v for k, v in spec.items() if k in FAKE_FIELDS})
+        if index in lost:
+            assert not values_of(text, "DCGM_FI_DEV_BOARD_POWER_WATTS", UUID=gpu.uuid)
+            continue
+        sel = {"UUID": gpu.uuid, "hostname": NODE, "device": f"nvidia{gpu.minor}",
+               "DCGM_FI_SYSTEM_DRIVER_VERSION": config.get(
+                   "driver_version", FakeNVML([]).driver_version)}
+        used = sum(p.get("used_memory_bytes") or 0 for p in spec.get("processes", []))
+        assert value(text, "DCGM_FI_DEV_FB_USED_BYTES", **sel) == used
+        assert value(text, "DCGM_FI_DEV_FB_RESERVED_BYTES", **sel) == gpu.memory_reserved_bytes
+        assert value(text, "DCGM_FI_DEV_BOARD_POWER_WATTS", **sel) == gpu.power_mw / 1000
+        assert value(text, "DCGM_FI_DEV_GPU_UTIL_RATIO", **sel) == gpu.utilization_gpu / 100
+        assert value(text, "DCGM_FI_DEV_GPU_TEMP_CELSIUS", **sel) == gpu.temperature_gpu
+        assert value(text, "DCGM_FI_DEV_SM_CLOCK_HERTZ", **sel) == gpu.clocks_mhz["sm"] * 1e6
+        assert value(text, "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", **sel) == (
+            gpu.pcie_tx_kbps * 1024)
+        assert value(text, "DCGM_FI_DEV_XID_ERROR", **sel) == (gpu.xids[-1] if gpu.xids else 0)
+        if "nvmlDeviceGetTotalEnergyConsumption" not in config.get("faults", {}).get(
+                "not_supported", {}).get(str(index), []):
+            assert value(text, "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", **sel) == pytest.approx(
+                gpu.energy_mj / 1000, rel=1e-11)
+    assert "Hostname=" not in text and "DCGM_FI_DRIVER_VERSION=" not in text
 
 
 FAKE_FIELDS = set(FakeGPU.__dataclass_fields__) - {"index", "processes"}

@@ -14,6 +14,7 @@ documented ``docker build -t`` names.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -191,6 +192,9 @@ def test_a_fresh_checkout_builds_a_wheel_and_sdist_that_install_top_and_otlp(
     files = wheel_files(wheel)
     for package in PYPROJECT["tool"]["setuptools"]["packages"]:
         assert f"{package.replace('.', '/')}/__init__.py" in files, package
+    for package, patterns in PYPROJECT["tool"]["setuptools"]["package-data"].items():
+        for pattern in patterns:  # the page's files, dcgm-exporter's generations of names
+            assert fnmatch.filter(files, f"{package.replace('.', '/')}/{pattern}"), pattern
     assert f"gpu_exporter-{VERSION}.data/data/share/doc/gpu-exporter/docs/deploy.md" in files
     # Only the product: no doc generator (tools/), no test module, nothing else of the checkout.
     code = {f for f in files if f.endswith(".py")}

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.daemon import FIXTURES, machine_args, parse_samples, running
+from tests.fakes.fake_nvml import FakeGPU
 from tests.test_otlp_names import need
 
 pb = need("opentelemetry.proto.collector.metrics.v1.metrics_service_pb2")
@@ -175,9 +176,16 @@ def assert_same_series(found: dict[str, Any], scrape: dict[Any, float]) -> int:
         if family.startswith(("gpu_exporter", "process_", "python_")) or \
                 family not in FAMILIES:
             continue
+        target = FAMILIES[family]
+        route = target.route
+        routed = route is not None and dict(labels).get(route.label) in route.values
         attrs = {attribute_name(family, k): (int(v) if k == "pid" else v)
-                 for k, v in labels if v != ""}
-        p = one(found, FAMILIES[family].name, **attrs)
+                 for k, v in labels if v != "" and not (routed and k == route.label)}
+        attrs.update(target.constant)
+        if routed:  # the conventions' metric for this label value (Target.route)
+            assert route is not None
+            attrs[route.attribute] = dict(labels)[route.label]
+        p = one(found, route.name if routed and route else target.name, **attrs)
         assert p.as_double == value, (name, labels)
         checked += 1
     assert checked == sum(len(pts) for n, (_, pts) in found.items()
@@ -205,6 +213,9 @@ def test_nvidia_machine_pushes_a_faithful_copy_of_metrics(tmp_path: Path) -> Non
     assert m.unit == "1" and m.WhichOneof("data") == "gauge"
     assert one(found, "hw.gpu.utilization", **gpu0, **{"hw.gpu.task": "general"}).as_double \
         == spec["utilization_gpu"] / 100
+    for task in ("encoder", "decoder"):  # NVML's encoder / decoder use, by the conventions' task
+        assert one(found, "hw.gpu.utilization", **gpu0, **{"hw.gpu.task": task}).as_double \
+            == FakeGPU(0, **{k: v for k, v in spec.items() if k == "engines"}).engines[task] / 100
     assert found["hw.power"][0].unit == "W"
     assert one(found, "hw.power", **gpu0).as_double == spec["power_mw"] / 1000
     m, _ = found["hw.energy"]
@@ -222,7 +233,7 @@ def test_nvidia_machine_pushes_a_faithful_copy_of_metrics(tmp_path: Path) -> Non
         "process.pid": burn["pid"]}).as_double == burn["used_memory_bytes"]
     assert one(found, "hw.status", **gpu0, **{"hw.state": "ok"}).as_double == 1
     info = {a.key: _value(a.value) for a in one(found, "gpu.info", **gpu0).attributes}
-    assert info["hw.name"] == "NVIDIA H100 80GB HBM3" and info["hw.id"].startswith("GPU-")
+    assert info["hw.model"] == "NVIDIA H100 80GB HBM3" and info["hw.id"].startswith("GPU-")
     histogram = found["gpu_exporter.collection.duration"][0].histogram
     assert histogram.aggregation_temporality == 2 and histogram.data_points[0].count >= 1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import socket
@@ -14,7 +15,7 @@ import pytest
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-from exporter.core.fieldspec import GAUGE, SUM
+from exporter.core.fieldspec import GAUGE, SUM, UPDOWN
 from exporter.output.catalogue import FAMILIES, LABELS, attribute_name
 from tests.daemon import REPO
 from tools.metricsdoc import generate as metrics_doc
@@ -174,3 +175,65 @@ def test_the_service_instance_id_survives_a_restart() -> None:
     assert _instance_id({"NODE_NAME": "gpu-node-7",
                          "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=rack3-gpu7"}) == \
         "rack3-gpu7"
+
+
+# -- docs/otlp.md's comparison with the conventions ---------------------------------------
+
+def conventions() -> dict[str, tuple[str, str]]:
+    """The hardware metrics of the installed opentelemetry-semantic-conventions package:
+    name -> (kind, unit), read from each one's create_* function."""
+    hw = pytest.importorskip("opentelemetry.semconv._incubating.metrics.hw_metrics")
+    kinds = {"counter": SUM, "up_down_counter": UPDOWN, "gauge": GAUGE,
+             "observable_gauge": GAUGE, "observable_counter": SUM,
+             "observable_up_down_counter": UPDOWN}
+    out = {}
+    for attr in dir(hw):
+        if attr.startswith("create_hw_"):
+            source = inspect.getsource(getattr(hw, attr))
+            name = getattr(hw, attr.removeprefix("create_").upper())
+            kind = re.search(r"meter\.create_([a-z_]+)\(", source).group(1)  # type: ignore[union-attr]
+            unit = re.search(r'unit="([^"]*)"', source).group(1)  # type: ignore[union-attr]
+            out[name] = (kinds[kind], unit)
+    return out
+
+
+def comparison_rows() -> dict[str, list[str]]:
+    doc = (REPO / "docs" / "otlp.md").read_text()
+    section = doc.split("### Compared with the semantic conventions", 1)[1].split("\n### ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| `hw."):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            rows[re.match(r"`([a-z._]+)`", cells[0]).group(1)] = cells  # type: ignore[union-attr]
+    return rows
+
+
+def test_the_comparison_lists_each_gpu_convention_and_every_hw_name_we_send() -> None:
+    known = conventions()
+    rows = comparison_rows()
+    assert set(rows) <= set(known), set(rows) - set(known)  # names as the conventions spell them
+    gpu = {n for n in known if n.startswith("hw.gpu.")} | {
+        "hw.errors", "hw.power", "hw.energy", "hw.status"}  # docs/hardware/gpu.md, common.md
+    assert gpu <= set(rows), gpu - set(rows)
+    sent = {t.name for t in FAMILIES.values() if t.name.startswith("hw.")}
+    assert sent <= set(rows)
+
+
+def test_each_convention_without_a_difference_is_what_we_send() -> None:
+    known = conventions()
+    for name, cells in comparison_rows().items():
+        ours = {f: t for f, t in FAMILIES.items() if t.name == name}
+        if cells[3].startswith("none"):
+            family = re.findall(r"`(gpu_[a-z_]+)`", cells[2])[0]
+            assert family in ours, (name, family)
+            assert (ours[family].kind, ours[family].unit) == known[name], name
+        elif "not sent" in cells[2]:
+            assert ours == {}, name
+
+
+def test_attribute_names_are_the_conventions() -> None:
+    hw = pytest.importorskip("opentelemetry.semconv._incubating.attributes.hw_attributes")
+    spelled = {getattr(hw, a) for a in dir(hw) if a.startswith("HW_")}
+    ours = {v for v in LABELS.values() if v.startswith("hw.")} | {"hw.type"}
+    assert ours <= spelled, ours - spelled
+    assert LABELS["name"] == hw.HW_MODEL

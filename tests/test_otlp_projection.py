@@ -96,3 +96,43 @@ def test_a_gpu_down_projects_its_info_and_status_only() -> None:
     [point] = by_name["hw.status"].data.data_points
     assert point.value == 0.0 and point.attributes["gpu.source"] == "sysfs"
     assert "hw.power" not in by_name
+
+
+class _Busy:
+    """One NVIDIA GPU with its encoder, decoder and graphics engines busy."""
+
+    name, source, interval, priority = "nvidia", "nvml", None, 0
+
+    def open(self) -> list[DeviceInfo]:
+        return []
+
+    def sample(self, slow: bool) -> Any:
+        from exporter.sources.base import Cycle
+
+        return Cycle([DeviceSample(
+            info=DeviceInfo(vendor="nvidia", pci_bus_id="0000:18:00.0", uuid="GPU-1"),
+            source="nvml", utilization_ratio=0.5,
+            engine_utilization_ratio={"encoder": 0.25, "decoder": 0.125, "gfx": 0.75})])
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("selection", [Selection(), Selection(exclude="gpu_utilization_ratio")])
+def test_encoder_and_decoder_use_is_the_conventions_gpu_utilization_by_task(
+        selection: Selection) -> None:
+    snapshot = Hub(Config(), [_Busy()]).collect_once()
+    options = RenderOptions(selection=selection)
+    projected = project(snapshot, options, 1, 2)
+    assert _flat(projected) == _flat(to_otlp(device_families(snapshot, options), 1, 2))
+    by_name = {m.name: m for m in projected}
+    assert len(by_name) == len(projected)  # one metric per name
+    tasks = {p.attributes.get("hw.gpu.task"): p.value
+             for p in by_name["hw.gpu.utilization"].data.data_points}
+    want = {"encoder": 0.25, "decoder": 0.125}
+    assert tasks == (want if selection.exclude else {**want, "general": 0.5})
+    assert all("gpu.engine" not in p.attributes
+               for p in by_name["hw.gpu.utilization"].data.data_points)
+    engines = {p.attributes["gpu.engine"]: p.value
+               for p in by_name["gpu.engine.utilization"].data.data_points}
+    assert engines == {"gfx": 0.75}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.core.config import Config
+from exporter.core.config import Config, MetricNames
 from exporter.output.dcgm import FIELDS, HEALTH_FAMILY, parse_counters
 from exporter.output.render import Renderer, RenderOptions
 from exporter.output.render.selection import Selection, load_selection
@@ -90,7 +90,7 @@ def test_dcgm_counters_serve_only_the_fields_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["--dcgm.counters", str(COUNTERS)], "--dcgm.counters needs --metric-names dcgm or both"),
+    (["--dcgm.counters", str(COUNTERS)], "--dcgm.counters needs --metric-names dcgm, dcgm4.9"),
     (["--metric-names", "dcgm", "--dcgm.counters", "/nonexistent/counters.csv"],
      "--dcgm.counters: [Errno 2]"),
     (["--collector.metrics.include", "gpu_("], "--collector.metrics.include: not a regular"),
@@ -159,7 +159,7 @@ def test_a_selection_that_hides_the_exporters_own_series_is_warned_about(
     from structlog.testing import capture_logs
 
     with capture_logs() as logs:
-        load_selection(include, exclude, "gpu", None)
+        load_selection(include, exclude, MetricNames.GPU, None)
     warned = [e for e in logs if e["event"] == "metric selection hides the exporter's own series"]
     assert [e["hidden"] for e in warned] == ([hidden] if hidden else [])
 

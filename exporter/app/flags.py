@@ -114,7 +114,8 @@ OPTIONS = (
     Option("log.format", "log_format", lambda k, v: parse_choice(k, v, LogFormat),
            "json, console or auto: console on a terminal (default auto)", "FORMAT"),
     Option("metric-names", "metric_names", lambda k, v: parse_choice(k, v, MetricNames),
-           "gpu, dcgm (dcgm-exporter's DCGM_FI_* names) or both (default gpu)", "SCHEME"),
+           "gpu, dcgm (dcgm-exporter's DCGM_FI_* names up to its 4.8), dcgm4.9 (its "
+           "names from 4.9 on), both (gpu and dcgm) or both-dcgm4.9 (default gpu)", "SCHEME"),
     # The landing page and metric selection (exporter.serve.history, exporter.selection).
     Option("web.history", "web_history", bounded_duration(1.0, DAY),
            "how far back the landing page's charts go, kept in memory: one sample per "
@@ -126,8 +127,8 @@ OPTIONS = (
            "do not serve the metric families whose whole name matches this regex "
            "(default none)", "REGEX"),
     Option("dcgm.counters", "dcgm_counters", parse_path,
-           "with --metric-names dcgm or both: serve only the DCGM_FI_* fields this "
-           "dcgm-exporter counters CSV names (default all we can fill)", "FILE"),
+           "with --metric-names dcgm, dcgm4.9 or both: serve only the DCGM_FI_* fields "
+           "this dcgm-exporter counters CSV names (default all we can fill)", "FILE"),
     Option("kubernetes.pod-resources-socket", "kubernetes_pod_resources_socket", parse_path,
            "kubelet pod-resources API socket, for device -> pod "
            "(default /var/lib/kubelet/pod-resources/kubelet.sock)", "PATH"),
@@ -305,8 +306,9 @@ def add_fleet_flags(group: argparse._ActionsContainer) -> None:
                        "against and to send as SNI (default the URL's host)")
     group.add_argument("--metric-names", dest="metric-names", metavar="SCHEME",
                        help="the names the exporters' series have in Prometheus: gpu (ours), "
-                       "dcgm (exporters run with --metric-names dcgm, or dcgm-exporter) or "
-                       "both (read as gpu) (default gpu)")
+                       "dcgm (exporters run with --metric-names dcgm, or dcgm-exporter up to "
+                       "4.8), dcgm4.9 (--metric-names dcgm4.9, or dcgm-exporter 4.9 and "
+                       "later), both or both-dcgm4.9 (read as gpu) (default gpu)")
     group.add_argument("--prometheus.selector", dest="prometheus.selector",
                        metavar="MATCHERS", help="label matchers added to every selector, "
                        "e.g. 'job=\"gpu-exporter\"' or 'cluster=\"a\"' (default none)")

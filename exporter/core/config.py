@@ -45,8 +45,21 @@ class MetricNames(Choice):
     """``--metric-names``: which names /metrics serves (docs/dcgm-compat.md)."""
 
     GPU = "gpu"  # ours
-    DCGM = "dcgm"  # dcgm-exporter's DCGM_FI_* names, units and labels
-    BOTH = "both"
+    DCGM = "dcgm"  # dcgm-exporter's DCGM_FI_* names, units and labels, up to its 4.8
+    DCGM_4_9 = "dcgm4.9"  # dcgm-exporter 4.9 and later: DCGM 4.7's renamed fields
+    BOTH = "both"  # gpu and dcgm
+    BOTH_4_9 = "both-dcgm4.9"  # gpu and dcgm4.9
+
+    @property
+    def gpu(self) -> bool:
+        """Whether our gpu_* per-GPU families are served."""
+        return self in (MetricNames.GPU, MetricNames.BOTH, MetricNames.BOTH_4_9)
+
+    @property
+    def dcgm(self) -> str | None:
+        """The dcgm-exporter generation served (exporter.output.dcgm.generations()), or None."""
+        return {MetricNames.DCGM: "dcgm", MetricNames.BOTH: "dcgm",
+                MetricNames.DCGM_4_9: "dcgm4.9", MetricNames.BOTH_4_9: "dcgm4.9"}.get(self)
 
 
 

@@ -53,6 +53,18 @@ UCUM: Mapping[str, str] = MappingProxyType({
 
 
 @dataclass(frozen=True)
+class Route:
+    """Some values of a label that the conventions give a metric of their own: a point whose
+    ``label`` is one of ``values`` goes to the metric ``name`` (another family's, of the same
+    unit and kind), the value as ``attribute`` instead of the label."""
+
+    label: str
+    values: frozenset[str]
+    name: str
+    attribute: str
+
+
+@dataclass(frozen=True)
 class Otlp:
     """How a family is pushed over OTLP (exporter.output.otlp, docs/otlp.md): declared beside its
     Prometheus name. ``name`` holds "{key}" for a spec served as one family per key."""
@@ -62,6 +74,7 @@ class Otlp:
     updown: bool = False  # a non-monotonic sum (the conventions' UpDownCounter), not a gauge
     labels: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # label -> attribute
     constant: Mapping[str, str] = field(default_factory=lambda: EMPTY)  # added to each point
+    route: Route | None = None
 
 
 class Exposure(Enum):

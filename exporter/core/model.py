@@ -30,12 +30,13 @@ from exporter.core.fieldspec import (
     Exposure,
     Kind,
     Otlp,
+    Route,
     empty,
     mapping,
     value,
     value_specs,
 )
-from exporter.core.labels import ErrorReason, Profiling, Sensor
+from exporter.core.labels import Engine, ErrorReason, Profiling, Sensor
 
 INTERNAL = Exposure.INTERNAL  # an input of the health verdict, not a family of its own
 # The tiers a field declares (Cadence): how often the backends read it.
@@ -353,7 +354,7 @@ class DeviceValues:
         otlp=Otlp("gpu.fan.speed_ratio"))
     voltages_volts: Mapping[str, float] = mapping(  # hwmon inN_label -> V
         "gpu_voltage_volts", "Voltage by rail.", "rail", unit="volts",
-        otlp=Otlp("gpu.voltage"))
+        otlp=Otlp("hw.voltage", labels={"rail": "hw.sensor_location"}))
     clocks_hertz: Mapping[str, float] = mapping(
         "gpu_clock_hertz", "Current clock frequency.", "clock", unit="hertz",
         otlp=Otlp("gpu.clock.frequency"))
@@ -378,7 +379,10 @@ class DeviceValues:
     engine_utilization_ratio: Mapping[str, float] = mapping(  # engine -> 0..1
         "gpu_engine_utilization_ratio", "Fraction of time an engine was busy.", "engine",
         unit="ratio", group="engine",
-        otlp=Otlp("gpu.engine.utilization"))
+        # the encoder's and decoder's are the conventions' GPU utilisation by task
+        otlp=Otlp("gpu.engine.utilization", route=Route(
+            "engine", frozenset({Engine.ENCODER.value, Engine.DECODER.value}), "hw.gpu.utilization",
+            "hw.gpu.task")))
     engine_busy_seconds: Mapping[str, float] = mapping(  # engine -> counter
         "gpu_engine_busy_seconds_total", "Time an engine was busy.", "engine",
         kind=Kind.COUNTER, unit="seconds", group="engine",
@@ -387,7 +391,8 @@ class DeviceValues:
         "gpu_ecc_errors_total", "ECC errors since the driver loaded.", "severity",
         kind=Kind.COUNTER, unit="count",
         cadence=SLOW,
-        otlp=Otlp("gpu.ecc.errors", "{error}"))
+        # the conventions' GPU errors: error.type "corrected" / "uncorrected"
+        otlp=Otlp("hw.errors", "{error}", labels={"severity": "error.type"}))
     remapped_rows: Mapping[str, int] = mapping(
         "gpu_memory_remapped_rows", "Memory rows remapped.", "severity", unit="count",
         cadence=SLOW,

@@ -12,8 +12,10 @@ OTLP names and attributes follow OpenTelemetry's hardware semantic conventions, 
 1.44.0 (open-telemetry/semantic-conventions, docs/hardware/gpu.md, docs/hardware/common.md
 and model/hardware; the names of the opentelemetry-semantic-conventions package's
 ``_incubating.metrics.hw_metrics``) where a convention exists: ``hw.gpu.utilization``,
-``hw.gpu.memory.usage``/``.limit``, ``hw.power``, ``hw.energy``, ``hw.temperature``,
-``hw.status``, with ``hw.id``, ``hw.vendor``, ``hw.type``. Every other family gets a
+``hw.gpu.memory.usage``/``.limit``, ``hw.errors``, ``hw.power``, ``hw.energy``,
+``hw.temperature``, ``hw.voltage``, ``hw.status``, with ``hw.id``, ``hw.vendor``,
+``hw.model``, ``hw.type`` (docs/otlp.md compares them, difference by difference). Every
+other family gets a
 ``gpu.``-prefixed name (``gpu_exporter.`` for the exporter's own), by the same pattern.
 Imports nothing of OpenTelemetry: the names are plain strings.
 """
@@ -26,7 +28,7 @@ from types import MappingProxyType
 
 from exporter.attribution import slurm
 from exporter.attribution.kubernetes import podlabels, unallocated
-from exporter.core.fieldspec import GAUGE, HISTOGRAM, SUM, UPDOWN, MetricSpec
+from exporter.core.fieldspec import GAUGE, HISTOGRAM, SUM, UPDOWN, MetricSpec, Route
 from exporter.output.render.families import (
     ALLOCATION,
     DEVICE_SPECS,
@@ -55,7 +57,7 @@ LABELS = {
     "vendor": "hw.vendor",
     "gpu": "gpu.index",
     "source": "gpu.source",
-    "name": "hw.name",
+    "name": "hw.model",  # the marketing name: the conventions' "descriptive model name"
     "driver_version": "hw.driver_version",
     "vbios_version": "hw.firmware_version",
     "serial": "hw.serial_number",
@@ -77,6 +79,7 @@ class Target:
     kind: str = GAUGE
     labels: Mapping[str, str] = field(default_factory=dict)  # per-family label renames
     constant: Mapping[str, str] = field(default_factory=dict)  # attributes added to each point
+    route: Route | None = None  # label values sent under another family's metric
 
 
 def target(spec: MetricSpec, key: str = "") -> Target:
@@ -85,7 +88,7 @@ def target(spec: MetricSpec, key: str = "") -> Target:
     if otlp is None:
         raise ValueError(f"{spec.name}: a served family without its OTLP name")
     return Target(otlp.name.format(key=key), spec.otlp_unit(), spec.otlp_kind(), otlp.labels,
-                  otlp.constant)
+                  otlp.constant, otlp.route)
 
 
 def _targets() -> Mapping[str, Target]:
@@ -93,6 +96,11 @@ def _targets() -> Mapping[str, Target]:
     for spec in SPECS:
         for key in spec.per_key or ("",):  # one family per key, or the one family
             out[spec.family(key)] = target(spec, key)
+    by_name = {t.name: t for t in out.values()}
+    for family, t in out.items():  # a route goes to a metric of the same unit and kind
+        to = by_name.get(t.route.name) if t.route else None
+        if t.route and (to is None or (to.unit, to.kind) != (t.unit, t.kind)):
+            raise ValueError(f"{family}: routes to {t.route.name}, no metric of its unit")
     return MappingProxyType(out)
 
 
@@ -123,6 +131,10 @@ def otlp_table() -> str:
     for family, t in FAMILIES.items():
         extra = [f"`{label}` -> `{attr}`" for label, attr in t.labels.items()]
         extra += [f"`{attr}`=`{value}`" for attr, value in t.constant.items()]
+        if t.route:
+            values = "\\|".join(f"`{v}`" for v in sorted(t.route.values))
+            extra.append(f"`{t.route.label}` {values}: to `{t.route.name}`, as "
+                         f"`{t.route.attribute}`")
         lines.append(f"| `{family}` | `{t.name}` | `{t.unit}` | {kinds[t.kind]} | "
                      f"{', '.join(extra)} |")
     return "\n".join(lines) + "\n"

@@ -1,4 +1,5 @@
-"""dcgm-exporter's names, units and labels (``--metric-names=dcgm|both``), filled from our samples.
+"""dcgm-exporter's names, units and labels (``--metric-names=dcgm|dcgm4.9|both|both-dcgm4.9``),
+filled from our samples.
 
 NVIDIA's dcgm-exporter writes one family per DCGM field, named after the field
 (``DCGM_FI_DEV_GPU_UTIL``), in the field's own unit (MiB, MHz, %, mJ), labelled ``gpu``,
@@ -16,6 +17,12 @@ conversion comes from the unit those fields declare in the field table (exporter
 a field renamed or re-unitted there fails here at import. docs/dcgm-compat.md lists each
 field, its source, and the fields we cannot fill. Per-process and gpu_exporter_* families
 keep our names (exporter.output.render).
+
+dcgm-exporter has two generations of names: the one above (up to 4.8.2, ``dcgm``) and the
+one of 4.9 and later (``dcgm4.9``: DCGM 4.7's renamed fields, some in new units, and the
+``hostname`` and ``DCGM_FI_SYSTEM_DRIVER_VERSION`` labels). The second is the first renamed
+by the data in dcgm_generations.yml (with the sources of each name); ``generations()``
+holds both, each with its field table and label names.
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
 
 from prometheus_client.core import Metric
 
@@ -50,6 +61,8 @@ FACTORS: Mapping[tuple[str, str], float] = {
     ("hertz", "MHz"): 1e-6, ("celsius", "C"): 1, ("watts", "W"): 1, ("joules", "mJ"): 1000,
     ("count", "count"): 1, ("ratio", "%"): 100, ("ratio", "ratio"): 1, ("bytes", "MiB"): 1 / MIB,
     ("bytes_per_second", "B/s"): 1,
+    # dcgm-exporter 4.9's base units (DCGM 4.7's *_HERTZ, *_JOULES_TOTAL, *_BYTES fields)
+    ("hertz", "Hz"): 1, ("joules", "J"): 1, ("bytes", "B"): 1,
     # DCGM reports NVLink throughput in KiB/s / 1000.
     ("bytes_per_second", "~MB/s"): 1 / 1024 / 1000,
     ("seconds", "ns"): 1e9, ("", "code"): 1, ("", "0/1"): 1,
@@ -130,6 +143,9 @@ class Field:
     # different definitions; docs/dcgm-compat.md). Off for fields that queries add up with
     # others (FB_USED + FB_FREE), where an extra label would break the match.
     sourced: bool = False
+    # The field's name in the first generation (``dcgm``), whatever it is called in the one
+    # served: what a counters CSV of either generation selects it by. "" for the first.
+    key: str = ""
 
     # (read, factor from the table's unit into ``unit``), computed once
     plan: tuple[tuple[Read, float], ...] = field(init=False, repr=False)
@@ -148,6 +164,7 @@ class Field:
                 raise ValueError(f"{self.name}: {r.field} - {r.minus} in two units")
             plan.append((r, factor))
         object.__setattr__(self, "plan", tuple(plan))
+        object.__setattr__(self, "key", self.key or self.name)
 
     def value(self, d: DeviceValues) -> float | None:
         found = self.reading(d)
@@ -280,6 +297,56 @@ FIELDS: tuple[Field, ...] = (
 )
 
 
+# -- generations ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generation of dcgm-exporter's names: its field table and label names."""
+
+    name: str  # the --metric-names word: dcgm, dcgm4.9
+    fields: tuple[Field, ...]
+    host_label: str
+    driver_label: str
+
+    def field_named(self, name: str) -> Field | None:
+        """The field called ``name`` here or in the first generation (a counters CSV of
+        either generation names it so), else None."""
+        return next((f for f in self.fields if name in (f.name, f.key)), None)
+
+
+def _generation(word: str, table: Mapping[str, Any]) -> Generation:
+    """The first generation's FIELDS renamed by one generation's rows of
+    dcgm_generations.yml. A row for a field we do not serve, or a unit with no conversion
+    from its fields' unit, fails at import (Field checks the unit)."""
+    rows: Mapping[str, Mapping[str, str]] = table.get("fields") or {}
+    unknown = set(rows) - {f.name for f in FIELDS}
+    if unknown:
+        raise ValueError(f"dcgm_generations.yml {word}: no such field {sorted(unknown)}")
+    fields = tuple(
+        replace(f, name=row["name"], unit=row.get("unit", f.unit), doc=row.get("help", f.doc),
+                key=f.name) if (row := rows.get(f.name)) else f
+        for f in FIELDS)
+    labels = table["labels"]
+    return Generation(word, fields, labels["hostname"]["name"], labels["driver_version"]["name"])
+
+
+@cache
+def generations() -> Mapping[str, Generation]:
+    """--metric-names word -> its generation: "dcgm" (FIELDS as they are), "dcgm4.9". Read
+    from dcgm_generations.yml on first use: a daemon that serves no DCGM names never
+    imports yaml."""
+    import yaml
+
+    text = resources.files(__package__).joinpath("dcgm_generations.yml").read_text("utf-8")
+    tables: Mapping[str, Mapping[str, Any]] = yaml.safe_load(text)["generations"]
+    return MappingProxyType({word: _generation(word, t) for word, t in tables.items()})
+
+
+def generation(word: str) -> Generation:
+    return generations()[word]
+
+
 def hostname() -> str:
     """The ``Hostname`` label, as dcgm-exporter picks it: ``NODE_NAME`` (set from the
     downward API in Kubernetes; tests set it for stable output), else the host's name."""
@@ -295,17 +362,19 @@ def dcgm_bus_id(pci_bus_id: str) -> str:
         return pci_bus_id
 
 
-def _labels(gpu: str, info: DeviceInfo, parent: DeviceInfo, host: str) -> dict[str, str]:
+def _labels(gpu: str, info: DeviceInfo, parent: DeviceInfo, host: str, gen: Generation
+            ) -> dict[str, str]:
     """A slice (MIG instance, AMD partition) is shown as dcgm-exporter shows a GPU instance:
-    the parent GPU's identity plus GPU_I_PROFILE and GPU_I_ID."""
+    the parent GPU's identity plus GPU_I_PROFILE and GPU_I_ID. The host and driver labels
+    are named as the generation names them."""
     labels = {"gpu": gpu, "UUID": parent.uuid, "pci_bus_id": dcgm_bus_id(parent.pci_bus_id),
               "device": parent.device_node, "modelName": parent.name}
     if info.parent_key:
         s = info.slice_labels
         labels["GPU_I_PROFILE"] = s.get("mig_profile") or info.info_labels.get("partition", "")
         labels["GPU_I_ID"] = s.get("gpu_instance_id") or s.get("partition_id", "")
-    labels["Hostname"] = host
-    labels["DCGM_FI_DRIVER_VERSION"] = parent.driver_version
+    labels[gen.host_label] = host
+    labels[gen.driver_label] = parent.driver_version
     # An empty label is the same as no label to Prometheus: leave it out.
     return {k: v for k, v in labels.items() if v or k in ("gpu", "UUID")}
 
@@ -335,14 +404,14 @@ HEALTH_CODES: Mapping[FindingCode, str] = {
     FindingCode.NVLINK_DOWN: "DCGM_FR_NVLINK_DOWN"}
 
 
-def health_family(entries: Iterable[tuple[str, DeviceSample, Verdict]], host: str
-                  ) -> list[Metric]:
+def health_family(entries: Iterable[tuple[str, DeviceSample, Verdict]], host: str,
+                  gen: Generation | None = None) -> list[Metric]:
     """DCGM_EXP_GPU_HEALTH_STATUS from the health verdicts: one series per GPU and check
     that has a DCGM health system; the code of the check's worst finding, else DCGM_FR_OK."""
     family = Metric(HEALTH_FAMILY, "GPU health status per DCGM health watch "
                     "(0 pass, 10 warn, 20 fail).", "gauge")
     for gpu, d, verdict in entries:
-        base = _labels(gpu, d.info, d.info, host)
+        base = _labels(gpu, d.info, d.info, host, gen or generation("dcgm"))
         for check, status in verdict.checks.items():
             watch = HEALTH_WATCHES.get(check)
             if watch is None:
@@ -368,16 +437,19 @@ def _pods(d: DeviceSample) -> list[PodRef | None]:
 
 
 def dcgm_families(devices: Iterable[tuple[str, DeviceSample]], host: str,
-                  fields: tuple[Field, ...] = FIELDS) -> Iterator[Metric]:
+                  fields: tuple[Field, ...] = FIELDS, gen: Generation | None = None
+                  ) -> Iterator[Metric]:
     """The dcgm-exporter families of ``devices``: (``gpu`` label value, merged sample) pairs
-    of readable devices; ``fields``: those selected (--dcgm.counters). A family without a
-    value on any device is not emitted."""
+    of readable devices; ``fields``: those selected (--dcgm.counters), of generation ``gen``
+    (its label names; the first generation's by default). A family without a value on any
+    device is not emitted."""
+    gen = gen or generation("dcgm")
     devices = list(devices)
     infos = {d.info.key: d.info for _, d in devices}
     families: dict[str, Metric] = {}
     seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     for gpu, d in devices:
-        base = _labels(gpu, d.info, infos.get(d.info.parent_key, d.info), host)
+        base = _labels(gpu, d.info, infos.get(d.info.parent_key, d.info), host, gen)
         values = [(f, f.reading(d)) for f in fields]
         for pod in _pods(d):
             labels = base if pod is None else {
@@ -403,13 +475,22 @@ def dcgm_families(devices: Iterable[tuple[str, DeviceSample]], host: str,
 # Its format (etc/default-counters.csv at the commit above): one field a line,
 # "DCGM_FI_DEV_SM_CLOCK, gauge, SM clock frequency (in MHz).", "#" starts a comment.
 # Only the name matters here: our type, unit and help are the table's. dcgm-exporter's own
-# DCGM_EXP_* families other than the health one have no counterpart here.
-SERVED = frozenset({f.name for f in FIELDS} | {HEALTH_FAMILY})
+# DCGM_EXP_* families other than the health one have no counterpart here. A field is
+# selected by its name in any generation (DCGM keeps the old names as deprecated aliases of
+# the new: go-dcgm's const_fields.go), and known by its first generation's name.
+
+
+@cache
+def _keys() -> Mapping[str, str]:
+    """Every generation's name of a field -> its first generation's name."""
+    return MappingProxyType({f.name: f.key for g in generations().values() for f in g.fields}
+                            | {HEALTH_FAMILY: HEALTH_FAMILY})
 
 
 @dataclass(frozen=True)
 class Counters:
-    """The names a counters CSV lists: those we serve, those we cannot, lines dropped."""
+    """The names a counters CSV lists: those we serve (by their first generation's name,
+    ``Field.key``), those we cannot, lines dropped."""
 
     fields: frozenset[str]
     unknown: tuple[str, ...]
@@ -429,5 +510,6 @@ def parse_counters(text: str) -> Counters:
             names.append(name)
         else:
             malformed += 1
-    return Counters(frozenset(n for n in names if n in SERVED),
-                    tuple(dict.fromkeys(n for n in names if n not in SERVED)), malformed)
+    keys = _keys()
+    return Counters(frozenset(keys[n] for n in names if n in keys),
+                    tuple(dict.fromkeys(n for n in names if n not in keys)), malformed)

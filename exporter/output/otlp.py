@@ -126,6 +126,24 @@ def _attributes(key: str, target: Target, labels: Mapping[str, str]) -> dict[str
     return out
 
 
+def _point(key: str, target: Target, labels: Mapping[str, str], value: float, start: int,
+           now: int) -> tuple[str, NumberDataPoint]:
+    """One series' point, and the metric it goes to: the target's own, or the one its
+    route sends that label value to (the value as the route's attribute)."""
+    route = target.route
+    if route is not None and labels.get(route.label) in route.values:
+        rest = {k: v for k, v in labels.items() if k != route.label}
+        attributes = {**_attributes(key, target, rest), route.attribute: labels[route.label]}
+        return route.name, NumberDataPoint(attributes, start, now, float(value))
+    return target.name, NumberDataPoint(_attributes(key, target, labels), start, now,
+                                        float(value))
+
+
+def _data(t: Target, points: list[NumberDataPoint]) -> Gauge | Sum:
+    return Gauge(points) if t.kind == GAUGE else \
+        Sum(points, CUMULATIVE, is_monotonic=t.kind == SUM)
+
+
 def _histogram_points(key: str, target: Target, family: PromMetric, start: int, now: int
                       ) -> list[HistogramDataPoint]:
     """Prometheus' cumulative ``le`` buckets -> OTLP's per-bucket counts and bounds."""
@@ -164,6 +182,8 @@ class _Points:
         self.allows = selection.allows
         self.start, self.now = start, now
         self.by_name: dict[str, tuple[MetricSpec, str, Target, list[NumberDataPoint]]] = {}
+        # OTLP metric -> the points other families route to it (Target.route)
+        self.routed: dict[str, list[NumberDataPoint]] = {}
 
     def add(self, spec: MetricSpec, key: str, labels: dict[str, str], value: float) -> None:
         name = spec.family(key) if key else spec.name
@@ -172,17 +192,25 @@ class _Points:
             if not self.allows(name):
                 return
             entry = self.by_name[name] = (spec, key, target(spec, key), [])
-        entry[3].append(NumberDataPoint(_attributes(name, entry[2], labels), self.start,
-                                        self.now, float(value)))
+        to, point = _point(name, entry[2], labels, value, self.start, self.now)
+        (entry[3] if to == entry[2].name else self.routed.setdefault(to, [])).append(point)
 
     def metrics(self) -> list[Metric]:
-        """One metric per family with points, in the order /metrics serves them."""
-        out = []
+        """One metric per family with points, in the order /metrics serves them; a routed
+        point goes with the metric it is routed to (after the family's own, if any)."""
+        out, routed = [], dict(self.routed)  # complete: metrics() follows every add()
+        sources: dict[str, tuple[str, Target]] = {}
         for name in in_order(self.by_name):
             spec, key, t, points = self.by_name[name]
-            data = Gauge(points) if t.kind == GAUGE else \
-                Sum(points, CUMULATIVE, is_monotonic=t.kind == SUM)
-            out.append(Metric(t.name, spec.per_key[key] if key else spec.help, t.unit, data))
+            points = points + routed.pop(t.name, [])
+            if t.route is not None:
+                sources.setdefault(t.route.name, (spec.help, t))
+            if points:
+                out.append(Metric(t.name, spec.per_key[key] if key else spec.help, t.unit,
+                                  _data(t, points)))
+        for metric, points in routed.items():  # its own family has no series, or is hidden
+            help_text, t = sources[metric]
+            out.append(Metric(metric, help_text, t.unit, _data(t, points)))
         return out
 
 
@@ -198,23 +226,35 @@ def project(snapshot: Snapshot, options: RenderOptions, start: int, now: int) ->
 
 def to_otlp(families: Iterable[PromMetric], start: int, now: int) -> list[Metric]:
     """prometheus-client families -> OTLP metrics, one per family, in the same order."""
-    out = []
+    out: list[tuple[str, str, Target, Any]] = []  # name, help, target, data or points
+    routed: dict[str, tuple[str, Target, list[NumberDataPoint]]] = {}
     for family in families:
         if not family.samples:  # as in the exposition: a family without series is absent
             continue
         target = _target(family)
         key = family.name + "_total" if family.type == "counter" else family.name
-        data: Any
         if target.kind == HISTOGRAM:
-            data = Histogram(_histogram_points(key, target, family, start, now), CUMULATIVE)
-        else:
-            points = [NumberDataPoint(_attributes(key, target, s.labels), start, now,
-                                      float(s.value))
-                      for s in family.samples if not s.name.endswith("_created")]
-            data = Gauge(points) if target.kind == GAUGE else \
-                Sum(points, CUMULATIVE, is_monotonic=target.kind == SUM)
-        out.append(Metric(target.name, family.documentation, target.unit, data))
-    return out
+            out.append((target.name, family.documentation, target, Histogram(
+                _histogram_points(key, target, family, start, now), CUMULATIVE)))
+            continue
+        points: list[NumberDataPoint] = []
+        for s in family.samples:
+            if not s.name.endswith("_created"):
+                to, point = _point(key, target, s.labels, s.value, start, now)
+                if to == target.name:
+                    points.append(point)
+                else:
+                    routed.setdefault(to, (family.documentation, target, []))[2].append(point)
+        if points:
+            out.append((target.name, family.documentation, target, points))
+    metrics = []
+    for name, doc, target, data in out:  # routed points after the metric's own
+        if isinstance(data, list):
+            data = _data(target, data + routed.pop(name, ("", target, []))[2])
+        metrics.append(Metric(name, doc, target.unit, data))
+    for name, (doc, target, points) in routed.items():
+        metrics.append(Metric(name, doc, target.unit, _data(target, points)))
+    return metrics
 
 
 # -- the push thread -------------------------------------------------------------------------

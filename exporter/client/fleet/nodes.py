@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from exporter.client.fleet.promapi import Answer, PrometheusAPI, Series
-from exporter.client.fleet.ql import DEFAULT_IDLE_UTILIZATION, WASTE_ALERTS, FleetQL
+from exporter.client.fleet.ql import DEFAULT_IDLE_UTILIZATION, WASTE_ALERTS, FleetQL, vocabulary
 from exporter.core.config import MetricNames
 from exporter.pipeline.health import STATUS_NAMES
 
@@ -246,13 +246,12 @@ def _counts(answer: Answer | None, label: str) -> dict[str, int]:
 def load_fleet(api: PrometheusAPI, names: MetricNames = MetricNames.GPU,
                node_label: str = "instance", matchers: str = "",
                progress: ProgressCallback | None = None, at: float | None = None) -> Fleet:
-    """The node list. ``names``: the vocabulary the exporters serve (``BOTH`` reads the
-    exporter's names); ``node_label``: the label naming a node; ``matchers``: extra
-    matchers for every selector (``job="gpu-exporter"``); ``at``: evaluation time (unix),
-    now if None."""
+    """The node list. ``names``: the vocabulary the exporters serve (``both`` and
+    ``both-dcgm4.9`` read the exporter's names); ``node_label``: the label naming a node;
+    ``matchers``: extra matchers for every selector (``job="gpu-exporter"``); ``at``:
+    evaluation time (unix), now if None."""
     started = time.monotonic()
-    ql = FleetQL(MetricNames.DCGM if names is MetricNames.DCGM else MetricNames.GPU,
-                 node_label, matchers)
+    ql = FleetQL(vocabulary(names), node_label, matchers)
     answers = _run(api, ql.node_queries(), progress, at)
     n = node_label
     gpus, util = _counts(answers.get("gpus"), n), _by(answers.get("util"), n)
@@ -312,8 +311,8 @@ def load_node(api: PrometheusAPI, node: str, names: MetricNames = MetricNames.GP
               progress: ProgressCallback | None = None, at: float | None = None) -> NodeDetail:
     """One node's GPUs and processes (``node`` is a value of ``node_label``)."""
     started = time.monotonic()
-    dcgm = names is MetricNames.DCGM
-    ql = FleetQL(MetricNames.DCGM if dcgm else MetricNames.GPU, node_label, matchers)
+    ql = FleetQL(vocabulary(names), node_label, matchers)
+    dcgm = ql.dcgm
     answers = _run(api, ql.gpu_queries(node), progress, at)
 
     def values(name: str) -> dict[tuple[str, str], float]:
@@ -415,8 +414,8 @@ def load_history(api: PrometheusAPI, node: str | None = None,
                  end: float | None = None) -> History:
     """Utilisation over the last ``window`` seconds in ``points`` steps (at most 11,000:
     Prometheus' own cap): per node, or per GPU of ``node``."""
-    dcgm = names is MetricNames.DCGM
-    ql = FleetQL(MetricNames.DCGM if dcgm else MetricNames.GPU, node_label, matchers)
+    ql = FleetQL(vocabulary(names), node_label, matchers)
+    dcgm = ql.dcgm
     points = max(2, min(points, 11_000))
     end = time.time() if end is None else end
     answer = api.query_range(ql.history(node), end - window, end, window / (points - 1))

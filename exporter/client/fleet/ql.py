@@ -1,7 +1,9 @@
 """The PromQL of the fleet view, for the exporter's own names and for ``--metric-names
 dcgm`` (docs/dcgm-compat.md: ``DCGM_FI_DEV_GPU_UTIL`` in %, ``DCGM_FI_DEV_FB_*`` in MiB,
 ``DCGM_FI_DEV_POWER_USAGE`` in W, pods as labels of the DCGM series; ``gpu_health_status``
-and the ``gpu_process_*`` families keep their names in every mode).
+and the ``gpu_process_*`` families keep their names in every mode) or ``dcgm4.9`` (the same
+fields under dcgm-exporter 4.9's names and units, as exporter.output.dcgm's generations
+name them: a DCGM field is written here by its first-generation name and unit).
 
 The waste expressions (an allocated GPU left idle, a process holding memory with no
 engine time, the idle power of each namespace's GPUs) are written once, here: the alerts
@@ -20,6 +22,7 @@ import json
 from dataclasses import dataclass
 
 from exporter.core.config import MetricNames
+from exporter.output.dcgm import generation
 
 IDLE_WINDOW = "5m"  # the mean (and the engine-time rate) a GPU or process is judged over
 DEFAULT_IDLE_UTILIZATION = 0.05
@@ -43,6 +46,12 @@ def quote(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def vocabulary(names: MetricNames) -> MetricNames:
+    """The names the fleet view reads for exporters run with ``names``: the exporter's own
+    where they are served (``both``, ``both-dcgm4.9``), else the DCGM generation's."""
+    return MetricNames.GPU if names.gpu else names
+
+
 @dataclass(frozen=True)
 class FleetQL:
     """The queries for one vocabulary. ``node_label``: the label that names a node
@@ -55,7 +64,15 @@ class FleetQL:
 
     @property
     def dcgm(self) -> bool:
-        return self.names is MetricNames.DCGM
+        return vocabulary(self.names) is not MetricNames.GPU
+
+    def field(self, name: str) -> tuple[str, str]:
+        """A DCGM field (by its first-generation name) as the generation read spells it,
+        and the arithmetic that brings it to base units (ratio, bytes) from its unit."""
+        f = generation(self.names.dcgm or "dcgm").field_named(name)
+        if f is None:
+            raise KeyError(name)
+        return f.name, {"%": " / 100", "MiB": f" * {MIB}"}.get(f.unit, "")
 
     # -- building blocks
 
@@ -96,19 +113,23 @@ class FleetQL:
         def one(metric: str) -> str:  # one series per GPU: the pods' copies dropped
             return f"max without ({', '.join(POD_LABELS)}) ({s(metric)})"
 
+        f = self.field
         if field == "util":
-            return f"{one('DCGM_FI_DEV_GPU_UTIL')} / 100"
+            name, scale = f("DCGM_FI_DEV_GPU_UTIL")
+            return f"{one(name)}{scale}"
         if field == "mem_used":
-            return f"{one('DCGM_FI_DEV_FB_USED')} * {MIB}"
+            name, scale = f("DCGM_FI_DEV_FB_USED")
+            return f"{one(name)}{scale}"
         if field == "mem_total":
-            used, free = s("DCGM_FI_DEV_FB_USED"), s("DCGM_FI_DEV_FB_FREE")
-            reserved = f"({s('DCGM_FI_DEV_FB_RESERVED')} or {used} * 0)"
+            (used_name, scale), (free_name, _) = f("DCGM_FI_DEV_FB_USED"), f("DCGM_FI_DEV_FB_FREE")
+            used, free = s(used_name), s(free_name)
+            reserved = f"({s(f('DCGM_FI_DEV_FB_RESERVED')[0])} or {used} * 0)"
             return (f"max without ({', '.join(POD_LABELS)}) "
-                    f"({used} + {free} + {reserved}) * {MIB}")
+                    f"({used} + {free} + {reserved}){scale}")
         if field == "power":
-            return one("DCGM_FI_DEV_POWER_USAGE")
+            return one(f("DCGM_FI_DEV_POWER_USAGE")[0])
         if field == "temp":
-            return one("DCGM_FI_DEV_GPU_TEMP")
+            return one(f("DCGM_FI_DEV_GPU_TEMP")[0])
         if field in ("health", "seen"):  # health keeps its name in dcgm mode
             return s("gpu_health_status")
         raise KeyError(field)
@@ -121,9 +142,10 @@ class FleetQL:
         threshold = idle_threshold()
         if self.dcgm:
             by = self._keep("instance", "job", "gpu", "UUID", *POD_LABELS)
+            name, scale = self.field("DCGM_FI_DEV_GPU_UTIL")
             return (f"max by ({by}) (avg_over_time("
-                    f"{self.sel('DCGM_FI_DEV_GPU_UTIL', *extra, IN_A_POD)}"
-                    f"[{IDLE_WINDOW}])) / 100 < {threshold}")
+                    f"{self.sel(name, *extra, IN_A_POD)}"
+                    f"[{IDLE_WINDOW}])){scale} < {threshold}")
         by = self._keep("instance", "job", "gpu", "uuid", "vendor", *POD_LABELS)
         return (
             f"max by ({by}) (\n"
@@ -153,7 +175,8 @@ class FleetQL:
         gpu = self.gpu_on
         if self.dcgm:
             gpu_idle = (f"max by ({gpu}) (max_over_time("
-                        f"{self.sel('DCGM_FI_DEV_GPU_UTIL', *extra)}[{w}])) == 0")
+                        f"{self.sel(self.field('DCGM_FI_DEV_GPU_UTIL')[0], *extra)}[{w}]))"
+                        f" == 0")
         else:
             gpu_idle = (f"max by ({gpu}) (max_over_time("
                         f"{self.sel('gpu_utilization_ratio', *extra)}[{w}])) == 0")
@@ -247,10 +270,12 @@ class FleetQL:
         out = {f: self.per_gpu(f, m) for f in ("seen", "util", "mem_used", "mem_total",
                                                 "power", "temp", "health")}
         if self.dcgm:
-            out["info"] = self.sel("DCGM_FI_DEV_GPU_TEMP", m)  # modelName, UUID, pods
+            temp, util = self.field("DCGM_FI_DEV_GPU_TEMP")[0], \
+                self.field("DCGM_FI_DEV_GPU_UTIL")[0]
+            out["info"] = self.sel(temp, m)  # modelName, UUID, pods
             # pods are labels of every DCGM series: the two that every vendor fills
-            out["alloc"] = (f"{self.sel('DCGM_FI_DEV_GPU_TEMP', m, IN_A_POD)} or "
-                            f"{self.sel('DCGM_FI_DEV_GPU_UTIL', m, IN_A_POD)}")
+            out["alloc"] = (f"{self.sel(temp, m, IN_A_POD)} or "
+                            f"{self.sel(util, m, IN_A_POD)}")
         else:
             out["info"] = self.sel("gpu_info", m)
             out["alloc"] = self.sel("gpu_kubernetes_allocation_info", m)

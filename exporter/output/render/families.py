@@ -231,16 +231,18 @@ def device_families(s: Snapshot, opts: RenderOptions) -> list[Metric]:
     walk(s, opts, f)
     ours = [f.by_name[n] for n in in_order(f.by_name)]
     ours += opts.selection.keep(health_families(s.health))
-    if opts.metric_names is MetricNames.GPU:
+    word = opts.metric_names.dcgm
+    if word is None:
         return ours
     # dcgm replaces the per-GPU families; per-process and health ones (dcgm-exporter has
     # no counterpart: docs/dcgm-compat.md) keep our names in every mode.
-    kept = ours if opts.metric_names is MetricNames.BOTH else [
+    kept = ours if opts.metric_names.gpu else [
         m for m in ours if m.name.startswith(("gpu_process_", "gpu_health_"))]
-    fields = tuple(f for f in dcgm.FIELDS if opts.selection.allows_dcgm(f.name))
+    gen = dcgm.generation(word)
+    fields = tuple(f for f in gen.fields if opts.selection.allows_dcgm(f.key, f.name))
     return (kept + list(dcgm.dcgm_families(((g, d) for g, d in s.devices if d.up), opts.hostname,
-                                           fields))
-            + (dcgm.health_family(s.health, opts.hostname)
+                                           fields, gen))
+            + (dcgm.health_family(s.health, opts.hostname, gen)
                if opts.selection.allows_dcgm(dcgm.HEALTH_FAMILY) else []))
 
 

@@ -57,8 +57,11 @@ class Selection:
                 self._verdicts[name] = verdict
         return verdict
 
-    def allows_dcgm(self, name: str) -> bool:
-        return (self.dcgm_fields is None or name in self.dcgm_fields) and self.allows(name)
+    def allows_dcgm(self, key: str, name: str = "") -> bool:
+        """A dcgm family: ``key`` its first generation's name (what the counters CSV's
+        names were turned into), ``name`` the name served (what the regexes see)."""
+        return ((self.dcgm_fields is None or key in self.dcgm_fields)
+                and self.allows(name or key))
 
     def keep(self, families: Iterable[Metric]) -> Iterator[Metric]:
         """The families the operator chose, of ones already built."""
@@ -109,10 +112,15 @@ def load_selection(include: str | None, exclude: str | None, metric_names: Metri
     ValueError where it makes no sense) and says once, in one log line, which of its
     names we cannot fill and how many lines were not a field; says in one more which of
     the exporter's own watched families it hides."""
+    if metric_names.dcgm is not None:  # its names, read once here: a broken install stops
+        from exporter.output.dcgm import generation  # the start, not every render
+
+        generation(metric_names.dcgm)
     if counters_file is None:
         return _warn_hidden(Selection(include, exclude))
-    if metric_names is MetricNames.GPU:
-        raise ValueError("--dcgm.counters needs --metric-names dcgm or both")
+    if metric_names.dcgm is None:
+        raise ValueError("--dcgm.counters needs --metric-names dcgm, dcgm4.9, both or "
+                         "both-dcgm4.9")
     import structlog
 
     from exporter.core.config import open_regular
