@@ -47,7 +47,7 @@ from exporter.core.config import Config
 from exporter.core.fs import ProcFS
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample, pci_uuid
-from exporter.sources.base import LIBRARY, BackendUnavailable, Cycle
+from exporter.sources.base import LIBRARY, PLAIN, BackendUnavailable, Cycle
 from exporter.sources.energy import EnergyCounter
 from exporter.sources.intel import ze_calls as ze
 
@@ -115,6 +115,7 @@ class LevelZeroBackend:
     name = "level_zero"
     source = SOURCE
     priority = LIBRARY
+    capabilities = PLAIN
     interval: float | None = None
 
     def __init__(self, config: Config, library: str | None = None) -> None:
