@@ -140,8 +140,10 @@ def test_health_s_tables_are_keyed_by_their_vocabularies() -> None:
     """Each rule table of the verdict is keyed by the members of the vocabulary its input
     is in, and the recovery actions by every one of nvml.h's."""
     from exporter.core.labels import RecoveryAction, Threshold, ThrottleReason
+    from exporter.sources.nvidia import health as nvidia_health
 
     assert all(isinstance(k, Threshold) for k in health.LIMIT_STATUS)
     assert all(isinstance(k, ThrottleReason) for k in health.THROTTLES)
     assert set(health.RECOVERY_ACTIONS) == set(RecoveryAction)
     assert all(isinstance(k, RecoveryAction) for k in health.RECOVERY_ACTIONS)
+    assert list(nvidia_health.RECOVERY_ACTIONS.values()) == list(RecoveryAction)
