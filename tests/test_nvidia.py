@@ -102,6 +102,25 @@ def test_default_power_limit_is_read_once_in_watts() -> None:
     assert nvml.calls["nvmlDeviceGetPowerManagementDefaultLimit"] == 1
 
 
+def test_encoder_sessions_are_nvml_s_session_count_read_on_the_slow_tier() -> None:
+    """nvmlDeviceGetEncoderStats' sessionCount (nvidia-smi's encoder.stats.sessionCount)
+    as gpu_encoder_sessions: two encodes running; 0 on an H100, which has no NVENC and
+    answers zeros (nvidia-smi -q: "Active Sessions : 0"), served as 0; none where the
+    driver lacks the call. A new session shows on the next slow cycle."""
+    nvml = FakeNVML([FakeGPU(index=0, encoder_stats=(2, 60, 1500)), FakeGPU(index=1),
+                     FakeGPU(index=2, not_supported={"nvmlDeviceGetEncoderStats"})])
+    b = backend(nvml)
+    cycle = b.sample(slow=True)
+    assert [d.encoder_sessions for d in cycle.devices] == [2, 0, None]
+    assert cycle.errors == {}
+    nvml.gpus[0].encoder_stats = (3, 58, 1700)
+    asked = nvml.calls["nvmlDeviceGetEncoderStats"]
+    assert b.sample(slow=False).devices[0].encoder_sessions == 2  # the slow tier's value
+    assert nvml.calls["nvmlDeviceGetEncoderStats"] == asked
+    assert b.sample(slow=True).devices[0].encoder_sessions == 3
+    assert nvml.calls["nvmlDeviceGetEncoderStats"] == asked + 2  # unsupported: not asked
+
+
 def test_an_idle_gpu_is_not_asked_for_process_utilisation(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """nvmlDeviceGetProcessUtilization answers "not found" on a GPU no process used, at
