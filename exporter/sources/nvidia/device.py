@@ -173,10 +173,8 @@ def _present(values: Mapping[ValueField, Any]) -> dict[str, Any]:
     """The values a fragment of these would have (DeviceValues.present): None and empty
     mappings dropped, falsy scalars such as 0.0 kept. Keyed by ``ValueField``: a misspelt
     field name is a type error."""
-    out: dict[str, Any] = {}
-    for k, v in values.items():
-        if v is not None and not (type(v) is dict and not v):
-            out[k] = v
+    out: dict[str, Any] = {
+        k: v for k, v in values.items() if v is not None and not (type(v) is dict and not v)}
     return out
 
 
