@@ -69,13 +69,17 @@ def test_every_collection_error_reason_served_is_one_of_the_vocabulary() -> None
 
 def _vocabulary_words() -> dict[str, set[str]]:
     """word -> the enums that have it: every closed vocabulary of the package (labels'
-    label values, health and error words; the flags' choices)."""
+    label values, health and error words; the flags' choices; the live view's states and
+    the auth middleware's report)."""
     from enum import Enum
 
     from exporter.core import config, labels
+    from exporter.serve import connections
+    from exporter.serve import words as view_words
 
     words: dict[str, set[str]] = {}
-    for module, base in ((labels, labels.Vocabulary), (config, config.Choice)):
+    for module, base in ((labels, labels.Vocabulary), (config, config.Choice),
+                         (view_words, labels.Vocabulary), (connections, labels.Vocabulary)):
         for name in dir(module):
             enum = getattr(module, name)
             if isinstance(enum, type) and issubclass(enum, base) and enum is not base:
@@ -85,12 +89,12 @@ def _vocabulary_words() -> dict[str, set[str]]:
     return words
 
 
-# Words compared in another vocabulary that shares the word: the auth middleware's report
-# ("ok"), the fleet poller's message kind ("failed"), a history series ("temperature"), a
+# Words compared in another vocabulary that shares the word: the fleet poller's message
+# kind ("failed"), a history series ("temperature"), a
 # fleet reader's field ("power") and family ("info"), dcgm's label name ("gpu"), amdsmi's
 # device role ("gpu"), Level Zero's empty serial ("unknown"), fdinfo memory regions.
 OTHER_VOCABULARIES = {
-    ("serve/connections.py", "ok"), ("client/fleet/command.py", "failed"),
+    ("client/fleet/command.py", "failed"),
     ("serve/landing.py", "temperature"), ("client/fleet/ql.py", "power"),
     ("client/fleet/nodes.py", "info"), ("output/dcgm.py", "gpu"),
     ("sources/amd/amdsmi.py", "gpu"), ("sources/intel/level_zero.py", "unknown"),
