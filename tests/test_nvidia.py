@@ -408,6 +408,29 @@ def test_gpm_absent_before_hopper_and_when_switched_off() -> None:
     assert off.profiling_ratio == {} and fake.calls["nvmlGpmSampleAlloc"] == 0
 
 
+def test_forced_gpm_is_checked_against_what_the_opened_backend_says() -> None:
+    """--collector.gpm forced on: the start-up check opens the nvidia backend and reads
+    the sub-features its capabilities say it serves: a Hopper GPU serves GPM, an Ada one
+    says why not, and a backend that does not list the feature is not taken at its word."""
+    from exporter.pipeline.registry import forced_but_unavailable
+    from exporter.sources.base import PLAIN
+
+    config = Config(procfs="/nonexistent", collectors={"gpm": True})
+    hopper = NvidiaBackend(config, nvml=FakeNVML([FakeGPU()]))
+    assert forced_but_unavailable(config, [hopper]) is None
+    ada = NvidiaBackend(config, nvml=FakeNVML([FakeGPU(architecture=8, name="NVIDIA L40S")]))
+    reason = forced_but_unavailable(config, [ada])
+    assert reason is not None
+    assert reason.startswith("--collector.gpm is on but unavailable: GPU 0: "), reason
+    class Silent(NvidiaBackend):
+        capabilities = PLAIN  # type: ignore[assignment]
+
+    silent = Silent(config, nvml=FakeNVML([FakeGPU()]))
+    assert forced_but_unavailable(config, [silent]) == (
+        "--collector.gpm is on but unavailable: the nvidia backend does not say whether it "
+        "serves it")
+
+
 def test_processes_compute_and_graphics_with_proc_details() -> None:
     procfs = FIXTURES / "nvidia-h100x2" / "proc"
     gpu = FakeGPU(processes=[

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from exporter.core.joins import JoinSource
@@ -95,7 +96,7 @@ class Capabilities:
     # The sub-features with a switch of their own that it serves (``gpm`` of ``nvidia``),
     # each with why this opened backend cannot serve it, None when it can: read, after
     # open(), by the start-up check of a sub-feature the operator forced on.
-    features: Mapping[str, str | None] = field(default_factory=dict)
+    features: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))
 
 
 PLAIN = Capabilities()  # a backend that offers nothing more
