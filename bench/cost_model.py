@@ -211,7 +211,7 @@ def child(kind: str, gpus: int, links: int, procs: int, cycles: int, gap: float,
             return result
 
         def accept(cycle: Any) -> None:
-            hub._accept(backend.name, cycle, 0.0, None, None)
+            hub._accept(backend.name, cycle, 0.0)
 
         # Slow cycles until each of slow and rare has been timed enough; fast cycles and
         # publishes between them, as the daemon runs them. Then an untimed counting pass.

@@ -21,7 +21,7 @@ ratio. Usage: ``python bench/fdinfo_scan.py [--rounds 9]``.
 has no ``drm-`` keys), ``class/drm`` has only that card. It times what the backend
 did there every scan before it checked for such a card (the same /proc walk, finding
 nothing) next to what it does now: ``open()``, a look at ``class/drm`` that says
-"no amdgpu, i915 or xe card", which the collector repeats every ``retry_interval``.
+"no amdgpu, i915 or xe card", which the collector repeats every ``capabilities.retry_interval``.
 
 ``--one-process N``: one process holding N DRM fds (N clients), nothing else. Times a
 scan with ``--budget`` (default 0.5 s) next to the same scan with no budget in reach:
@@ -156,7 +156,7 @@ def nvidia_only(tmp: Path, args: argparse.Namespace) -> None:
     for _ in range(args.rounds):
         walk_t.append(timed(walk))
         check_t.append(timed(lambda: [check() for _ in range(1000)]))
-    scan_every, check_every = config.processes_interval, backend.retry_interval
+    scan_every, check_every = config.processes_interval, backend.capabilities.retry_interval
     print(f"nvidia-only host, rounds: {args.rounds} (median)")
     print(f"{'':32}{'cpu ms':>10}{'wall ms':>10}")
     print(f"{'before: /proc walk per scan':32}{med(walk_t, 0):10.2f}{med(walk_t, 1):10.2f}")

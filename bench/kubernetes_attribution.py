@@ -149,10 +149,10 @@ def main() -> None:
             times = []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
-                backend.sample(slow=False)
+                cycle = backend.sample(slow=False)
                 times.append(time.perf_counter() - t0)
             print(f"one refresh, {args.pods} pods: {statistics.median(times) * 1e3:.2f} ms median")
-            enricher = backend.attribution()
+            enricher = cycle.enricher
             assert enricher is not None
             pids = [int(p.name) for p in proc.iterdir()]
             t0 = time.perf_counter()

@@ -87,6 +87,7 @@ def calls(nvml: Any, h: Any) -> list[tuple[str, Callable[[], Any]]]:
         ("nvmlDeviceGetPcieThroughput(tx)",
          lambda: n.nvmlDeviceGetPcieThroughput(h, n.NVML_PCIE_UTIL_TX_BYTES)),
         ("nvmlDeviceGetEncoderUtilization", lambda: n.nvmlDeviceGetEncoderUtilization(h)),
+        ("nvmlDeviceGetEncoderStats", lambda: n.nvmlDeviceGetEncoderStats(h)),
         ("nvmlDeviceGetDecoderUtilization", lambda: n.nvmlDeviceGetDecoderUtilization(h)),
         ("nvmlDeviceGetJpgUtilization", lambda: n.nvmlDeviceGetJpgUtilization(h)),
         ("nvmlDeviceGetOfaUtilization", lambda: n.nvmlDeviceGetOfaUtilization(h)),

@@ -29,7 +29,7 @@ from exporter.core.config import Config  # noqa: E402
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample  # noqa: E402
 from exporter.pipeline.hub import Hub  # noqa: E402
 from exporter.pipeline.state import merged_view  # noqa: E402
-from exporter.sources.base import DERIVED, LIBRARY, Cycle  # noqa: E402
+from exporter.sources.base import DERIVED, LIBRARY, PLAIN, Cycle  # noqa: E402
 
 
 class Fixed:
@@ -37,6 +37,7 @@ class Fixed:
 
     def __init__(self, name: str, priority: int, devices: Sequence[DeviceSample]) -> None:
         self.name, self.source, self.priority, self.interval = name, name, priority, None
+        self.capabilities = PLAIN
         self.devices = list(devices)
 
     def open(self) -> Sequence[DeviceInfo]:

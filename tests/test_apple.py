@@ -120,7 +120,7 @@ class Collector:
     def sample(self) -> Cycle:
         cycle = self.backend.sample(slow=False)
         self.errors.update(cycle.errors)
-        self.restarts = self.backend.child_restarts  # the hook, read after each sample
+        self.restarts = cycle.child_restarts  # handed over in each cycle
         return cycle
 
     def until(self, done: Callable[[Cycle, Counter[str]], bool],

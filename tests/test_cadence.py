@@ -157,6 +157,7 @@ NVIDIA: dict[str, Move] = {
     "power_limit_default_watts": _set(power_default_limit_mw=600000),
     "energy_joules": _set(energy_mj=10**12),
     "performance_state": _set(pstate=2),
+    "encoder_sessions": _set(encoder_stats=(2, 60, 1500)),
     "pcie_link_generation": _set(pcie_generation=3),
     "pcie_link_width": _set(pcie_width=8),
     "pcie_link_max_generation": _set(pcie_max_generation=4),

@@ -13,7 +13,7 @@ from exporter.core.config import Config
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample
 from exporter.output.render import Renderer
 from exporter.pipeline.hub import Hub, cap_processes
-from exporter.sources.base import KERNEL, BackendFailed, BackendUnavailable, Cycle
+from exporter.sources.base import KERNEL, PLAIN, BackendFailed, BackendUnavailable, Cycle
 from tests.clock import SteppedClock
 
 
@@ -34,6 +34,7 @@ class Scripted:
         self.block.set()
         self.primary = True
         self.priority = KERNEL
+        self.capabilities = PLAIN
         self.up = True
         self.engines: dict[str, float] = {}
         self.processes: tuple[ProcessSample, ...] = ()

@@ -686,7 +686,7 @@ def test_nvidia_only_host_skips_the_scan(tmp_path: Path) -> None:
     drm_fd(proc(tmp_path, 10), 3, "pos:\t0\nflags:\t02\n", node="/dev/dri/card0")
     config = Config(procfs=str(tmp_path / "proc"), sysfs=str(tmp_path / "sys"), interval=0.5)
     b = FdinfoBackend(config)
-    assert b.retry_interval == 0.5  # the collector re-checks open() this often
+    assert b.capabilities.retry_interval == 0.5  # the collector re-checks open() this often
     with pytest.raises(BackendUnavailable, match="no amdgpu, i915 or xe"):
         b.open()
     gpu(tmp_path, "0000:03:00.0")  # an AMD card is bound later

@@ -93,7 +93,7 @@ def open_sample(config: Config) -> tuple[KubernetesBackend, Attribution, dict[st
     backend = KubernetesBackend(config)
     assert backend.open() == ()
     cycle = backend.sample(slow=True)
-    attribution = backend.attribution()
+    attribution = cycle.enricher
     assert cycle.devices == () and isinstance(attribution, Attribution)
     return backend, attribution, dict(cycle.errors)
 
@@ -169,7 +169,7 @@ def test_runtime_failing_keeps_the_last_container_map(node: FakeNode) -> None:
     node.runtime.stop()
     cycle = backend.sample(slow=False)
     assert cycle.errors.get("cri_unavailable") == 1
-    attribution = backend.attribution()
+    attribution = cycle.enricher
     assert isinstance(attribution, Attribution)
     assert attribution.pod_of(7202) == TRAIN_B  # a container id names one container for ever
 
@@ -184,8 +184,7 @@ def test_kubelet_restart_recovers(node: FakeNode) -> None:
         backend.open()
     node.kubelet.start()
     backend.open()
-    backend.sample(slow=False)
-    attribution = backend.attribution()
+    attribution = backend.sample(slow=False).enricher
     assert isinstance(attribution, Attribution) and attribution.pod_of(7404) == LLM
 
 

@@ -177,7 +177,7 @@ def test_the_backend_attributes_every_gpu_of_the_real_backends(tmp_path: Path) -
         backend = KubernetesBackend(config)
         backend.open()
         cycle = backend.sample(slow=True)
-        attribution = backend.attribution()
+        attribution = cycle.enricher
         backend.close()
     assert attribution is not None and dict(cycle.errors) == {}
     nvml = FakeNVML([FakeGPU(index=n, minor=n, uuid=f"GPU-{n:08x}-0000-4000-8000-000000000000",

@@ -191,12 +191,10 @@ def test_the_backend_serves_none_while_the_runtime_is_away(tmp_path: Path) -> No
         backend = KubernetesBackend(config)
         backend.open()
         try:
-            backend.sample(slow=True)
-            joins = backend.joins()
+            joins = backend.sample(slow=True).joins
             assert joins is not None and list(joins.join_rows(devices)) == []
             with FakeRuntime(tmp_path / "containerd.sock", scenario):
-                backend.sample(slow=True)
-                joins = backend.joins()
+                joins = backend.sample(slow=True).joins
                 assert joins is not None
                 got = [(r[2]["pid"], r[2]["scope"]) for r in joins.join_rows(devices)]
                 assert got == [("7404", "pod"), ("7808", "host")]

@@ -24,7 +24,7 @@ from exporter.core.model import DeviceInfo
 from exporter.output.render import Renderer
 from exporter.pipeline.hub import Hub
 from exporter.serve.server import build_app
-from exporter.sources.base import KERNEL, Cycle
+from exporter.sources.base import KERNEL, PLAIN, Cycle
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 
 MACHINE = FIXTURES / "amd-rdna3-rx7800xt"  # sysfs and fdinfo
@@ -107,6 +107,7 @@ class SlowOpen:
     """A backend whose first open takes ``seconds`` (a driver waking a GPU up)."""
 
     name, source, interval, priority = "amd", "sysfs", None, KERNEL
+    capabilities = PLAIN
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds

@@ -114,3 +114,14 @@ def test_copy_with_is_replace_without_init() -> None:
         assert copied == replace(original, **changes)  # type: ignore[arg-type]
         assert list(vars(copied)) == list(vars(original))  # field order kept
         assert copied is not original and vars(original) != vars(copied)
+
+
+def test_value_field_names_every_value_field_in_order() -> None:
+    """ValueField, the names a reader that builds values by name is typed against
+    (exporter.sources.nvidia.scalars), is every value field of DeviceValues, in order."""
+    from typing import get_args
+
+    from exporter.core.fieldspec import value_specs
+    from exporter.core.model import ValueField
+
+    assert list(get_args(ValueField)) == [name for name, _ in value_specs(DeviceValues)]

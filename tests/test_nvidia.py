@@ -102,6 +102,25 @@ def test_default_power_limit_is_read_once_in_watts() -> None:
     assert nvml.calls["nvmlDeviceGetPowerManagementDefaultLimit"] == 1
 
 
+def test_encoder_sessions_are_nvml_s_session_count_read_on_the_slow_tier() -> None:
+    """nvmlDeviceGetEncoderStats' sessionCount (nvidia-smi's encoder.stats.sessionCount)
+    as gpu_encoder_sessions: two encodes running; 0 on an H100, which has no NVENC and
+    answers zeros (nvidia-smi -q: "Active Sessions : 0"), served as 0; none where the
+    driver lacks the call. A new session shows on the next slow cycle."""
+    nvml = FakeNVML([FakeGPU(index=0, encoder_stats=(2, 60, 1500)), FakeGPU(index=1),
+                     FakeGPU(index=2, not_supported={"nvmlDeviceGetEncoderStats"})])
+    b = backend(nvml)
+    cycle = b.sample(slow=True)
+    assert [d.encoder_sessions for d in cycle.devices] == [2, 0, None]
+    assert cycle.errors == {}
+    nvml.gpus[0].encoder_stats = (3, 58, 1700)
+    asked = nvml.calls["nvmlDeviceGetEncoderStats"]
+    assert b.sample(slow=False).devices[0].encoder_sessions == 2  # the slow tier's value
+    assert nvml.calls["nvmlDeviceGetEncoderStats"] == asked
+    assert b.sample(slow=True).devices[0].encoder_sessions == 3
+    assert nvml.calls["nvmlDeviceGetEncoderStats"] == asked + 2  # unsupported: not asked
+
+
 def test_an_idle_gpu_is_not_asked_for_process_utilisation(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """nvmlDeviceGetProcessUtilization answers "not found" on a GPU no process used, at
@@ -387,6 +406,29 @@ def test_gpm_absent_before_hopper_and_when_switched_off() -> None:
     fake = FakeNVML()
     off = one(fake, collectors={"gpm": False})
     assert off.profiling_ratio == {} and fake.calls["nvmlGpmSampleAlloc"] == 0
+
+
+def test_forced_gpm_is_checked_against_what_the_opened_backend_says() -> None:
+    """--collector.gpm forced on: the start-up check opens the nvidia backend and reads
+    the sub-features its capabilities say it serves: a Hopper GPU serves GPM, an Ada one
+    says why not, and a backend that does not list the feature is not taken at its word."""
+    from exporter.pipeline.registry import forced_but_unavailable
+    from exporter.sources.base import PLAIN
+
+    config = Config(procfs="/nonexistent", collectors={"gpm": True})
+    hopper = NvidiaBackend(config, nvml=FakeNVML([FakeGPU()]))
+    assert forced_but_unavailable(config, [hopper]) is None
+    ada = NvidiaBackend(config, nvml=FakeNVML([FakeGPU(architecture=8, name="NVIDIA L40S")]))
+    reason = forced_but_unavailable(config, [ada])
+    assert reason is not None
+    assert reason.startswith("--collector.gpm is on but unavailable: GPU 0: "), reason
+    class Silent(NvidiaBackend):
+        capabilities = PLAIN  # type: ignore[assignment]
+
+    silent = Silent(config, nvml=FakeNVML([FakeGPU()]))
+    assert forced_but_unavailable(config, [silent]) == (
+        "--collector.gpm is on but unavailable: the nvidia backend does not say whether it "
+        "serves it")
 
 
 def test_processes_compute_and_graphics_with_proc_details() -> None:

@@ -16,6 +16,7 @@ from exporter.core.model import DeviceInfo, DeviceSample
 from exporter.output.render import RenderOptions, device_families
 from exporter.output.render.selection import Selection
 from exporter.pipeline.hub import Hub
+from exporter.sources.base import PLAIN
 from tests.daemon import FIXTURES, machine_args
 from tests.test_otlp_names import need
 
@@ -77,6 +78,7 @@ def test_counters_are_monotonic_sums_of_their_spec_and_health_is_projected() -> 
 def test_a_gpu_down_projects_its_info_and_status_only() -> None:
     class Down:
         name, source, interval, priority = "amd", "sysfs", None, 0
+        capabilities = PLAIN
 
         def open(self) -> list[DeviceInfo]:
             return []

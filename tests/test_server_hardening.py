@@ -29,7 +29,7 @@ from exporter.pipeline.hub import Hub
 from exporter.serve.connections import Slots, protocol_factory
 from exporter.serve.server import Server, build_app, negotiate
 from exporter.serve.snapshot import snapshot_json
-from exporter.sources.base import KERNEL, Cycle
+from exporter.sources.base import KERNEL, PLAIN, Cycle
 from tests.daemon import REPO, running
 from tests.test_server import no_gpu_args, run_cli
 
@@ -171,6 +171,7 @@ class Big:
     """A backend with 64 GPUs of 64 processes each: a large render and snapshot."""
 
     name, source, interval, priority = "amd", "sysfs", None, KERNEL
+    capabilities = PLAIN
 
     def open(self) -> list[DeviceInfo]:
         return []

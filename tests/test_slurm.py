@@ -35,7 +35,7 @@ def test_jobs_per_gpu_are_capped_and_the_rest_counted(tmp_path: Path) -> None:
     (tmp_path / "1").write_text("4242\n4243\n")
     b = backend(tmp_path)
     cycle = b.sample(slow=True)
-    jobs = dict(b.joins().jobs)
+    jobs = dict(cycle.joins.jobs)
     assert getattr(slurm, "MAX_JOBS_PER_GPU", None) == 64  # as documented
     assert jobs["0"] == tuple(lines[:64])  # the first ones of the file, in its order
     assert jobs["1"] == ("4242", "4243")  # a GPU under the cap: untouched
@@ -53,14 +53,15 @@ def test_a_leading_zero_name_is_skipped_and_counted_whatever_the_order(tmp_path:
         (directory / "00").write_text("job-from-00\n")
         b = backend(directory)
         cycle = b.sample(slow=True)
-        assert dict(b.joins().jobs) == {"1": ("job-from-1",)}, order
+        assert dict(cycle.joins.jobs) == {"1": ("job-from-1",)}, order
         assert cycle.errors == {"noncanonical_name": 2}
     only = tmp_path / "only"
     only.mkdir()
     (only / "01").write_text("x\n")  # alone: still not GPU 1
     b = backend(only)
-    assert b.sample(slow=True).errors == {"noncanonical_name": 1}
-    assert dict(b.joins().jobs) == {}
+    cycle = b.sample(slow=True)
+    assert cycle.errors == {"noncanonical_name": 1}
+    assert dict(cycle.joins.jobs) == {}
 
 
 def test_a_fifo_named_like_a_gpu_does_not_block(tmp_path: Path) -> None:
@@ -69,13 +70,15 @@ def test_a_fifo_named_like_a_gpu_does_not_block(tmp_path: Path) -> None:
     b = backend(tmp_path)
     done = threading.Event()
 
+    cycles = []
+
     def scan() -> None:
-        b.sample(slow=True)
+        cycles.append(b.sample(slow=True))
         done.set()
 
     threading.Thread(target=scan, daemon=True).start()
     assert done.wait(10), "sample() waits on the FIFO"
-    assert dict(b.joins().jobs) == {"3": ("77",)}
+    assert dict(cycles[0].joins.jobs) == {"3": ("77",)}
 
 
 def test_the_daemon_serves_at_most_the_cap_and_counts_the_rest(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ from exporter.core.fieldspec import MetricSpec, Otlp
 from exporter.core.joins import Row
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample
-from exporter.sources.base import DERIVED, Cycle
+from exporter.sources.base import DERIVED, PLAIN, Cycle
 
 log = structlog.get_logger(__name__)
 
@@ -88,6 +88,7 @@ class SlurmBackend:
     name = "slurm"
     source = "slurm"  # it reports no device, only join series
     priority = DERIVED
+    capabilities = PLAIN
 
     def __init__(self, config: Config) -> None:
         self.directory = config.slurm_job_mapping_dir or ""
@@ -96,7 +97,6 @@ class SlurmBackend:
         self._files: dict[str, tuple[tuple[int, int, int], tuple[tuple[str, ...], int] | None]] \
             = {}
         self._missing: bool | None = None
-        self._jobs = SlurmJobs({})
 
     def open(self) -> Sequence[DeviceInfo]:
         return ()
@@ -133,12 +133,7 @@ class SlurmBackend:
             if kept:
                 jobs[name] = kept
         self._files = files
-        self._jobs = SlurmJobs(jobs)
-        return Cycle(devices=(), errors=dict(errors))
-
-    def joins(self) -> SlurmJobs:
-        """The jobs of the last sample() (the collector's Joins hook)."""
-        return self._jobs
+        return Cycle(devices=(), errors=dict(errors), joins=SlurmJobs(jobs))
 
     def _read(self, name: str
               ) -> tuple[tuple[int, int, int], tuple[tuple[str, ...], int] | None] | None:

@@ -2,8 +2,8 @@
 
 Some facts are not per-GPU values but series to join on: the labels of a pod
 (``gpu_kubernetes_pod_labels_info``), the Slurm jobs holding a GPU
-(``gpu_slurm_job_info``). A backend hands a ``JoinSource`` through its ``joins()`` hook
-(exporter.sources.base.Joins); the hub keeps the last one per backend, like the
+(``gpu_slurm_job_info``). A backend hands a ``JoinSource`` over in each cycle
+(exporter.sources.base.Cycle.joins); the hub keeps the last one per backend, like the
 enricher, and exporter.output.render.joins turns every serving backend's rows into
 metric families, after the per-GPU ones, in every ``--metric-names`` mode.
 """

@@ -196,6 +196,21 @@ class FindingCode(Vocabulary):
     GPU_UNREADABLE = "gpu_unreadable"
 
 
+class RecoveryAction(Vocabulary):
+    """What the driver says must happen before the GPU is usable again: nvml.h's
+    nvmlDeviceGpuRecoveryAction_t as a word (``DeviceSample.recovery_action``, a health
+    input, exporter.pipeline.health)."""
+
+    NONE = "none"
+    GPU_RESET = "gpu_reset"
+    NODE_REBOOT = "node_reboot"
+    DRAIN_P2P = "drain_p2p"
+    DRAIN_AND_RESET = "drain_and_reset"
+    RECOVER_IMEX_DOMAIN = "recover_imex_domain"
+    BUS_RESET = "bus_reset"
+    SYSTEM_REBOOT = "system_reboot"
+
+
 class ErrorReason(Vocabulary):
     """``gpu_exporter_collection_errors_total{reason}``: why a collection dropped a value,
     a device or a process. One word per cause, whichever backend meets it."""

@@ -18,8 +18,10 @@ import time
 
 import structlog
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "error": logging.ERROR}
+from exporter.core.config import LogFormat, LogLevel
+
+_LEVELS: dict[str, int] = {LogLevel.DEBUG: logging.DEBUG, LogLevel.INFO: logging.INFO,
+                           LogLevel.WARNING: logging.WARNING, LogLevel.ERROR: logging.ERROR}
 REPEAT_INTERVAL = 60.0  # seconds between two lines of the same kind
 SUPPRESSED = "suppressed_since_last"  # the key that carries the count held back
 
@@ -86,13 +88,13 @@ def set_level(level: str) -> None:
     logging.getLogger().setLevel(max(_LEVELS[level], logging.WARNING))
 
 
-def configure(level: str = "info", fmt: str = "auto") -> None:
+def configure(level: str = LogLevel.INFO, fmt: str = LogFormat.AUTO) -> None:
     """``fmt``: ``json``, ``console``, or ``auto`` (console on a terminal, else JSON)."""
-    if fmt == "auto":
-        fmt = "console" if sys.stderr.isatty() else "json"
+    if fmt == LogFormat.AUTO:
+        fmt = LogFormat.CONSOLE if sys.stderr.isatty() else LogFormat.JSON
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
-        if fmt == "json"
+        if fmt == LogFormat.JSON
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
     shared: list[structlog.types.Processor] = [

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from exporter.core.fieldspec import (
     EMPTY,
@@ -301,6 +301,9 @@ class DeviceValues:
     performance_state: int | None = value(
         "gpu_performance_state", "Performance state (P-state number).",
         otlp=Otlp("gpu.performance_state", "{state}"))
+    encoder_sessions: int | None = value(
+        "gpu_encoder_sessions", "Video encoder sessions running on the GPU.", unit="count",
+        cadence=SLOW, otlp=Otlp("gpu.encoder.sessions", "{session}"))
     pcie_link_generation: int | None = value(
         "gpu_pcie_link_generation", "Current PCIe link generation.",
         cadence=SLOW,
@@ -546,6 +549,29 @@ class DeviceValues:
             return self
         return copy_with(self, **changes)  # replace() was 10 % of an NVML fast cycle
 
+
+# Every value field of DeviceValues, by name, for the type checker: a reader that builds
+# values by name (the NVIDIA backend's fast tier, its table of plain scalars,
+# exporter.sources.nvidia.scalars) names them through it, so a misspelt name fails mypy,
+# not a cycle. tests/test_model_overlay.py keeps it equal to the fields, in their order.
+ValueField = Literal[
+    "utilization_ratio", "memory_utilization_ratio", "memory_total_bytes", "memory_used_bytes",
+    "memory_free_bytes", "memory_reserved_bytes", "shared_memory_total_bytes",
+    "shared_memory_used_bytes", "power_watts", "power_instant_watts", "power_limit_watts",
+    "power_limit_default_watts", "energy_joules", "idle_energy_joules",
+    "estimated_energy_joules", "performance_state", "encoder_sessions",
+    "pcie_link_generation", "pcie_link_width", "pcie_link_max_generation",
+    "pcie_link_max_width", "pcie_replay_errors", "remap_failed", "remap_pending",
+    "xid_last_timestamp_seconds", "xid_last", "temperatures_celsius",
+    "temperature_limits_celsius", "fan_speed_ratio", "voltages_volts", "clocks_hertz",
+    "clocks_max_hertz", "throttle_reasons", "clock_event_seconds",
+    "pcie_throughput_bytes_per_second", "engine_utilization_ratio", "engine_busy_seconds",
+    "ecc_errors", "remapped_rows", "retired_pages", "xid_errors", "xid_info",
+    "memory_bandwidth_bytes_per_second", "nvlink_up", "nvlink_throughput_bytes_per_second",
+    "nvlink_errors", "xgmi_throughput_bytes_per_second", "ras_errors", "profiling_ratio",
+    "recovery_action_info", "fabric_state", "fabric_status", "fabric_health_mask",
+    "fabric_health_summary", "recovery_action", "retired_pages_pending", "xid_seen_seconds",
+]
 
 # The order in which a sensor's thresholds stand for the GPU's (the throttling sensor first).
 _SENSOR_ORDER: dict[str, int] = {Sensor.JUNCTION: 0, Sensor.EDGE: 1, Sensor.GPU: 2,

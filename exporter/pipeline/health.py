@@ -20,7 +20,15 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporter.core.fieldspec import MetricSpec, Otlp
-from exporter.core.labels import Check, FindingCode, HealthStatus
+from exporter.core.labels import (
+    Check,
+    FindingCode,
+    HealthStatus,
+    RecoveryAction,
+    Severity,
+    Threshold,
+    ThrottleReason,
+)
 from exporter.core.model import DeviceSample
 from exporter.core.xid import meaning as xid_meaning
 
@@ -54,9 +62,10 @@ XID_RECOVERY_CHANGED = 154
 # nvml.h nvmlDeviceGpuRecoveryAction_t (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as the
 # backend names it: what the driver says must happen before the GPU is usable again.
 RECOVERY_ACTIONS: Mapping[str, int] = {
-    "none": HEALTHY, "drain_p2p": DEGRADED, "recover_imex_domain": DEGRADED,
-    "gpu_reset": FAILED, "node_reboot": FAILED, "drain_and_reset": FAILED,
-    "bus_reset": FAILED, "system_reboot": FAILED,
+    RecoveryAction.NONE: HEALTHY, RecoveryAction.DRAIN_P2P: DEGRADED,
+    RecoveryAction.RECOVER_IMEX_DOMAIN: DEGRADED, RecoveryAction.GPU_RESET: FAILED,
+    RecoveryAction.NODE_REBOOT: FAILED, RecoveryAction.DRAIN_AND_RESET: FAILED,
+    RecoveryAction.BUS_RESET: FAILED, RecoveryAction.SYSTEM_REBOOT: FAILED,
 }
 # The NVSwitch fabric (nvmlDeviceGetGpuFabricInfoV; nvml.h nvmlGpuFabricState_t,
 # NVML_GPU_FABRIC_HEALTH_SUMMARY_*): until the fabric manager has registered the GPU
@@ -88,11 +97,12 @@ FABRIC_CONFIG: Mapping[int, str] = {
 # operating temperature (where the GPU throttles for its memory). NVML's max_operating
 # (the most an operator may set) is no finding.
 LIMIT_STATUS: Mapping[str, int] = {
-    "critical": DEGRADED, "shutdown": FAILED, "slowdown": DEGRADED,
-    "memory_max_operating": DEGRADED}
+    Threshold.CRITICAL: DEGRADED, Threshold.SHUTDOWN: FAILED, Threshold.SLOWDOWN: DEGRADED,
+    Threshold.MEMORY_MAX_OPERATING: DEGRADED}
 # throttle reason (docs/metrics.md) -> check; sw_power_cap is the power limit doing its job.
-THROTTLES: Mapping[str, Check] = {"hw_thermal": Check.THERMAL, "sw_thermal": Check.THERMAL,
-                                "hw_slowdown": Check.POWER, "hw_power_brake": Check.POWER}
+THROTTLES: Mapping[str, Check] = {
+    ThrottleReason.HW_THERMAL: Check.THERMAL, ThrottleReason.SW_THERMAL: Check.THERMAL,
+    ThrottleReason.HW_SLOWDOWN: Check.POWER, ThrottleReason.HW_POWER_BRAKE: Check.POWER}
 # RAS block -> (check, status) of its uncorrected errors; None: not about the GPU's health.
 # Blocks not listed (AMD umc, gfx, sdma, ...; NVML's memory locations) are memory (ECC or
 # parity of DRAM and SRAM). Level Zero's zes_ras_error_cat_t: engine resets the driver had
@@ -153,13 +163,14 @@ def _memory(d: DeviceSample) -> Iterable[Finding]:
         yield Finding(Check.MEMORY, DEGRADED,
                       "page retirement pending: reset the GPU to apply it",
                       FindingCode.PAGE_RETIREMENT_PENDING)
-    if d.ecc_errors.get("uncorrected", 0) > 0:
+    uncorrected = d.ecc_errors.get(Severity.UNCORRECTED, 0)
+    if uncorrected > 0:
         yield Finding(Check.MEMORY, FAILED,
-                      f"{d.ecc_errors['uncorrected']} uncorrected ECC errors since driver load",
+                      f"{uncorrected} uncorrected ECC errors since driver load",
                       FindingCode.ECC_UNCORRECTED)
     for (block, severity), n in sorted(d.ras_errors.items()):
         rule = RAS_BLOCKS.get(block, MEMORY_RAS)
-        if rule is not None and severity == "uncorrected" and n > 0:
+        if rule is not None and severity == Severity.UNCORRECTED and n > 0:
             yield Finding(rule[0], rule[1], f"{n} uncorrected RAS errors in {block}",
                           FindingCode.ECC_UNCORRECTED if rule[0] == Check.MEMORY
                           else FindingCode.RAS_UNCORRECTED)
@@ -221,7 +232,7 @@ def _fabric(d: DeviceSample) -> Iterable[Finding]:
 
 def _recovery(d: DeviceSample) -> Iterable[Finding]:
     action = d.recovery_action
-    status = RECOVERY_ACTIONS.get(action or "none", DEGRADED)
+    status = RECOVERY_ACTIONS.get(action or RecoveryAction.NONE, DEGRADED)
     if status:
         yield Finding(Check.DRIVER, status, f"driver asks for recovery action {action}",
                       FindingCode.RECOVERY_ACTION)

@@ -32,7 +32,6 @@ from typing import TypeAlias
 
 from exporter.core import logs
 from exporter.core.config import Config
-from exporter.core.joins import JoinSource
 from exporter.core.labels import ErrorReason
 from exporter.core.model import BackendSample
 from exporter.pipeline import hubstate
@@ -45,8 +44,6 @@ from exporter.sources.base import (
     BackendFailed,
     BackendUnavailable,
     Cycle,
-    Enricher,
-    RetriesOpen,
 )
 
 Subscriber: TypeAlias = Callable[[Snapshot], None]  # gets every published snapshot, in order
@@ -94,7 +91,6 @@ class Hub:
         self._lock = threading.Lock()
         self._states = {b.name: BackendState(b.name, priority=b.priority) for b in self.backends}
         self._watch = hubstate.Watchdog(config, self.backends)
-        self._hooks = hubstate.Hooks(self.backends)
         self._gpus = hubstate.KnownGpus()  # numbering and gone devices, under _lock
         self._threads_by_backend: Mapping[str, threading.Thread] = {}
         self._timing = logs.Every(TIMING_INTERVAL)  # --log.level debug: cycle times
@@ -219,8 +215,9 @@ class Hub:
                 # A backend whose open() is cheap (a cached DRM listing) retries every
                 # cycle, so a hotplugged card is picked up within one interval.
                 delay = REOPEN_BACKOFF[min(attempt, len(REOPEN_BACKOFF) - 1)]
-                if isinstance(backend, RetriesOpen):
-                    delay = min(delay, backend.retry_interval)
+                retry = backend.capabilities.retry_interval
+                if retry is not None:
+                    delay = min(delay, retry)
             attempt += 1
             self.clock.wait(self._stop, delay)
 
@@ -294,8 +291,7 @@ class Hub:
             with self._lock:
                 gpus = self._gpus.numbers_of(cycle.devices)
             hubstate.log_cycle(backend.name, cycle, duration, gpus)
-        # The hooks are read here, on the backend's own thread, like sample() itself.
-        self._accept(backend.name, cycle, duration, *self._hooks.after_cycle(backend.name))
+        self._accept(backend.name, cycle, duration)
         self._finish(backend.name, changed=True)
         return not cycle.devices or any(d.up for d in cycle.devices)
 
@@ -334,14 +330,12 @@ class Hub:
         if new != state:
             self.request_publish()
 
-    def _accept(self, name: str, cycle: Cycle, duration: float, enricher: Enricher | None,
-                child_restarts: int | None, joins: JoinSource | None = None) -> None:
+    def _accept(self, name: str, cycle: Cycle, duration: float) -> None:
         sample = BackendSample(backend=name, timestamp=self.wall_clock(), duration_seconds=duration,
                                devices=tuple(cycle.devices), errors=dict(cycle.errors))
         with self._lock:
             state = self._states[name]
-            self._states[name] = hubstate.accepted(state, sample, self.clock.now(), enricher,
-                                                   joins, child_restarts)
+            self._states[name] = hubstate.accepted(state, sample, self.clock.now(), cycle)
             self._gpus.accepted(cycle.devices)
             self._gpus.log_changes(state.last, sample)  # after accepted: the gpu index
 

@@ -7,7 +7,6 @@ one log line here, never one per cycle. Owns ``down_code``: a down reason's free
 one of the closed set of codes (labels.DownReason) that gpu_exporter_backend_down_reason
 serves; a backend that stays down for one code logs it once, whatever the text says
 meanwhile (a lost kubelet and the reopen that finds its socket gone are one event).
-Owns ``Hooks``, the optional hooks a backend declares, read after each of its cycles.
 Owns ``KnownGpus``: the ``gpu`` numbering, what is reported (``gpu_up 0``) for a device no
 backend reports any more, and the log lines of a GPU that appeared, was lost, came back or is gone.
 
@@ -18,25 +17,17 @@ a change happens and calls these with its lock held.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 
 import structlog
 
 from exporter.core.config import Config
-from exporter.core.joins import JoinSource
 from exporter.core.labels import DownReason, ErrorReason
 from exporter.core.model import BackendSample, DeviceInfo, DeviceSample
 from exporter.pipeline.state import DURATION_BUCKETS, BackendState
-from exporter.sources.base import (
-    Attributes,
-    Backend,
-    Cycle,
-    Enricher,
-    Joins,
-    SupervisesChild,
-)
+from exporter.sources.base import Backend, Cycle
 
 log = structlog.get_logger(__name__)
 
@@ -121,9 +112,8 @@ def counted(state: BackendState, errors: Mapping[ErrorReason, int]) -> BackendSt
 
 
 def accepted(state: BackendState, sample: BackendSample, now: float,
-             enricher: Enricher | None, joins: JoinSource | None,
-             child_restarts: int | None) -> BackendState:
-    """A completed cycle at ``now`` (monotonic), with what its hooks said after it."""
+             cycle: Cycle) -> BackendState:
+    """A completed cycle at ``now`` (monotonic), with what the backend handed over in it."""
     duration = sample.duration_seconds
     buckets = tuple(c + (duration <= b)
                     for c, b in zip(state.duration_buckets, DURATION_BUCKETS, strict=True))
@@ -133,8 +123,9 @@ def accepted(state: BackendState, sample: BackendSample, now: float,
         state, last=sample, last_success=sample.timestamp, alive_at=now,
         stale=False, errors_total=_added(state.errors_total, sample.errors),
         duration_buckets=buckets, duration_sum=state.duration_sum + duration,
-        duration_count=state.duration_count + 1, enricher=enricher, joins=joins,
-        child_restarts=child_restarts, reason=state.reason if not state.up else "")
+        duration_count=state.duration_count + 1, enricher=cycle.enricher,
+        joins=cycle.joins, child_restarts=cycle.child_restarts,
+        reason=state.reason if not state.up else "")
 
 
 def _watched(state: BackendState, limit: float, now: float) -> tuple[BackendState, float]:
@@ -183,29 +174,6 @@ class Watchdog:
         if wake == NOT_WATCHED:
             wake = min(self.stale_after.values(), default=60.0)
         return changed, max(wake, 0.0)
-
-
-class Hooks:
-    """The optional hooks each backend declares (backends.base), looked up once."""
-
-    def __init__(self, backends: Sequence[Backend]) -> None:
-        self._attribution = {b.name: b.attribution for b in backends
-                             if isinstance(b, Attributes)}
-        self._joins = {b.name: b.joins for b in backends if isinstance(b, Joins)}
-        self._child_restarts = {b.name: _restarts_of(b) for b in backends
-                                if isinstance(b, SupervisesChild)}
-
-    def after_cycle(self, name: str) -> tuple[Enricher | None, int | None, JoinSource | None]:
-        """What they say after a cycle of backend ``name``: enricher, child restarts, joins."""
-        attribution = self._attribution.get(name)
-        restarts = self._child_restarts.get(name)
-        joins = self._joins.get(name)
-        return (attribution() if attribution else None, restarts() if restarts else None,
-                joins() if joins else None)
-
-
-def _restarts_of(backend: SupervisesChild) -> Callable[[], int]:
-    return lambda: backend.child_restarts
 
 
 def _added(total: Mapping[ErrorReason, int], errors: Mapping[ErrorReason, int]

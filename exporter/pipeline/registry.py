@@ -3,7 +3,7 @@
 Each row names a collector (``--collector.<key>`` / ``--no-collector.<key>``), its
 default (on, off, or auto), its help, the platforms it runs on, and either the
 factory of its backend or, for a sub-feature such as ``gpm``, the backend it belongs
-to (which says whether it can serve it: the ServesFeatures hook, backends.base).
+to (which says whether it can serve it: its ``capabilities``, exporter.sources.base).
 From this table come the switches and their help (exporter.app.flags), ``build_backends``
 and the forced-on check (``forced_but_unavailable``); a new backend is one row here.
 
@@ -36,7 +36,6 @@ from exporter.sources.base import (
     BackendFailed,
     BackendUnavailable,
     Cycle,
-    ServesFeatures,
 )
 from exporter.sources.readers import Readers
 
@@ -236,8 +235,8 @@ def forced_but_unavailable(config: Config, backends: Sequence[Backend]) -> str |
             backend.open()
             reason = None
             if row.parent is not None:
-                reason = (backend.feature_unavailable(row.key)
-                          if isinstance(backend, ServesFeatures)
+                features = backend.capabilities.features
+                reason = (features[row.key] if row.key in features
                           else f"the {owner} backend does not say whether it serves it")
         except BackendUnavailable as e:
             reason = str(e)

@@ -39,9 +39,9 @@ class BackendState:
     # Monotonic clock of the last completed cycle, else of the last open: what ages are from.
     alive_at: float | None = None
     priority: int = 0
-    enricher: Enricher | None = None  # after its last cycle (the Attributes hook)
-    joins: JoinSource | None = None  # after its last cycle (the Joins hook)
-    child_restarts: int | None = None  # after its last cycle (the SupervisesChild hook)
+    enricher: Enricher | None = None  # its last cycle's (Cycle.enricher)
+    joins: JoinSource | None = None  # its last cycle's (Cycle.joins)
+    child_restarts: int | None = None  # its last cycle's (Cycle.child_restarts)
     # What was last logged of a down reason (its code; an exception's text), and whether
     # it came after a successful open (a handle that went bad, a sample that raised): a
     # backend that opens and fails again and again logs its failure once, and "recovered"

@@ -40,9 +40,10 @@ import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from exporter.core.labels import Vocabulary
 from exporter.serve.slots import BUSY, IDLE, MAX_CONNECTIONS, STALLED, UNPROVEN, Slots
 
-__all__ = ["AUTH_MARK", "CHUNK", "IDLE", "MAX_CONNECTIONS", "BoundedH11", "Slots",
+__all__ = ["AUTH_MARK", "CHUNK", "IDLE", "MAX_CONNECTIONS", "Auth", "BoundedH11", "Slots",
            "protocol_factory"]
 log = structlog.get_logger(__name__)
 
@@ -57,6 +58,15 @@ PIPELINE_POLL = 0.05  # seconds between looks at whether a pipelining client has
 AUTH_MARK = "gpu_exporter.auth"  # scope["extensions"] key: the auth middleware's report
 
 
+class Auth(Vocabulary):
+    """What the auth middleware reports of a request through ``AUTH_MARK``."""
+
+    CHECKING = "checking"  # its password waits in the bcrypt queue
+    OK = "ok"
+    FAILED = "failed"
+    LIMITED = "limited"  # not checked: its address used up its guesses
+
+
 class BoundedH11(H11Protocol):
     """uvicorn's HTTP/1.1 protocol holding a slot, with a bound on request-head time.
 
@@ -64,7 +74,7 @@ class BoundedH11(H11Protocol):
     Here a request head must be complete within ``header_timeout`` of its first byte
     (or of the connection, for one that sends nothing); an idle keep-alive connection
     is closed by uvicorn's keep-alive timeout. The auth middleware reports through
-    ``scope["extensions"][AUTH_MARK]["report"]`` ("checking", "failed", "ok"), which
+    ``scope["extensions"][AUTH_MARK]["report"]`` (an ``Auth``), which
     moves the connection between the unproven and the good ones.
     """
 
@@ -181,12 +191,12 @@ class BoundedH11(H11Protocol):
                 # still be given the hook the auth middleware reports through.
                 self.scope.setdefault("extensions", {})[AUTH_MARK] = {"report": self._auth}
 
-    def _auth(self, state: str) -> None:
-        """"checking" (a password in the queue), "ok", or a failure ("failed", "limited")."""
-        if state == "ok":
+    def _auth(self, state: Auth) -> None:
+        """CHECKING (a password in the queue), OK, or a failure (FAILED, LIMITED)."""
+        if state == Auth.OK:
             self._mark(BUSY)
             return
-        self.failed_auth = state != "checking"
+        self.failed_auth = state != Auth.CHECKING
         self._mark(UNPROVEN)
 
     def on_response_complete(self) -> None:

@@ -27,10 +27,10 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from exporter.serve.connections import AUTH_MARK, CHUNK
+from exporter.serve.connections import AUTH_MARK, CHUNK, Auth
 
 OPEN_PATHS = frozenset({"/-/healthy", "/-/ready"})
-OK, FAILED, LIMITED = "ok", "failed", "limited"
+OK, FAILED, LIMITED = Auth.OK, Auth.FAILED, Auth.LIMITED
 
 
 class TokenBucket:
@@ -201,7 +201,7 @@ class PasswordChecker:
         self._pump()
 
     async def check(self, header: bytes, address: str = "",
-                    checking: Callable[[], None] | None = None) -> str:
+                    checking: Callable[[], None] | None = None) -> Auth:
         """OK, FAILED, or LIMITED (not checked: too many guesses); ``checking`` is
         called before a bcrypt check is queued."""
         scheme, _, encoded = header.partition(b" ")
@@ -270,12 +270,12 @@ class BasicAuthMiddleware:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        mark: Callable[[str], None] = (scope.get("extensions") or {}).get(
+        mark: Callable[[Auth], None] = (scope.get("extensions") or {}).get(
             AUTH_MARK, {}).get("report", lambda state: None)
         header = dict(scope["headers"]).get(b"authorization", b"")
         client = scope.get("client")
         address = str(client[0]) if client else ""
-        result = await self.passwords.check(header, address, lambda: mark("checking")) \
+        result = await self.passwords.check(header, address, lambda: mark(Auth.CHECKING)) \
             if header else FAILED
         mark(result)
         if result == OK:

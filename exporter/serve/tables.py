@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from exporter.core.labels import Clock, HealthStatus, Sensor
+from exporter.core.labels import Clock, Direction, Engine, HealthStatus, Sensor
 from exporter.core.model import DeviceSample, ProcessSample
 from exporter.pipeline.health import Verdict
 from exporter.pipeline.state import BackendState, Snapshot
@@ -142,7 +142,7 @@ def device_view(d: DeviceSample, health: Verdict | None, stale: bool, gpu: str) 
         gpu=gpu, name=d.info.name or d.info.uuid, vendor=d.info.vendor, uuid=d.info.uuid,
         state=state, utilization=d.utilization_ratio,
         memory_utilization=d.memory_utilization_ratio,
-        encoder=engines.get("encoder"), decoder=engines.get("decoder"),
+        encoder=engines.get(Engine.ENCODER), decoder=engines.get(Engine.DECODER),
         memory_used_bytes=used, memory_total_bytes=total, memory_free_bytes=free,
         shared_memory_used_bytes=d.shared_memory_used_bytes,
         shared_memory_total_bytes=d.shared_memory_total_bytes,
@@ -153,8 +153,8 @@ def device_view(d: DeviceSample, health: Verdict | None, stale: bool, gpu: str) 
                            clocks.get(Clock.SM)),
         pcie=view.Pcie(d.pcie_link_generation, d.pcie_link_width,
                        d.pcie_link_max_generation, d.pcie_link_max_width,
-                       d.pcie_throughput_bytes_per_second.get("tx"),
-                       d.pcie_throughput_bytes_per_second.get("rx")),
+                       d.pcie_throughput_bytes_per_second.get(Direction.TX),
+                       d.pcie_throughput_bytes_per_second.get(Direction.RX)),
         health=view.Health(status, reasons),
         cells=view.Cells(state=str(state), utilization=_pct(d.utilization_ratio),
                          memory=memory_text, power=power_text, temperature=temp_text,

@@ -1,24 +1,23 @@
-"""The contract every backend keeps, the errors it may raise, and its optional hooks.
+"""The contract every backend keeps, the errors it may raise, and what it hands over.
 
 A backend owns ONE persistent handle to its library or kernel interface.
 ``open()`` acquires it and returns the GPUs it can see; ``sample()`` reads them;
 ``close()`` lets it go. The collector calls these from the backend's own thread
 only, so a backend needs no locking of its own.
 
-A backend may also declare hooks (the protocols below), by having their members:
-``retry_interval`` (a cheap open() retried at that pace instead of the back-off),
-``attribution()`` (pod attribution applied after the merge), ``joins()`` (join series
-such as pod labels and Slurm jobs), ``child_restarts``
-(a supervised child process) and ``feature_unavailable()`` (a sub-feature with a
-switch of its own, such as NVIDIA's ``gpm``). The collector reads a hook on the backend's thread,
-right after ``sample()``; a backend without it is simply not asked.
+Everything else a backend says is data, never a method the collector looks for: its
+``capabilities`` (a cheap open() retried at its own pace, the sub-features it serves,
+such as NVIDIA's ``gpm``) and, in each ``Cycle`` it returns, beside the devices and
+error counts, what that cycle hands over to the merge (pod attribution, join series
+such as pod labels and Slurm jobs, the restarts of a supervised child process).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import Protocol
 
 from exporter.core.joins import JoinSource
 from exporter.core.labels import ErrorReason
@@ -50,15 +49,6 @@ class BackendFailed(Exception):
     """
 
 
-@dataclass(frozen=True)
-class Cycle:
-    """What one ``sample()`` call returns."""
-
-    devices: Sequence[DeviceSample]
-    # reason -> values/processes dropped in this cycle ("parse", "permission", "gpu_lost", ...)
-    errors: Mapping[ErrorReason, int] = field(default_factory=dict)
-
-
 class Enricher(Protocol):
     """Labels the merged devices and processes with what they belong to (Kubernetes).
 
@@ -76,6 +66,42 @@ class Enricher(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Cycle:
+    """What one ``sample()`` call returns: the devices, the cycle's error counts, and
+    what the backend hands over beside them (None: it has none; the collector keeps
+    each one of the backend's last cycle)."""
+
+    devices: Sequence[DeviceSample]
+    # reason -> values/processes dropped in this cycle ("parse", "permission", "gpu_lost", ...)
+    errors: Mapping[ErrorReason, int] = field(default_factory=dict)
+    # Attribution of devices and processes to what they belong to (the kubernetes
+    # backend): the collector applies the newest one after the merge.
+    enricher: Enricher | None = None
+    # Join series served beside the devices (pod labels, Slurm jobs; exporter.core.joins).
+    joins: JoinSource | None = None
+    # The child processes a backend that runs one (macmon) has replaced since it was
+    # created (gpu_exporter_child_restarts_total).
+    child_restarts: int | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend offers the collector beyond open/sample/close, as data."""
+
+    # open() is cheap (a listdir, a socket check): after it fails, the collector retries
+    # it every ``retry_interval`` seconds when that is sooner than the back-off, so a
+    # card bound later or a restarted kubelet is picked up quickly. None: the back-off.
+    retry_interval: float | None = None
+    # The sub-features with a switch of their own that it serves (``gpm`` of ``nvidia``),
+    # each with why this opened backend cannot serve it, None when it can: read, after
+    # open(), by the start-up check of a sub-feature the operator forced on.
+    features: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))
+
+
+PLAIN = Capabilities()  # a backend that offers nothing more
+
+
 class Backend(Protocol):
     name: str  # "nvidia", "amd", "intel", "fdinfo", ...: the `backend` label
     # The `source` label its samples carry ("nvml", "sysfs", ...): also the one of the
@@ -86,6 +112,12 @@ class Backend(Protocol):
     interval: float | None
     # LIBRARY, KERNEL or DERIVED: which backend's value wins when two report one device.
     priority: int
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Read by the collector when it needs it (after a failed open(); the forced-on
+        check after open()), so it may change with what the backend found."""
+        ...
 
     def open(self) -> Sequence[DeviceInfo]:
         """Acquire the persistent handle. Raises BackendUnavailable(reason)."""
@@ -99,53 +131,3 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-# -- optional hooks -----------------------------------------------------------------------
-@runtime_checkable
-class RetriesOpen(Protocol):
-    """open() is cheap (a listdir, a socket check): after it fails, the collector retries
-    it every ``retry_interval`` seconds when that is sooner than the back-off, so a card
-    bound later or a restarted kubelet is picked up quickly."""
-
-    @property
-    def retry_interval(self) -> float: ...
-
-
-@runtime_checkable
-class Attributes(Protocol):
-    """Attribution of devices and processes to what they belong to (the kubernetes
-    backend): the collector applies the newest one after the merge."""
-
-    def attribution(self) -> Enricher | None:
-        """The attribution of the last sample(), None when there is none."""
-        ...
-
-
-@runtime_checkable
-class Joins(Protocol):
-    """Serves join series (pod labels, Slurm jobs; exporter.core.joins) beside the devices:
-    the collector keeps the newest source while the backend is serving."""
-
-    def joins(self) -> JoinSource | None:
-        """The join rows of the last sample(), None when there are none."""
-        ...
-
-
-@runtime_checkable
-class SupervisesChild(Protocol):
-    """The backend runs a child process (macmon): ``child_restarts`` counts the children
-    it has replaced since it was created (``gpu_exporter_child_restarts_total``)."""
-
-    @property
-    def child_restarts(self) -> int: ...
-
-
-@runtime_checkable
-class ServesFeatures(Protocol):
-    """Serves sub-features that have a switch of their own (``gpm`` of ``nvidia``): asked,
-    after open(), by the start-up check of a sub-feature the operator forced on."""
-
-    def feature_unavailable(self, feature: str) -> str | None:
-        """Why this opened backend cannot serve ``feature``, or None when it can."""
-        ...

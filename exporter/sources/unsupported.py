@@ -13,11 +13,12 @@ import sys
 from collections.abc import Sequence
 
 from exporter.core.model import DeviceInfo
-from exporter.sources.base import KERNEL, BackendUnavailable, Cycle
+from exporter.sources.base import KERNEL, PLAIN, BackendUnavailable, Cycle
 
 
 class NotOnThisPlatform:
     priority = KERNEL
+    capabilities = PLAIN
     interval: float | None = None
 
     def __init__(self, name: str, needs: str = "Linux") -> None:

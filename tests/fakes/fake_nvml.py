@@ -108,6 +108,9 @@ class FakeGPU:
     pcie_replays: int = 9
     engines: dict[str, int] = field(default_factory=lambda: {
         "encoder": 0, "decoder": 0, "jpeg": 0, "ofa": 0})
+    # nvmlDeviceGetEncoderStats: (sessionCount, averageFps, averageLatency µs); an H100 has
+    # no NVENC and answers zeros ("Encoder Stats: Active Sessions : 0", nvidia-smi -q)
+    encoder_stats: tuple[int, int, int] = (0, 0, 0)
     ecc_corrected: int = 0
     ecc_uncorrected: int = 0
     remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
@@ -441,6 +444,10 @@ class FakeNVML(LinksAndMig):
     def nvmlDeviceGetPowerUsage(self, h: FakeHandle) -> int:
         self._enter("nvmlDeviceGetPowerUsage", h)
         return h.gpu.power_mw
+
+    def nvmlDeviceGetEncoderStats(self, h: FakeHandle) -> tuple[int, int, int]:
+        self._enter("nvmlDeviceGetEncoderStats", h)
+        return h.gpu.encoder_stats
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: FakeHandle) -> int:
         self._enter("nvmlDeviceGetEnforcedPowerLimit", h)

@@ -6,9 +6,9 @@ resolved through the CDI spec files, exporter.attribution.kubernetes.dra) and th
 runtime which pod each running container belongs to (CRI ``ListContainers``; with
 ``--kubernetes.pod-labels`` also ``ListPodSandbox``), each with a 1 s timeout, and
 keeps an immutable ``Attribution`` that labels the merged devices and processes: the
-collector asks for it after each sample (the ``Attributes`` hook, backends.base), and
-for the join series (the ``Joins`` hook: pod labels, and processes on a GPU their pod
-was not given, exporter.attribution.kubernetes.unallocated). It reports no devices of its own.
+collector gets it in each cycle (``Cycle.enricher``, exporter.sources.base), and also
+as the join series (``Cycle.joins``: pod labels, and processes on a GPU their pod was
+not given, exporter.attribution.kubernetes.unallocated). It reports no devices of its own.
 
 States (``gpu_exporter_backend_up{backend="kubernetes"}``):
 - pod-resources socket absent, refusing or timing out: down with the reason; the
@@ -41,7 +41,7 @@ from exporter.core.config import Config
 from exporter.core.fs import ProcFS, SysFS
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, PodRef
-from exporter.sources.base import DERIVED, BackendFailed, BackendUnavailable, Cycle
+from exporter.sources.base import DERIVED, BackendFailed, BackendUnavailable, Capabilities, Cycle
 
 log = structlog.get_logger(__name__)
 
@@ -58,7 +58,7 @@ class KubernetesBackend:
         self.interval: float | None = config.kubernetes_interval
         # The collector retries a failed open() this often instead of backing off to a
         # minute: a restarted kubelet is back within one interval.
-        self.retry_interval = config.kubernetes_interval
+        self.capabilities = Capabilities(retry_interval=config.kubernetes_interval)
         self.cache = ContainerCache(ProcFS(config.procfs))
         self._kubelet: PodResourcesClient | None = None
         self._cri: CriClient | None = None
@@ -73,7 +73,6 @@ class KubernetesBackend:
         self._bad_specs: tuple[str, ...] = ()
         self.resolver = NodeResolver(SysFS(config.sysfs), ProcFS(config.procfs))
         self._pending: Counter[ErrorReason] = Counter()
-        self._attribution: Attribution | None = None
 
     def open(self) -> Sequence[DeviceInfo]:
         path = self.config.kubernetes_pod_resources_socket
@@ -123,18 +122,12 @@ class KubernetesBackend:
         self._pending.clear()
         self.cache.sweep()
         errors.update(self.cache.take_errors())
-        self._attribution = Attribution(allocations, self._containers, self.cache,
-                                        self._pod_labels, self._cri_state == "")
-        return Cycle(devices=(), errors=dict(errors))
-
-    def attribution(self) -> Attribution | None:
-        """The attribution of the last sample() (the collector's Attributes hook)."""
-        return self._attribution
-
-    def joins(self) -> Attribution | None:
-        """The join series (the Joins hook): the pod labels, with --kubernetes.pod-labels,
-        and the processes using a GPU their pod was not given."""
-        return self._attribution
+        attribution = Attribution(allocations, self._containers, self.cache,
+                                  self._pod_labels, self._cri_state == "")
+        # It labels the merged devices and processes, and serves the join series: the
+        # pod labels, with --kubernetes.pod-labels, and the processes using a GPU their
+        # pod was not given.
+        return Cycle(devices=(), errors=dict(errors), enricher=attribution, joins=attribution)
 
     def _refresh_cdi(self) -> Counter[ErrorReason]:
         errors = self.cdi.refresh()

@@ -43,7 +43,7 @@ from exporter.core.model import (
 from exporter.sources.amd import amdsmi_device as dev
 from exporter.sources.amd.amdsmi_calls import Caller, GpuLost, text
 from exporter.sources.amd.rates import AccumulatorRates
-from exporter.sources.base import LIBRARY, BackendUnavailable, Cycle
+from exporter.sources.base import LIBRARY, PLAIN, BackendUnavailable, Cycle
 
 log = structlog.get_logger(__name__)
 
@@ -77,6 +77,7 @@ class AmdSmiBackend:
     name = "amdsmi"
     source = SOURCE
     priority = LIBRARY
+    capabilities = PLAIN
     interval: float | None = None
 
     def __init__(self, config: Config) -> None:

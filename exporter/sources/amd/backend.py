@@ -29,7 +29,7 @@ from exporter.core.fs import AttrReader, driver_version
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample
 from exporter.sources.amd import SYSFS_SOURCE
-from exporter.sources.base import KERNEL, BackendUnavailable, Cycle
+from exporter.sources.base import KERNEL, BackendUnavailable, Capabilities, Cycle
 from exporter.sources.discovery import DrmCard, DrmDiscovery
 
 if TYPE_CHECKING:
@@ -76,10 +76,10 @@ class AmdBackend:
         # open() only reads the cached card list: the collector may retry it every cycle.
 
     @property
-    def retry_interval(self) -> float:
+    def capabilities(self) -> Capabilities:
         """open() only reads the cached card list: retried every cycle, or less often
         where udev announces new cards (DrmDiscovery.retry_interval)."""
-        return self.discovery.retry_interval(self.config.interval)
+        return Capabilities(retry_interval=self.discovery.retry_interval(self.config.interval))
 
     def open(self) -> Sequence[DeviceInfo]:
         # With no card, stay down; the collector's reopen back-off calls us again and

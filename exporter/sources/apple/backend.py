@@ -11,7 +11,7 @@ A child that exits, hangs (no JSON line within 3 intervals) or prints only garba
 counted (``gpu_exporter_collection_errors_total{backend="apple"}`` reasons
 ``child_exited``, ``child_hung``, ``child_garbage`` per line, ``child_start_failed``),
 killed, reaped, and replaced after a back-off (the collector's, REOPEN_BACKOFF); every
-replacement is counted in ``child_restarts`` (the SupervisesChild hook). While there is
+replacement is counted in each cycle's ``child_restarts``. While there is
 no live child with a fresh line the GPU is reported with ``gpu_up 0`` and no values.
 
 The GPU has no PCI address: its device key and uuid are ``soc0`` (one SoC per Mac),
@@ -36,7 +36,7 @@ from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample
 from exporter.sources.apple.child import Child, Line
 from exporter.sources.apple.parse import MacmonValues, chip_generation, parse_macmon
-from exporter.sources.base import LIBRARY, REOPEN_BACKOFF, BackendUnavailable, Cycle
+from exporter.sources.base import LIBRARY, PLAIN, REOPEN_BACKOFF, BackendUnavailable, Cycle
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +53,7 @@ class AppleBackend:
     name = "apple"
     source = SOURCE
     priority = LIBRARY
+    capabilities = PLAIN
     interval: float | None = None
 
     def __init__(self, config: Config, backoff: Sequence[float] = REOPEN_BACKOFF) -> None:
@@ -101,12 +102,8 @@ class AppleBackend:
                 self._restart(now, errors)
         else:
             self._watch(child, now, errors)
-        return Cycle(devices=self._devices(), errors={k: n for k, n in errors.items() if n})
-
-    @property
-    def child_restarts(self) -> int:
-        """Children replaced since this backend was made (the SupervisesChild hook)."""
-        return self._restarts
+        return Cycle(devices=self._devices(), errors={k: n for k, n in errors.items() if n},
+                     child_restarts=self._restarts)
 
     def close(self) -> None:
         for child in [*self._dying, *([self._child] if self._child else [])]:

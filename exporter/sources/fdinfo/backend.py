@@ -13,7 +13,7 @@ Choices (docs/vendors-fdinfo.md has the per-driver detail):
 - No card bound to one of those drivers, nothing to find: ``open()`` says so
   (backend_up 0 with the reason) instead of walking every process's fds, which is
   the whole cost of this backend on an NVIDIA-only host. The check is a listdir of
-  ``class/drm`` (DrmDiscovery), so the collector repeats it every ``retry_interval``
+  ``class/drm`` (DrmDiscovery), so the collector repeats it every ``capabilities.retry_interval``
   and a card bound later is picked up.
 - A scan past ``processes_budget`` stops, counts ``budget``, keeps the last values
   of the clients of the pids it did not reach, and the next scan starts where this
@@ -49,7 +49,7 @@ from exporter.core.fs import ProcFS, SysFS
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample, pci_uuid
 from exporter.core.units import bounded, clamp_ratio, process_name
-from exporter.sources.base import DERIVED, BackendFailed, BackendUnavailable, Cycle
+from exporter.sources.base import DERIVED, BackendFailed, BackendUnavailable, Capabilities, Cycle
 from exporter.sources.discovery import DrmDiscovery
 from exporter.sources.fdinfo.scan import (
     ClientKey,
@@ -177,10 +177,10 @@ class FdinfoBackend:
         return f"no amdgpu, i915 or xe card under {root}: no DRM usage stats to read"
 
     @property
-    def retry_interval(self) -> float:
+    def capabilities(self) -> Capabilities:
         """open() only reads the cached card list: retried every cycle, or less often
         where udev announces new cards (DrmDiscovery.retry_interval)."""
-        return self.discovery.retry_interval(self._fast_interval)
+        return Capabilities(retry_interval=self.discovery.retry_interval(self._fast_interval))
 
     def open(self) -> Sequence[DeviceInfo]:
         self.discovery.start()  # udev events on a real /sys (idempotent; shared with amd)

@@ -44,7 +44,7 @@ from exporter.core.config import Config
 from exporter.core.fs import AttrReader, driver_version, read_text
 from exporter.core.labels import Clock, ErrorReason, Sensor, Threshold
 from exporter.core.model import DeviceInfo, DeviceSample, pci_uuid
-from exporter.sources.base import KERNEL, BackendUnavailable, Cycle
+from exporter.sources.base import KERNEL, BackendUnavailable, Capabilities, Cycle
 from exporter.sources.discovery import DrmCard, DrmDiscovery
 from exporter.sources.energy import EnergyCounter
 from exporter.sources.kernel import hwmon
@@ -160,10 +160,10 @@ class IntelBackend:
         # open() only reads the cached card list: the collector may retry it every cycle.
 
     @property
-    def retry_interval(self) -> float:
+    def capabilities(self) -> Capabilities:
         """open() only reads the cached card list: retried every cycle, or less often
         where udev announces new cards (DrmDiscovery.retry_interval)."""
-        return self._discovery.retry_interval(self._config.interval)
+        return Capabilities(retry_interval=self._discovery.retry_interval(self._config.interval))
 
     def open(self) -> Sequence[DeviceInfo]:
         self._discovery.start()  # udev events on a real /sys (idempotent; shared with amd)

@@ -45,9 +45,9 @@ import structlog
 from exporter.core import units
 from exporter.core.config import Config
 from exporter.core.fs import ProcFS
-from exporter.core.labels import ErrorReason
+from exporter.core.labels import Clock, Direction, Engine, ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample, pci_uuid
-from exporter.sources.base import LIBRARY, BackendUnavailable, Cycle
+from exporter.sources.base import LIBRARY, PLAIN, BackendUnavailable, Cycle
 from exporter.sources.energy import EnergyCounter
 from exporter.sources.intel import ze_calls as ze
 
@@ -70,8 +70,8 @@ ENGINES: dict[int, tuple[str, bool]] = {
     ze.ENGINE_GROUP_MEDIA_ALL: ("video", False),
 }
 TEMPERATURES = {ze.TEMP_SENSORS_GPU: "gpu", ze.TEMP_SENSORS_MEMORY: "vram"}
-CLOCKS = {ze.FREQ_DOMAIN_GPU: "graphics", ze.FREQ_DOMAIN_MEMORY: "memory",
-          ze.FREQ_DOMAIN_MEDIA: "video"}
+CLOCKS = {ze.FREQ_DOMAIN_GPU: Clock.GRAPHICS, ze.FREQ_DOMAIN_MEMORY: Clock.MEMORY,
+          ze.FREQ_DOMAIN_MEDIA: Clock.VIDEO}
 # zes_freq_throttle_reason_flag_t -> METRICS reason, as the sysfs PERF_LIMIT_REASONS
 # bits map (intel_parse.THROTTLE_REASONS): PL1/PL2 sw_power_cap, PL4/current hw_slowdown,
 # thermal sw_thermal; a PSU assertion is NVML's hardware power brake. SW_RANGE/HW_RANGE
@@ -115,6 +115,7 @@ class LevelZeroBackend:
     name = "level_zero"
     source = SOURCE
     priority = LIBRARY
+    capabilities = PLAIN
     interval: float | None = None
 
     def __init__(self, config: Config, library: str | None = None) -> None:
@@ -339,7 +340,7 @@ def _engines(caller: ze.Caller, d: _Device, errors: Counter[ErrorReason]
             ratios.setdefault(engine.label, []).append(ratio)
     engines = {label: sum(rs) / len(rs) for label, rs in ratios.items()}
     if device_ratio is None and not d.all_engines:
-        device_ratio = max((engines[k] for k in ("render", "compute") if k in engines),
+        device_ratio = max((engines[k] for k in (Engine.RENDER, Engine.COMPUTE) if k in engines),
                            default=None)
     return engines, busy, device_ratio
 
@@ -358,7 +359,7 @@ def _bandwidth(caller: ze.Caller, d: _Device, errors: Counter[ErrorReason]) -> d
         if previous is None or now[2] <= previous[2]:
             continue
         seconds = (now[2] - previous[2]) / 1e6
-        for direction, k in (("read", 0), ("write", 1)):
+        for direction, k in ((Direction.READ, 0), (Direction.WRITE, 1)):
             if now[k] >= previous[k]:
                 rate = units.bounded((now[k] - previous[k]) / seconds, "bytes_per_second")
                 if rate is not None:
@@ -383,7 +384,7 @@ def _frequencies(caller: ze.Caller, d: _Device, errors: Counter[ErrorReason]
                 errors[ErrorReason.PARSE] += 1
             elif label not in clocks:
                 clocks[label] = actual
-        if label == "graphics" and not throttle:
+        if label == Clock.GRAPHICS and not throttle:
             for bit, reason in THROTTLE.items():
                 throttle[reason] = throttle.get(reason, False) or bool(
                     state.throttleReasons & bit)

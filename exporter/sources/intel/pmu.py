@@ -47,7 +47,7 @@ from exporter.core import units
 from exporter.core.config import Config
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, pci_uuid
-from exporter.sources.base import KERNEL, BackendUnavailable, Cycle
+from exporter.sources.base import KERNEL, BackendUnavailable, Capabilities, Cycle
 from exporter.sources.discovery import DrmCard, DrmDiscovery
 
 if TYPE_CHECKING:
@@ -104,9 +104,9 @@ class PmuBackend:
         self._unopened: tuple[object, str] | None = None
 
     @property
-    def retry_interval(self) -> float:
+    def capabilities(self) -> Capabilities:
         """open() reads a cached card list and a few sysfs files: retried like intel's."""
-        return self._discovery.retry_interval(self._config.interval)
+        return Capabilities(retry_interval=self._discovery.retry_interval(self._config.interval))
 
     def _seen(self, cards: Sequence[DrmCard]) -> object:
         """What an open() depends on: the cards, hotplug's generation, the PMUs registered."""

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from exporter.core import units
+from exporter.core.labels import Severity
 
 # "1: 456Mhz *", "S: 19Mhz *", "0: 2.5GT/s, x1 78Mhz " (pcie), tabs or spaces.
 _DPM_RE = re.compile(r"^\s*(\w+):\s*(?:([\d.]+)GT/s,\s*x(\d+)\s+)?(\d+)\s*mhz\s*(\*)?", re.I)
@@ -80,7 +81,7 @@ def parse_ras_count(text: str | None) -> tuple[dict[str, int], int]:
         if count is None or count < 0 or count == units.U64_MAX:
             bad += 1
             continue
-        out["uncorrected" if kind.lower() == "ue" else "corrected"] = count
+        out[Severity.UNCORRECTED if kind.lower() == "ue" else Severity.CORRECTED] = count
     return out, bad
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from exporter.core import units
+from exporter.core.labels import ThrottleReason
 from exporter.sources.kernel.amdgpu_gpu_metrics_layouts import LAYOUTS, Layout, Nested
 
 # Independent throttle bits (SMU_THROTTLER_*_BIT in amdgpu_smu.h), grouped into the
@@ -35,11 +36,11 @@ from exporter.sources.kernel.amdgpu_gpu_metrics_layouts import LAYOUTS, Layout, 
 # firmware, VRHOT/PROCHOT are hardware signals from outside the GPU.
 THROTTLE_GROUPS: Mapping[str, tuple[int, ...]] = MappingProxyType(
     {
-        "sw_power_cap": tuple(range(0, 8)),
-        "hw_slowdown": tuple(range(16, 24)),
-        "sw_thermal": tuple(range(32, 44)),
-        "hw_thermal": (44, 45),
-        "hw_power_brake": (46, 47),
+        ThrottleReason.SW_POWER_CAP: tuple(range(0, 8)),
+        ThrottleReason.HW_SLOWDOWN: tuple(range(16, 24)),
+        ThrottleReason.SW_THERMAL: tuple(range(32, 44)),
+        ThrottleReason.HW_THERMAL: (44, 45),
+        ThrottleReason.HW_POWER_BRAKE: (46, 47),
     }
 )
 

@@ -34,7 +34,7 @@ from exporter.core.fs import ProcFS
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, DeviceValues
 from exporter.core.xid import meaning as xid_meaning
-from exporter.sources.base import LIBRARY, BackendFailed, BackendUnavailable, Cycle
+from exporter.sources.base import LIBRARY, BackendFailed, BackendUnavailable, Capabilities, Cycle
 from exporter.sources.nvidia.calls import GpuLost, Nvml, text
 from exporter.sources.nvidia.device import GPM_SOURCE, SOURCE, NvmlDevice, read_info
 from exporter.sources.nvidia.events import XidEvents
@@ -176,10 +176,11 @@ class NvidiaBackend:
         for uuid in self._events.registered if self._events else ():
             self._xids.setdefault(uuid, Counter())[XID_MARKER] += 0
 
-    def feature_unavailable(self, feature: str) -> str | None:
-        """After open(): why no GPU serves ``gpm`` profiling, or None (the ServesFeatures
-        hook, asked when --collector.gpm is forced on)."""
-        return self._gpm_reason if feature == "gpm" else f"no feature {feature!r}"
+    @property
+    def capabilities(self) -> Capabilities:
+        """After open(): why no GPU serves ``gpm`` profiling, or None (asked when
+        --collector.gpm is forced on)."""
+        return Capabilities(features={"gpm": self._gpm_reason})
 
     def sample(self, slow: bool) -> Cycle:
         if self._nvml is None:

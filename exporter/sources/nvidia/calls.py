@@ -45,7 +45,9 @@ GpuLost = DeviceLost  # the name the NVIDIA readers use
 
 class Nvml(str, Enum):
     """The NVML functions the backend calls, by name: what ``Caller.get`` / ``probe`` take
-    and what the guard remembers (a typo is a type error, not a call never made)."""
+    and what the guard remembers (a typo is a type error, not a call never made). The
+    getters of plain scalars are named once, in the rows of ``nvidia.scalars``
+    (``Caller.read``); tests/test_nvidia_scalars.py holds both to nvidia-ml-py."""
 
     DEVICE_GET_ARCHITECTURE = "nvmlDeviceGetArchitecture"
     DEVICE_GET_CLOCK_INFO = "nvmlDeviceGetClockInfo"
@@ -53,12 +55,8 @@ class Nvml(str, Enum):
     DEVICE_GET_CUDA_COMPUTE_CAPABILITY = "nvmlDeviceGetCudaComputeCapability"
     DEVICE_GET_CURRENT_CLOCKS_EVENT_REASONS = "nvmlDeviceGetCurrentClocksEventReasons"
     DEVICE_GET_CURRENT_CLOCKS_THROTTLE_REASONS = "nvmlDeviceGetCurrentClocksThrottleReasons"
-    DEVICE_GET_CURR_PCIE_LINK_GENERATION = "nvmlDeviceGetCurrPcieLinkGeneration"
-    DEVICE_GET_CURR_PCIE_LINK_WIDTH = "nvmlDeviceGetCurrPcieLinkWidth"
     DEVICE_GET_DECODER_UTILIZATION = "nvmlDeviceGetDecoderUtilization"
     DEVICE_GET_ENCODER_UTILIZATION = "nvmlDeviceGetEncoderUtilization"
-    DEVICE_GET_ENFORCED_POWER_LIMIT = "nvmlDeviceGetEnforcedPowerLimit"
-    DEVICE_GET_POWER_MANAGEMENT_DEFAULT_LIMIT = "nvmlDeviceGetPowerManagementDefaultLimit"
     DEVICE_GET_FIELD_VALUES = "nvmlDeviceGetFieldValues"
     DEVICE_GET_FAN_SPEED_V2 = "nvmlDeviceGetFanSpeed_v2"
     DEVICE_GET_GPU_FABRIC_INFO_V = "nvmlDeviceGetGpuFabricInfoV"
@@ -67,8 +65,6 @@ class Nvml(str, Enum):
     DEVICE_GET_JPG_UTILIZATION = "nvmlDeviceGetJpgUtilization"
     DEVICE_GET_MAX_CLOCK_INFO = "nvmlDeviceGetMaxClockInfo"
     DEVICE_GET_MAX_MIG_DEVICE_COUNT = "nvmlDeviceGetMaxMigDeviceCount"
-    DEVICE_GET_MAX_PCIE_LINK_GENERATION = "nvmlDeviceGetMaxPcieLinkGeneration"
-    DEVICE_GET_MAX_PCIE_LINK_WIDTH = "nvmlDeviceGetMaxPcieLinkWidth"
     DEVICE_GET_MEMORY_ERROR_COUNTER = "nvmlDeviceGetMemoryErrorCounter"
     DEVICE_GET_MEMORY_INFO = "nvmlDeviceGetMemoryInfo"
     DEVICE_GET_MIG_DEVICE_HANDLE_BY_INDEX = "nvmlDeviceGetMigDeviceHandleByIndex"
@@ -83,10 +79,7 @@ class Nvml(str, Enum):
     DEVICE_GET_NV_LINK_UTILIZATION_CONTROL = "nvmlDeviceGetNvLinkUtilizationControl"
     DEVICE_GET_NV_LINK_UTILIZATION_COUNTER = "nvmlDeviceGetNvLinkUtilizationCounter"
     DEVICE_GET_OFA_UTILIZATION = "nvmlDeviceGetOfaUtilization"
-    DEVICE_GET_PCIE_REPLAY_COUNTER = "nvmlDeviceGetPcieReplayCounter"
     DEVICE_GET_PCIE_THROUGHPUT = "nvmlDeviceGetPcieThroughput"
-    DEVICE_GET_PERFORMANCE_STATE = "nvmlDeviceGetPerformanceState"
-    DEVICE_GET_POWER_USAGE = "nvmlDeviceGetPowerUsage"
     DEVICE_GET_PROCESS_UTILIZATION = "nvmlDeviceGetProcessUtilization"
     DEVICE_GET_REMAPPED_ROWS = "nvmlDeviceGetRemappedRows"
     DEVICE_GET_SERIAL = "nvmlDeviceGetSerial"
@@ -156,6 +149,10 @@ class Caller(Guard):
         """``nvml.<fn>(handle, *args)`` or None; raises DeviceLost / BackendFailed."""
         return self._call(errors, fn, args, kwargs, absent=False)
 
+    def read(self, errors: Counter[ErrorReason], getter: str) -> Any:
+        """``get`` of a plain scalar's getter, named by its row (nvidia.scalars)."""
+        return self._call(errors, getter, (), {}, absent=False)
+
     def get_with(self, errors: Counter[ErrorReason], fn: Nvml, func: Any, *args: Any) -> Any:
         """As ``get``, calling ``func(handle, *args)`` in place of ``nvml.<fn>`` (a safer
         wrapper of that NVML function); remembered and classified under ``fn``."""
@@ -166,7 +163,7 @@ class Caller(Guard):
         """As ``get``, but INVALID_ARGUMENT / NOT_FOUND mean "no such thing" (remembered)."""
         return self._call(errors, fn, args, {}, absent=True)
 
-    def _call(self, errors: Counter[ErrorReason], fn: Nvml, args: tuple[Any, ...],
+    def _call(self, errors: Counter[ErrorReason], fn: str, args: tuple[Any, ...],
               kwargs: dict[str, Any], absent: bool, func: Any = None) -> Any:
         key = (fn, args + tuple(sorted(kwargs.items()))) if kwargs else (fn, args)
         func = self.resolve(key, func if func is not None else getattr(self.nvml, fn, None))

@@ -7,6 +7,8 @@ dropped and counted as ``parse``). A value the card does not expose is left out,
 produces no series. The tier of every call is justified by the timings in
 ``bench/nvml_calls.py`` (see backend.py TIERS).
 
+Plain scalars (one getter, one number: power, P-state, PCIe link, limits, encoder
+sessions) are rows of ``scalars.SCALARS``, read by one loop in each tier's method below.
 Readings that exist only as field values go in one ``nvmlDeviceGetFieldValues`` call
 per tier (``fields``): HBM temperature and instant power on the fast tier, the
 NVLink throughput counters and retired-page counts on the slow one. NVLink state and
@@ -34,14 +36,16 @@ from exporter.core.model import (
     DeviceSample,
     DeviceValues,
     ProcessSample,
+    ValueField,
     normalize_pci_bus_id,
 )
 from exporter.core.units import ratio_from_percent as ratio
-from exporter.core.units import scaled
+from exporter.sources.nvidia import scalars
 from exporter.sources.nvidia.calls import Caller, Nvml, text, u32, u64
 from exporter.sources.nvidia.fields import FieldKey, FieldReader, field_id
 from exporter.sources.nvidia.health import Health
 from exporter.sources.nvidia.nvlink import NvLinks
+from exporter.sources.nvidia.scalars import Tier, gated
 from exporter.sources.readers import ALWAYS, Readers, Wanted
 
 ARCHITECTURES = {
@@ -84,7 +88,6 @@ ENGINES = {
 }
 SOURCE = "nvml"
 GPM_SOURCE = "nvml_gpm"  # GPM's profiling ratios, of a GPU or of a MIG GPU instance
-PSTATE_UNKNOWN = 32
 # NVML's "KB" in PCIe throughput is 1024 bytes (nvidia-smi prints it as KB/s).
 KIB = 1024
 # Fast-tier field values (nvml.h NVML_FI_DEV_*): HBM temperature (°C) has no getter of
@@ -101,16 +104,6 @@ def nvml_sample(info: DeviceInfo, values: DeviceValues, profiling: Mapping[str, 
         values.overlay(DeviceValues(profiling_ratio=dict(profiling))), info=info,
         source=SOURCE, field_sources={"profiling_ratio": GPM_SOURCE} if profiling else {},
         processes=processes)
-
-
-def gated(errors: Counter[ErrorReason], value: float | int | None, scale: float, unit: str
-          ) -> float | None:
-    """``value`` (in NVML's unit) scaled into ``unit`` and through the range gate; a value
-    NVML gave that falls outside it is dropped and counted (reason ``parse``)."""
-    out = scaled(value, scale, unit)
-    if out is None and value is not None:
-        errors[ErrorReason.PARSE] += 1
-    return out
 
 
 def read_info(nvml: Any, handle: Any, driver_version: str) -> DeviceInfo:
@@ -176,10 +169,13 @@ COUNTERS_EVERY = 3
 RARE_EVERY = COUNTERS_EVERY
 
 
-def _present(values: dict[str, Any]) -> dict[str, Any]:
+def _present(values: Mapping[ValueField, Any]) -> dict[str, Any]:
     """The values a fragment of these would have (DeviceValues.present): None and empty
-    mappings dropped, falsy scalars such as 0.0 kept."""
-    return {k: v for k, v in values.items() if v is not None and not (type(v) is dict and not v)}
+    mappings dropped, falsy scalars such as 0.0 kept. Keyed by ``ValueField``: a misspelt
+    field name is a type error."""
+    out: dict[str, Any] = {
+        k: v for k, v in values.items() if v is not None and not (type(v) is dict and not v)}
+    return out
 
 
 class NvmlDevice:
@@ -260,11 +256,7 @@ class NvmlDevice:
         self.static = DeviceValues(
             temperature_limits_celsius=thresholds,
             clocks_max_hertz=max_clocks,
-            pcie_link_max_generation=u32(g(errors, Nvml.DEVICE_GET_MAX_PCIE_LINK_GENERATION)),
-            pcie_link_max_width=u32(g(errors, Nvml.DEVICE_GET_MAX_PCIE_LINK_WIDTH)),
-            power_limit_default_watts=gated(
-                errors, u32(g(errors, Nvml.DEVICE_GET_POWER_MANAGEMENT_DEFAULT_LIMIT)), 1e-3,
-                "watts"),
+            **scalars.read(self.call, errors, Tier.STATIC),
         )
         self.fans = u32(g(errors, Nvml.DEVICE_GET_NUM_FANS)) or 0
         self._base = None
@@ -304,7 +296,6 @@ class NvmlDevice:
         temp = u32(g(errors, Nvml.DEVICE_GET_TEMPERATURE, self.c("NVML_TEMPERATURE_GPU")))
         if (celsius := gated(errors, temp, 1, "celsius")) is not None:
             temps[Sensor.GPU] = celsius
-        power = u32(g(errors, Nvml.DEVICE_GET_POWER_USAGE))
         fans = {}
         for fan in range(self.fans):
             r = ratio(u32(g(errors, Nvml.DEVICE_GET_FAN_SPEED_V2, fan)))
@@ -315,7 +306,6 @@ class NvmlDevice:
             mhz = u32(g(errors, Nvml.DEVICE_GET_CLOCK_INFO, self.c(const)))
             if (hz := gated(errors, mhz, 1e6, "hertz")) is not None:
                 clocks[clock] = hz
-        pstate = u32(g(errors, Nvml.DEVICE_GET_PERFORMANCE_STATE))
         mem_temp = self._field(fv, "memory_temp")
         # 0 is what cards without an HBM sensor answer instead of failing
         if mem_temp and (celsius := gated(errors, mem_temp, 1, "celsius")) is not None:
@@ -331,14 +321,13 @@ class NvmlDevice:
             "utilization_ratio": None if util is None else ratio(u32(util.gpu)),
             "memory_utilization_ratio": None if util is None else ratio(u32(util.memory)),
             "temperatures_celsius": temps,
-            "power_watts": gated(errors, power, 1e-3, "watts"),
             "fan_speed_ratio": fans,
             "clocks_hertz": clocks,
-            "performance_state": None if pstate is None or pstate >= PSTATE_UNKNOWN else pstate,
             "throttle_reasons": self._throttle(errors),
             "power_instant_watts": instant,
             "engine_utilization_ratio": engines,
         }))
+        out.update(scalars.read(self.call, errors, Tier.FAST))
         out.update(memory_values(self.call, errors))
         return out
 
@@ -346,7 +335,6 @@ class NvmlDevice:
         """The rare tier (RARE_EVERY above): power limit, ECC totals and by location,
         remapped rows, PCIe replays."""
         g = self.call.get
-        limit = u32(g(errors, Nvml.DEVICE_GET_ENFORCED_POWER_LIMIT))
         ecc: dict[str, int] = {}
         for severity, const in ECC_TYPES.items():
             v = u64(g(errors, Nvml.DEVICE_GET_TOTAL_ECC_ERRORS, self.c(const),
@@ -355,22 +343,20 @@ class NvmlDevice:
                 ecc[severity] = v
         self._base = None
         return DeviceValues(
-            power_limit_watts=gated(errors, limit, 1e-3, "watts") if limit else None,
             ecc_errors=ecc,
-            pcie_replay_errors=u32(g(errors, Nvml.DEVICE_GET_PCIE_REPLAY_COUNTER)),
             ras_errors=self.health.read_ras(errors),
+            **scalars.read(self.call, errors, Tier.RARE),
         ).overlay(self._remapped(errors))
 
     def read_state(self, errors: Counter[ErrorReason], nvlink: bool = True) -> DeviceValues:
-        """Slow-tier state (read by read_fast on a slow cycle, served by it between):
-        PCIe link now; NVLink up/down when ``nvlink`` (the rare tier, or after an XID)."""
-        g = self.call.get
+        """Slow-tier state (read by read_fast on a slow cycle, served by it between): the
+        slow rows (PCIe link now, encoder sessions); NVLink up/down when ``nvlink`` (the
+        rare tier, or after an XID)."""
         if nvlink:
             self._state_due = False
         self._slow_state = DeviceValues(
-            pcie_link_generation=u32(g(errors, Nvml.DEVICE_GET_CURR_PCIE_LINK_GENERATION)),
-            pcie_link_width=u32(g(errors, Nvml.DEVICE_GET_CURR_PCIE_LINK_WIDTH)),
-            nvlink_up=self.nvlink.read_state(errors) if nvlink else self._slow_state.nvlink_up)
+            nvlink_up=self.nvlink.read_state(errors) if nvlink else self._slow_state.nvlink_up,
+            **scalars.read(self.call, errors, Tier.SLOW))
         self._base = None
         return self._slow_state
 

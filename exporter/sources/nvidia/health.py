@@ -41,7 +41,13 @@ from collections.abc import Mapping
 from ctypes import byref
 from typing import Any, TypeVar
 
-from exporter.core.labels import ErrorReason, RetireCause, Severity, ThrottleReason
+from exporter.core.labels import (
+    ErrorReason,
+    RecoveryAction,
+    RetireCause,
+    Severity,
+    ThrottleReason,
+)
 from exporter.core.model import DeviceValues
 from exporter.core.units import scaled
 from exporter.sources.nvidia.calls import Caller, Nvml, u64
@@ -67,9 +73,10 @@ RETIRED_FIELDS = {RetireCause.SINGLE_BIT: "NVML_FI_DEV_RETIRED_SBE",
 PENDING_FIELD = "NVML_FI_DEV_RETIRED_PENDING"
 RECOVERY_FIELD = "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"
 # nvml.h nvmlDeviceGpuRecoveryAction_t -> the name exporter.pipeline.health classifies.
-RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
-                    4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
-                    7: "system_reboot"}
+RECOVERY_ACTIONS = {0: RecoveryAction.NONE, 1: RecoveryAction.GPU_RESET,
+                    2: RecoveryAction.NODE_REBOOT, 3: RecoveryAction.DRAIN_P2P,
+                    4: RecoveryAction.DRAIN_AND_RESET, 5: RecoveryAction.RECOVER_IMEX_DOMAIN,
+                    6: RecoveryAction.BUS_RESET, 7: RecoveryAction.SYSTEM_REBOOT}
 # nvmlDeviceGetGpuFabricInfoV's structures, newest first (nvml.h nvmlGpuFabricInfo_v3_t,
 # nvmlGpuFabricInfo_v2_t; pynvml names them so), each one's version set by its constructor.
 FABRIC_STRUCTS = ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t")
