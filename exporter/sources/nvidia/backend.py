@@ -231,7 +231,8 @@ class NvidiaBackend:
                 if g.gpm is not None and g.want_gpm.due():
                     g.profiling = self._gpm(g, errors)
             # With MIG on, processes belong to their instance (read on its handle), not twice.
-            processes = () if g.mig.enabled else g.procs.read(errors, slow)
+            processes = () if g.mig.enabled else g.procs.read(
+                errors, slow, values.get("memory_total_bytes"))
             instances = g.mig.sample(errors, slow) if g.mig.enabled else []
         except GpuLost:
             # Counted here; the change of state is logged once by the collector.

@@ -1,0 +1,124 @@
+"""The NVIDIA backend against what a driver or a host can hand it: a wall clock stepped
+back or forward, a sample stamped in the future, pid 0, memory past the GPU's total, a
+pid whose /proc entry went, thousands of MPS clients."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.core.config import Config
+from exporter.core.model import ProcessSample
+from exporter.sources.nvidia import processes as nvml_processes
+from exporter.sources.nvidia.backend import NvidiaBackend
+from exporter.sources.nvidia.processes import ProcessReader
+from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
+from tests.test_energy_defaults import A, B, SLOW, Daemon
+
+DAY = 86_400.0
+GIB = 1 << 30
+
+
+def backend(fake: FakeNVML, procfs: Path | str = "/nonexistent") -> NvidiaBackend:
+    b = NvidiaBackend(Config(procfs=str(procfs)), fake)
+    b.open()
+    return b
+
+
+def sm(d: Daemon, pid: int) -> float | None:
+    p = {p.pid: p for p in d.devices[0].processes}[pid]
+    return p.utilization_ratio.get("sm")
+
+
+@pytest.mark.parametrize("step", [-DAY, DAY])
+def test_a_clock_step_leaves_utilisation_and_energy_right_after_one_cycle(
+        monkeypatch: pytest.MonkeyPatch, step: float) -> None:
+    """The reader kept the largest timestamp NVML ever gave: after the wall clock went
+    back, every sample was older than that and per-process utilisation vanished for as
+    long as the step; the busy process's energy went to idle meanwhile."""
+    d = Daemon(1, monkeypatch)
+    monkeypatch.setattr(ProcessReader, "wall", staticmethod(d.nvml.wall))
+    d.nvml.busy(0, A, 2, 400)  # B stays idle throughout
+    d.run_until(95)
+    assert sm(d, A) == pytest.approx(0.87, abs=0.02)
+    d.nvml.wall_step = step  # NTP steps the host's clock between two cycles
+    errors_before = dict(d.backend.sample(False).errors)
+    assert errors_before == {}
+    d.run_until(110)  # the next slow cycle (100 s) reads across the step, the one after is clean
+    assert sm(d, A) == pytest.approx(0.87, abs=0.02)
+    before = {p.pid: p.energy_joules or 0.0 for p in d.devices[0].processes}
+    d.run_until(110 + 3 * 30 + 1)  # three energy windows (the counter is read every 30 s)
+    after = {p.pid: p.energy_joules or 0.0 for p in d.devices[0].processes}
+    gained = after[A] - before[A]
+    assert gained == pytest.approx(90 * d.nvml.busy_watts, rel=0.15)
+    assert after[B] == before[B] == 0.0
+    assert sm(d, A) == pytest.approx(0.87, abs=0.02)
+
+
+def test_a_sample_stamped_in_the_future_is_dropped_and_does_not_silence_the_reader(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1_760_000_000.0]
+    monkeypatch.setattr(ProcessReader, "wall", staticmethod(lambda: now[0]))
+    monkeypatch.setattr(ProcessReader, "mono", staticmethod(lambda: now[0] - 1_760_000_000.0))
+    worker = FakeProcess(pid=77, used_memory_bytes=GIB, sm_util=60)
+    b = backend(FakeNVML([FakeGPU(processes=[worker])]))
+    seen = []
+    for ahead in (0, 10**12, 0, 0):  # one sample stamped 11.6 days ahead
+        worker.stamp_ahead_us = ahead
+        now[0] += SLOW
+        cycle = b.sample(slow=True)
+        (p,) = cycle.devices[0].processes
+        seen.append((p.utilization_ratio.get("sm"), cycle.errors.get("clock", 0)))
+    assert seen == [(0.6, 0), (None, 1), (0.6, 0), (0.6, 0)]
+
+
+def test_pid_zero_and_pids_out_of_range_are_dropped_and_counted() -> None:
+    fake = FakeNVML([FakeGPU(processes=[
+        FakeProcess(pid=0, used_memory_bytes=GIB), FakeProcess(pid=1 << 23, used_memory_bytes=GIB),
+        FakeProcess(pid=4242, used_memory_bytes=GIB)])])
+    cycle = backend(fake).sample(slow=True)
+    assert [p.pid for p in cycle.devices[0].processes] == [4242]
+    assert cycle.errors == {"implausible": 2}
+
+
+def test_process_memory_past_the_gpus_total_is_dropped_and_counted() -> None:
+    gpu = FakeGPU(processes=[FakeProcess(pid=10, used_memory_bytes=2**62),
+                             FakeProcess(pid=11, used_memory_bytes=2**63 - 1),
+                             FakeProcess(pid=12, used_memory_bytes=4 * GIB)])
+    cycle = backend(FakeNVML([gpu])).sample(slow=True)
+    memory = {p.pid: p.memory_used_bytes for p in cycle.devices[0].processes}
+    assert memory == {10: None, 11: None, 12: 4.0 * GIB}
+    assert cycle.errors == {"implausible": 2}
+
+
+def test_a_pid_gone_from_proc_keeps_its_name(tmp_path: Path) -> None:
+    """NVML still lists a pid whose /proc entry went: its ``process`` label changed from
+    its comm to NVML's name, ending its series (and its energy) for another."""
+    d = tmp_path / "proc" / "4321"
+    d.mkdir(parents=True)
+    (d / "comm").write_bytes(b"vanisher\n")
+    (d / "stat").write_text("4321 (vanisher) S " + " ".join(["0"] * 18) + " 777 0 0\n")
+    fake = FakeNVML([FakeGPU(processes=[FakeProcess(pid=4321, used_memory_bytes=GIB,
+                                                    name="/usr/bin/python3")])])
+    b = backend(fake, tmp_path / "proc")
+    names = [b.sample(slow=True).devices[0].processes[0].process]
+    for child in d.iterdir():
+        child.unlink()
+    d.rmdir()
+    names += [b.sample(slow=slow).devices[0].processes[0].process for slow in (True, False)]
+    assert names == ["vanisher"] * 3
+
+
+def test_thousands_of_mps_clients_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvml_processes, "MAX_PROCESSES", 8)
+    clients = [FakeProcess(pid=1000 + i, used_memory_bytes=(i + 1) * (1 << 20), mps=True)
+               for i in range(20)]
+    b = backend(FakeNVML([FakeGPU(processes=clients)]))
+    for _ in range(2):
+        cycle = b.sample(slow=True)
+        rows: tuple[ProcessSample, ...] = cycle.devices[0].processes
+        assert [p.pid for p in rows] == list(range(1019, 1011, -1))  # the most memory first
+        assert cycle.errors == {"table_full": 12}
+    reader = b._gpus[0].procs
+    assert max(len(reader._names), len(reader._rss), len(reader._owners)) == 8
