@@ -14,7 +14,7 @@ from exporter.sources.nvidia import processes as nvml_processes
 from exporter.sources.nvidia.backend import NvidiaBackend
 from exporter.sources.nvidia.processes import ProcessReader
 from tests.fakes.fake_nvml import FakeGPU, FakeNVML, FakeProcess
-from tests.test_energy_defaults import A, B, SLOW, Daemon
+from tests.test_energy_defaults import SLOW, A, B, Daemon
 
 DAY = 86_400.0
 GIB = 1 << 30
