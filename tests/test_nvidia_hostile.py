@@ -122,3 +122,31 @@ def test_thousands_of_mps_clients_are_bounded(monkeypatch: pytest.MonkeyPatch) -
         assert cycle.errors == {"table_full": 12}
     reader = b._gpus[0].procs
     assert max(len(reader._names), len(reader._rss), len(reader._owners)) == 8
+
+
+def test_xid_codes_are_bounded_per_gpu_past_which_they_count_as_other() -> None:
+    """Every code up to 0xFFFF was kept per GPU: 3,000 odd codes from the driver made
+    6,001 gpu_xid_* series on one GPU (787 KB of /metrics)."""
+    from exporter.core.xid import MAX_CODES, OTHER
+    from exporter.output.render.families import RenderOptions, device_families
+    from exporter.pipeline.health import evaluate
+    from exporter.pipeline.state import Snapshot
+
+    codes = [1001 + 2 * i for i in range(3000)]
+    b = backend(FakeNVML([FakeGPU(xids=[*codes, 79, codes[0]])]))
+    for _ in range(4):  # 1,024 events a cycle at most
+        d = b.sample(slow=True).devices[0]
+    assert len(d.xid_errors) == MAX_CODES + 2  # the marker 0, the first codes, other
+    assert d.xid_errors[OTHER] == 3000 - MAX_CODES + 1  # 79 came after the bound too
+    assert d.xid_errors[codes[0]] == 2  # a code counted before goes on under its own
+    assert d.xid_last == codes[0]
+    assert ((OTHER, f"codes past the first {MAX_CODES} of this GPU")) in d.xid_info
+    s = Snapshot(generation=1, created=0.0, ready=True, backends=(), gpu_index={},
+                 devices=(("0", d),))
+    series = {f.name: [smp.labels for smp in f.samples]
+              for f in device_families(s, RenderOptions())}
+    errors = series["gpu_xid_errors"]
+    assert len(errors) == MAX_CODES + 2 and len(series["gpu_xid_info"]) == MAX_CODES + 1
+    assert sum(labels["xid"] == "other" for labels in errors) == 1
+    reasons = [f.reason for f in evaluate(d, max(d.xid_seen_seconds.values())).findings]
+    assert f"XID other: codes past the first {MAX_CODES} of this GPU" in reasons
