@@ -102,7 +102,7 @@ class ProcessReader:
         self._names: dict[int, str] = {}
         self._owners: dict[int, tuple[str | None, str | None]] = {}  # pid -> (user, command)
         self._rss: dict[int, float | None] = {}  # pid -> bytes, from the slow tier
-        self._started: dict[int, int | None] = {}  # pid -> start time, read with the RSS
+        self._started: dict[int, int] = {}  # pid -> start time, read with the RSS
         self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
         self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
         self._lists = [(fn, context, newest(nvml, fn)) for fn, context in PROCESS_LISTS]
@@ -227,12 +227,10 @@ class ProcessReader:
         start = None if stat is None else parse_start_time(stat)
         if start is None:
             return  # gone from /proc (or another namespace's): nothing says it changed
-        known = self._started.setdefault(pid, start)
-        if known != start:
+        if self._started.setdefault(pid, start) != start:
             self._started[pid] = start
-            if known is not None:  # another process under that pid: named again
-                self._names.pop(pid, None)
-                self._owners.pop(pid, None)
+            self._names.pop(pid, None)
+            self._owners.pop(pid, None)
 
     def _name(self, pid: int) -> str:
         name = self._names.get(pid)
