@@ -118,3 +118,17 @@ def test_the_process_name_is_fixed_at_first_sight(tmp_path: Path) -> None:
     started(d, 2000, "renamed")  # another process under that pid: named anew
     clock.now += 1.0
     assert only_device(b.sample(slow=False).devices).processes[0].process == "renamed"
+
+
+def test_the_pids_whose_failures_were_counted_are_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vanished`` and ``permission`` count a process once while it lives, which needs a
+    table of pids: past its bound a failure counts at every scan instead of growing it."""
+    monkeypatch.setattr(fdinfo_scan, "MAX_COUNTED_PIDS", 2)
+    gpu(tmp_path)
+    for pid in range(20, 24):  # four processes whose fd directory cannot be read
+        (tmp_path / "proc" / str(pid)).mkdir(parents=True)
+    b = backend(tmp_path)
+    counts = [b.sample(slow=False).errors.get("vanished", 0) for _ in range(3)]
+    assert counts == [4, 2, 2]
+    assert len(b.scanner._counted) == 2
