@@ -5,8 +5,11 @@ pid whose /proc entry went, thousands of MPS clients."""
 from __future__ import annotations
 
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter.core.config import Config
 from exporter.core.model import ProcessSample
@@ -150,3 +153,34 @@ def test_xid_codes_are_bounded_per_gpu_past_which_they_count_as_other() -> None:
     assert sum(labels["xid"] == "other" for labels in errors) == 1
     reasons = [f.reason for f in evaluate(d, max(d.xid_seen_seconds.values())).findings]
     assert f"XID other: codes past the first {MAX_CODES} of this GPU" in reasons
+
+
+_steps = st.lists(st.tuples(st.floats(0.5, 30.0), st.sampled_from([0.0, 0.0, -DAY, DAY, -3.0]),
+                            st.sampled_from([0, 0, 10**12, -5 * 10**6])), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_steps)
+def test_no_clock_step_or_stamp_silences_the_reader_past_one_cycle(
+        steps: list[tuple[float, float, int]]) -> None:
+    """Whatever the wall clock does (steps of a day either way, a few seconds back) and
+    whatever the driver stamps (in the future, in the past), a read whose stamps are
+    sane after a read that was gives the process's utilisation, and nothing is ever
+    out of range."""
+    clock = {"wall": 1_760_000_000.0, "mono": 5_000.0}
+    worker = FakeProcess(pid=77, used_memory_bytes=GIB, sm_util=50)
+    with patch.object(ProcessReader, "wall", staticmethod(lambda: clock["wall"])), \
+            patch.object(ProcessReader, "mono", staticmethod(lambda: clock["mono"])):
+        b = backend(FakeNVML([FakeGPU(processes=[worker])]))
+        sane_before = True
+        for dt, jump, ahead in steps:
+            clock["mono"] += dt
+            clock["wall"] += dt + jump
+            worker.stamp_ahead_us = ahead
+            (p,) = b.sample(slow=True).devices[0].processes
+            ratio = p.utilization_ratio.get("sm")
+            assert ratio is None or 0.0 <= ratio <= 1.0
+            sane = jump == 0.0 and ahead == 0
+            if sane and sane_before:
+                assert ratio == 0.5
+            sane_before = ahead == 0  # a step between two reads is the next read's
