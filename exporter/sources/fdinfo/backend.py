@@ -288,13 +288,16 @@ class FdinfoBackend:
             self._procs[pid] = (name, rss, user, command)
 
     def _account(self, scan: ScanResult, alive: set[int]) -> None:
+        room = MAX_CLIENTS - len(self._clients)
+        for key in [k for k in scan.clients if k not in self._clients]:
+            room -= 1
+            if room < 0:  # not followed, never kept (nor its process read)
+                del scan.clients[key]
+                scan.errors[ErrorReason.TABLE_FULL] += 1
         self._read_processes(scan)
         for key, r in scan.clients.items():
             st = self._clients.get(key)
             if st is None:
-                if len(self._clients) >= MAX_CLIENTS:
-                    scan.errors[ErrorReason.TABLE_FULL] += 1  # not followed, never kept
-                    continue
                 driver = r.stats.driver or ""
                 st = self._clients[key] = _Client(r.pid, VENDOR_OF_DRIVER[driver], driver)
             bus = key[0]
