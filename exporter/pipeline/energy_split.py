@@ -56,8 +56,8 @@ another name is another process.
 Plausibility (``units.plausible_increase``, the check every counter input passes): a
 power reading above ``RATE_SLACK`` (twice) the GPU's power limit (its enforced limit,
 else its default) is not integrated, and an increase of the GPU's energy counter larger
-than that power over the time since the snapshot before restarts the window at the new
-value, attributing nothing: one 99,999 W reading of a 236 W card would otherwise add
+than that power allows over the time since the counter last moved restarts the window
+at the new value, attributing nothing: one 99,999 W reading of a 236 W card would otherwise add
 220 kJ in 2.6 s, to the estimate and the idle share, for good. Each is counted in
 ``errors`` (``implausible``), served as ``gpu_exporter_collection_errors_total
 {backend="estimate"}``. A GPU without a known limit is bounded by its unit's range only.

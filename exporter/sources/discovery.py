@@ -51,7 +51,7 @@ _CARD_RE = re.compile(r"card\d+")
 _PCI_ADDR_RE = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 UDEV_POLL = 5.0  # seconds between open() retries of a card-less backend with udev events
-INCOMPLETE_RETRIES = 30  # re-reads of a card seen half-written (30 s at the defaults)
+INCOMPLETE_RETRIES = 30  # re-reads of a card seen half-written: one per cards() call
 
 
 @dataclass(frozen=True)
