@@ -7,6 +7,8 @@ import shutil
 import threading
 from pathlib import Path
 
+import pytest
+
 from exporter.core.fs import SysFS
 from exporter.sources.discovery import DrmDiscovery, enumerate_cards, parse_uevent
 from tests.drm_tree import add_pci_card, remove_card
@@ -159,3 +161,34 @@ def test_a_fifo_in_place_of_an_identity_file_does_not_block_enumeration(tmp_path
         t.join(5)
         raise AssertionError("enumerating cards blocked on a FIFO")
     assert found == [["0000:03:00.0"]]  # the device id comes from PCI_ID in uevent instead
+
+
+def test_a_card_first_seen_half_written_is_picked_up_once_complete(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Discovery re-read a card only when a link's name or target changed: a card whose
+    class/drm link was there before its device link and driver was never picked up."""
+    from exporter.sources import discovery
+
+    dev = add_pci_card(tmp_path, "0000:0c:00.0", "card0", render=None)
+    node = dev / "drm" / "card0"
+    (node / "device").unlink()  # the kernel has not written the rest yet
+    (dev / "driver").unlink()
+    (dev / "uevent").write_text("PCI_ID=1002:73BF\nPCI_SLOT_NAME=0000:0c:00.0\n")
+    disc = DrmDiscovery(SysFS(tmp_path), hotplug=False)
+    assert disc.cards() == []
+    (node / "device").symlink_to(os.path.relpath(dev, node))  # the device link: no driver
+    assert [c.driver for c in disc.cards()] == [""]
+    assert disc.cards(["amdgpu"]) == []
+    (dev / "driver").symlink_to(os.path.relpath(tmp_path / "bus/pci/drivers/amdgpu", dev))
+    assert [c.card for c in disc.cards(["amdgpu"])] == ["card0"]
+    assert not any(disc._incomplete.values())  # complete: no more re-reads
+
+    # One that never completes (a virtual card without a device) is re-read a bounded
+    # number of times, then only when its link changes.
+    (tmp_path / "class/drm/card7").mkdir()
+    reads = []
+    real = discovery.enumerate_cards
+    monkeypatch.setattr(discovery, "enumerate_cards", lambda *a: reads.append(1) or real(*a))
+    for _ in range(discovery.INCOMPLETE_RETRIES + 10):
+        disc.cards()
+    assert len(reads) == discovery.INCOMPLETE_RETRIES + 1

@@ -67,6 +67,7 @@ class Daemon:
                  for i in range(gpus)]
         self.nvml = TimelineNVML(fakes, self.clock)
         monkeypatch.setattr(ProcessReader, "wall", staticmethod(lambda: EPOCH + self.clock.t))
+        monkeypatch.setattr(ProcessReader, "mono", staticmethod(lambda: self.clock.t))
         self.backend = NvidiaBackend(CONFIG, self.nvml)
         self.backend.open()
         self.windows: list[Window] = []

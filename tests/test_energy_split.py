@@ -107,8 +107,11 @@ def _run(tmp: Path, machine: str, vendor_backend: Any, energy_glob: str
     config = Config(sysfs=str(sys_root), procfs=str(proc),
                     amdgpu_ids=str(FIXTURES / machine / "usr/share/libdrm/amdgpu.ids"))
     discovery = DrmDiscovery(SysFS(str(sys_root)), hotplug=False)
-    hub = Hub(config, [vendor_backend(config, discovery), FdinfoBackend(config, discovery)])
     clock, windows = Clock(), list[Window]()
+    # The /proc scan times its reads on the same clock: the fixture's counters move by
+    # WINDOW seconds of busy time, which a real clock would not have let pass.
+    hub = Hub(config, [vendor_backend(config, discovery),
+                       FdinfoBackend(config, discovery, clock=clock)])
     hub.energy.clock, hub.energy.on_window = clock, windows.append
     first = hub.collect_once()
     first.devices  # noqa: B018 - merged (and fed) before the files change

@@ -132,6 +132,7 @@ def test_an_idle_gpu_is_not_asked_for_process_utilisation(
     t0 = 1_700_000_000.0  # the fake NVML's sample clock starts here (us: x 1e6)
     now = [t0]
     monkeypatch.setattr(ProcessReader, "wall", staticmethod(lambda: now[0]))
+    monkeypatch.setattr(ProcessReader, "mono", staticmethod(lambda: now[0] - t0))
     fake = FakeNVML([FakeGPU(processes=[
         FakeProcess(pid=76, used_memory_bytes=1 << 30, sm_util=50)])])
     asked: list[int] = []

@@ -228,6 +228,15 @@ class ErrorReason(Vocabulary):
     UNKNOWN_DEVICE = "unknown_device"  # a DRM client of no GPU of this machine
     CARD = "card"  # a card torn down mid-read
     INTERNAL = "internal"  # a reader's own bug, caught: the card keeps its other values
+    # A reading no hardware can give: a counter that grew faster than time allows, a
+    # value past its unit's range for this GPU (memory over its total, power over a
+    # multiple of its limit, a pid outside the kernel's range): dropped (units.plausible)
+    IMPLAUSIBLE = "implausible"
+    # A sample stamped in the future, or before the reader's last read: dropped, and the
+    # reader resynchronises to its own clock
+    CLOCK = "clock"
+    # A client, process or code past its state table's bound: left out, never kept
+    TABLE_FULL = "table_full"
     GPU_METRICS = "gpu_metrics"  # amdgpu's gpu_metrics table unusable
     XID_EVENT = "xid_event"  # NVML's event wait failed
     EXCEPTION = "exception"  # sample() raised: the backend is reopened

@@ -37,6 +37,7 @@ from exporter.core.fieldspec import (
     value_specs,
 )
 from exporter.core.labels import Engine, ErrorReason, Profiling, Sensor
+from exporter.core.xid import MAX_CODES as MAX_XID_CODES
 
 INTERNAL = Exposure.INTERNAL  # an input of the health verdict, not a family of its own
 # The tiers a field declares (Cadence): how often the backends read it.
@@ -408,6 +409,8 @@ class DeviceValues:
     xid_errors: Mapping[int, int] = mapping(  # XID code -> counter
         "gpu_xid_errors_total", "NVIDIA XID error events by code.", "xid", kind=Kind.COUNTER,
         unit="count",
+        note=f"At most {MAX_XID_CODES} codes per GPU: the events of any code past them count "
+        "under `xid=\"other\"`.",
         otlp=Otlp("gpu.xid.errors", "{error}"))
     xid_info: Mapping[tuple[int, str], bool] = mapping(  # (XID code, its meaning) -> True
         "gpu_xid_info",

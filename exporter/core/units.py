@@ -128,6 +128,33 @@ def ratio_from_percent(percent: float | int | None) -> float | None:
     return min(p, 100.0) / 100.0
 
 
+# Counter inputs: what a counter can gain in a given time (``plausible_increase``).
+RATE_SLACK = 2.0  # readings are timed after the read, and drivers round their clocks
+RATE_GRACE_SECONDS = 1.0  # and a reading may describe up to a second before the last one
+PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT on 64-bit: no pid is larger
+
+
+def plausible_increase(increase: float, elapsed: float, rate: float,
+                       grace: float = RATE_GRACE_SECONDS) -> bool:
+    """Whether a counter that grows by at most ``rate`` per second can have grown by
+    ``increase`` in ``elapsed`` seconds (with ``RATE_SLACK`` and ``grace`` seconds of
+    tolerance): the one check every counter input passes before it moves a counter
+    (engine busy time: ``rate`` is the engines behind the name; energy: the watts the
+    GPU can draw). False for anything not finite or negative: the increase is dropped
+    and counted (``ErrorReason.IMPLAUSIBLE``), never added."""
+    try:
+        ok = math.isfinite(increase) and math.isfinite(elapsed) and math.isfinite(rate)
+        return ok and 0 <= increase <= rate * (max(0.0, elapsed) * RATE_SLACK + grace)
+    except TypeError:
+        return False
+
+
+def valid_pid(pid: int | None) -> bool:
+    """A process id the kernel can hand out: 1..PID_MAX (0 is the idle task, never a
+    GPU process; anything larger or negative is a driver's or a library's garbage)."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= PID_MAX
+
+
 def clamp_ratio(value: float | None) -> float | None:
     """A computed ratio (busy time / elapsed) into 0..1; NaN/inf/negative -> None."""
     if value is None or not math.isfinite(value) or value < 0:

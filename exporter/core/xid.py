@@ -8,6 +8,10 @@ that description in a few words of our own, facts only: no advice, no severity (
 health verdict's rules are exporter.pipeline.health's). A code not listed is "unknown": look it up
 in the catalogue (Volta and older GPUs have a catalogue of their own there).
 
+A GPU counts at most ``MAX_CODES`` distinct codes; every code past them is counted under
+the one code ``OTHER`` (served as ``xid="other"``): the driver can report any 16-bit code,
+and 3,000 odd ones made 6,001 series of one GPU.
+
 Served as ``gpu_xid_info{xid, meaning}`` next to ``gpu_xid_errors_total{xid}`` (join on
 ``xid``), in the health reasons (``/snapshot``, the landing page, ``gpu-exporter top``)
 and in the ``GpuXidErrors`` alert's description.
@@ -18,6 +22,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 UNKNOWN = "unknown"
+MAX_CODES = 64  # distinct codes counted per GPU (the catalogue lists about 100 in all)
+
+
+class _Other(int):
+    """The code every XID past a GPU's ``MAX_CODES`` is counted under: an int as the
+    other codes are (ordered, hashed, a key of the same mappings), that reads ``other``
+    where it becomes a label value or a word (as exporter.core.labels' vocabularies do)."""
+
+    def __str__(self) -> str:
+        return "other"
+
+    def __repr__(self) -> str:
+        return "OTHER"
+
+    def __format__(self, spec: str) -> str:
+        return format("other", spec)
+
+
+OTHER: int = _Other(-1)  # no XID code is negative
 
 _COPY_ENGINE = "copy engine exception"
 _NVLINK5 = "NVLink error ({})"
@@ -80,4 +103,6 @@ CATALOGUE: Mapping[int, str] = {
 
 def meaning(code: int) -> str:
     """The catalogue's meaning of ``code``, or "unknown"."""
+    if code == OTHER:
+        return f"codes past the first {MAX_CODES} of this GPU"
     return CATALOGUE.get(code, UNKNOWN)

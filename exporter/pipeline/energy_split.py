@@ -53,6 +53,15 @@ snapshots list it, and for ``max_window`` after (a missed scan must not restart 
 counter); then its state is dropped. Its series goes with its row. A pid seen under
 another name is another process.
 
+Plausibility (``units.plausible_increase``, the check every counter input passes): a
+power reading above ``RATE_SLACK`` (twice) the GPU's power limit (its enforced limit,
+else its default) is not integrated, and an increase of the GPU's energy counter larger
+than that power allows over the time since the counter last moved restarts the window
+at the new value, attributing nothing: one 99,999 W reading of a 236 W card would otherwise add
+220 kJ in 2.6 s, to the estimate and the idle share, for good. Each is counted in
+``errors`` (``implausible``), served as ``gpu_exporter_collection_errors_total
+{backend="estimate"}``. A GPU without a known limit is bounded by its unit's range only.
+
 Fed by the Hub as it publishes (``exporter.pipeline.state.merged_view``, once per snapshot):
 ``attribute`` feeds a snapshot's merged devices only when its generation is newer than
 the last fed one, so a generation given twice, or an older one late, counts nothing twice.
@@ -64,10 +73,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceSample, ProcessSample, copy_with
+from exporter.core.units import plausible_increase
 
 SOURCE = "estimate"
 COVERED = 0.9  # power readings must cover this share of a window to rank its seconds
@@ -106,6 +118,10 @@ class _Gpu:
     estimated: bool  # the counter is the power estimate (``total``)
     total: float = 0.0  # the estimate now
     fed: float | None = None  # clock of the last snapshot fed; None: down since
+    # The GPU counter at the last snapshot fed, and the clock of the snapshot that last
+    # moved it (a counter read less often than the snapshots stands still in between).
+    last: float = 0.0
+    last_at: float = 0.0
     idle: float = 0.0
     processes: dict[int, _Process] = field(default_factory=dict)
     ratios: dict[int, dict[str, float]] = field(default_factory=dict)  # the last reading
@@ -142,6 +158,7 @@ class EnergySplit:
         self._gpus: dict[str, _Gpu] = {}
         self._generation = -1
         self._lock = threading.Lock()
+        self.errors: Counter[ErrorReason] = Counter()  # readings refused (module doc)
 
     def attribute(self, generation: int, devices: Sequence[DeviceSample]) -> list[DeviceSample]:
         """``devices`` (one snapshot's merged devices) with the energy totals filled in,
@@ -163,15 +180,32 @@ class EnergySplit:
                 if g is not None:
                     g.fed = None  # nothing is integrated over the time it was down
                 continue
+            watts = self._watts(d)
             if d.energy_joules is not None:
                 switch = g is not None and g.estimated  # a counter came: follow it from now
-                self._update(key, g, d.energy_joules, d, now, restart=switch)
+                jumped = (not switch and g is not None and watts is not None
+                          and d.energy_joules > g.last
+                          and not plausible_increase(d.energy_joules - g.last,
+                                                     now - g.last_at, watts))
+                if jumped:
+                    self.errors[ErrorReason.IMPLAUSIBLE] += 1
+                self._update(key, g, d.energy_joules, d, now, restart=switch or jumped)
             elif d.power_watts is not None and (g is None or g.estimated):
                 step = 0.0 if g is None else self._step(g, now)
-                total = 0.0 if g is None else g.total + max(0.0, d.power_watts) * step
+                power = max(0.0, d.power_watts)
+                if watts is not None and not plausible_increase(power * step, step, watts, 0.0):
+                    self.errors[ErrorReason.IMPLAUSIBLE] += 1  # never integrated
+                    power = 0.0
+                total = 0.0 if g is None else g.total + power * step
                 self._update(key, g, total, d, now)
         for key in set(self._gpus) - present:
             del self._gpus[key]
+
+    @staticmethod
+    def _watts(d: DeviceSample) -> float | None:
+        """The most a GPU can draw on average (its power limit), None where unknown."""
+        limit = d.power_limit_watts or d.power_limit_default_watts
+        return limit if limit is not None and limit > 0 else None
 
     def _step(self, g: _Gpu, now: float) -> float:
         """Seconds since the snapshot before (0 after the GPU was down), ``max_window`` at most."""
@@ -187,13 +221,20 @@ class EnergySplit:
             g = self._gpus[key] = _Gpu(energy=energy, at=now, estimated=d.energy_joules is None,
                                        ratio_at=now)
         step = self._step(g, now)
+        if first or energy != g.last:
+            g.last, g.last_at = energy, now
         g.fed = now
         if restart:
             g.estimated = False
         elif g.estimated:
             g.total = energy
-        if step > 0 and d.power_watts is not None:
-            _add_power(g.power, step, max(0.0, d.power_watts))
+        power = None if d.power_watts is None else max(0.0, d.power_watts)
+        watts = self._watts(d)
+        if power is not None and watts is not None and \
+                not plausible_increase(power, 1.0, watts, 0.0):
+            power = None  # not ranked either (counted where it would have been integrated)
+        if step > 0 and power is not None:
+            _add_power(g.power, step, power)
         if step > 0 and d.utilization_ratio is not None:
             g.used += min(1.0, max(0.0, d.utilization_ratio)) * step
             g.used_over += step

@@ -374,7 +374,8 @@ class Hub:
                         max_processes_per_gpu=self.config.max_processes_per_gpu,
                         threads=threads, health_xid_window=self.config.health_xid_window,
                         devices=view.devices, health=view.health,
-                        processes_truncated_total=self._cuts.add(view.cut))
+                        processes_truncated_total=self._cuts.add(view.cut),
+                        estimate_errors_total=dict(self.energy.errors))
 
     def _publish_loop(self) -> None:
         """The publishing thread: sleeps until a change, waits for the backends of the

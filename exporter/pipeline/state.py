@@ -90,6 +90,9 @@ class Snapshot:
     # Processes the cap has cut so far, this snapshot's cut included: advances in
     # generation order (gpu_exporter_processes_truncated_total).
     processes_truncated_total: int = 0
+    # Readings the energy split refused so far (exporter.pipeline.energy_split), by reason:
+    # gpu_exporter_collection_errors_total{backend="estimate"}.
+    estimate_errors_total: Mapping[ErrorReason, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

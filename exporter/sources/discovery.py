@@ -18,6 +18,12 @@ device directory that vanished under a link still there is the backends' to see:
 they check it every cycle and report that card down (``gpu_lost``) until the link
 goes or the directory is back.
 
+A card seen half-written (its ``class/drm`` link there, its device link, identity or
+driver not yet: the kernel adds them one after the other) is read again at each call
+until it is complete, ``INCOMPLETE_RETRIES`` times at most (a virtual card without a
+device never completes): its link does not change when the rest appears, so the
+comparison above alone would never look at it again.
+
 Attributes are read through ``SysFS`` so fixture roots work. pyudev is used only to
 *hear* DRM add/remove events on the real ``/sys`` (its root is fixed there); each
 event triggers ``rescan()`` (a full re-read, which also catches a ``change`` that
@@ -45,6 +51,7 @@ _CARD_RE = re.compile(r"card\d+")
 _PCI_ADDR_RE = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 UDEV_POLL = 5.0  # seconds between open() retries of a card-less backend with udev events
+INCOMPLETE_RETRIES = 30  # re-reads of a card seen half-written: one per cards() call
 
 
 @dataclass(frozen=True)
@@ -160,12 +167,20 @@ def card_fingerprint(drm: str) -> Fingerprint:
     return tuple(sorted(out))
 
 
-def enumerate_cards(sysfs: SysFS) -> list[DrmCard]:
-    """Every PCI DRM card under ``<root>/class/drm``, sorted by PCI bus id.
+def enumerate_cards(sysfs: SysFS, incomplete: set[str] | None = None) -> list[DrmCard]:
+    """Every PCI DRM card under ``<root>/class/drm``, sorted by PCI bus id; the names of
+    the entries that are no card yet, or one bound to no driver yet, are added to
+    ``incomplete``.
 
     Raises ListingError where ``class/drm`` cannot be listed now."""
-    entries = _drm_entries(_drm_dir(sysfs))
-    cards = [c for e in entries if _CARD_RE.fullmatch(e) and (c := read_card(sysfs, e))]
+    cards = []
+    for entry in _drm_entries(_drm_dir(sysfs)):
+        if _CARD_RE.fullmatch(entry):
+            card = read_card(sysfs, entry)
+            if card is not None:
+                cards.append(card)
+            if incomplete is not None and (card is None or not card.driver):
+                incomplete.add(entry)
     return sorted(cards, key=lambda c: (c.pci_bus_id, c.card))
 
 
@@ -184,6 +199,9 @@ class DrmDiscovery:
         self._scan_lock = threading.Lock()  # one enumeration at a time (threads, events)
         self._cards: list[DrmCard] | None = None  # None: not enumerated yet
         self._fingerprint: Fingerprint = ()  # what class/drm looked like at that enumeration
+        # card entry -> re-reads left while it is incomplete (module doc); bounded by
+        # class/drm's card entries, each given INCOMPLETE_RETRIES at most while its link stays
+        self._incomplete: dict[tuple[str, str], int] = {}
         self._generation = 0
         self._observer: Any = None  # pyudev.MonitorObserver while started
         self.listing_error: str | None = None  # why the last class/drm listing failed
@@ -215,7 +233,7 @@ class DrmDiscovery:
         return [c for c in current if c.driver in drivers]
 
     def _changed(self) -> bool:
-        return self._cards is None or \
+        return self._cards is None or any(self._incomplete.values()) or \
             card_fingerprint(self._drm) != self._fingerprint
 
     def rescan(self) -> None:
@@ -239,9 +257,14 @@ class DrmDiscovery:
     def _rescan(self) -> None:
         # Fingerprint first: a change while enumerating then shows on the next call.
         fingerprint = card_fingerprint(self._drm)
-        found = enumerate_cards(self.sysfs)
+        incomplete: set[str] = set()
+        found = enumerate_cards(self.sysfs, incomplete)
         with self._lock:
             self._fingerprint = fingerprint
+            # An entry (name, link) keeps its count of re-reads while it stays incomplete.
+            self._incomplete = {
+                entry: self._incomplete.get(entry, INCOMPLETE_RETRIES + 1) - 1
+                for entry in fingerprint if entry[0] in incomplete}
             before = {c.card: c for c in self._cards or ()}
             after = {c.card: c for c in found}
             first = self._cards is None

@@ -59,6 +59,9 @@ class FakeProcess:
     # A CUDA MPS client: listed by GetMPSComputeRunningProcesses instead of Compute (the
     # MPS server, nvidia-cuda-mps-server, is a plain compute process of its own).
     mps: bool = False
+    # µs its utilisation samples are stamped ahead of the wall clock (a driver that stamps
+    # one in the future; NVML stamps with the CPU's wall clock, ProcessReader.wall)
+    stamp_ahead_us: int = 0
 
     @property
     def kind(self) -> str:
@@ -616,11 +619,14 @@ class FakeNVML(LinksAndMig):
         return self._unversioned("nvmlDeviceGetMPSComputeRunningProcesses", h, "mps")
 
     def nvmlDeviceGetProcessUtilization(self, h: FakeHandle, since_us: int) -> list[Any]:
+        from exporter.sources.nvidia.processes import ProcessReader
+
         self._enter("nvmlDeviceGetProcessUtilization", h)
-        self._clock_us += 1_000_000
+        # Stamped with the host's wall clock, the one the reader reads (tests patch it).
+        now_us = int(ProcessReader.wall() * 1_000_000)
         samples = [N.c_nvmlProcessUtilizationSample_t(
-            pid=p.pid, timeStamp=self._clock_us, smUtil=p.sm_util, memUtil=0, encUtil=0,
-            decUtil=0) for p in h.gpu.processes if p.sm_util is not None]
+            pid=p.pid, timeStamp=now_us + p.stamp_ahead_us, smUtil=p.sm_util, memUtil=0,
+            encUtil=0, decUtil=0) for p in h.gpu.processes if p.sm_util is not None]
         if not samples:
             raise N.NVMLError(N.NVML_ERROR_NOT_FOUND)  # NVML: no samples since since_us
         return samples

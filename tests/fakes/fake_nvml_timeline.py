@@ -33,8 +33,10 @@ model of what the driver and NVML do:
   past sample period during which one or more kernels was executing"), 100 while any
   process is busy: the SM samples' 87 % is the SMs' activity within that time.
 
-The wall clock of the timestamps is ``EPOCH + clock()``; the backend's clock for them
-(``ProcessReader.wall``) must be the same (the tests set it).
+The wall clock of the timestamps is ``EPOCH + clock()`` plus ``wall_step`` (a step of
+the host's clock: NTP, a VM resume; each sample keeps the stamp it was taken with); the
+backend's clock for them (``ProcessReader.wall``) must be the same (``wall()``; the
+tests set it), its monotonic clock (``ProcessReader.mono``) ``clock()``.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ RING = 100  # samples the driver keeps
 @dataclass
 class _Timeline:
     spans: list[tuple[int, float, float]] = field(default_factory=list)  # pid, start, end
-    ring: deque[tuple[float, int | None, int]] = field(
-        default_factory=lambda: deque(maxlen=RING))  # (t, pid charged or None, sm %)
+    # (t, pid charged or None, sm %, its wall clock stamp in µs)
+    ring: deque[tuple[float, int | None, int, int]] = field(
+        default_factory=lambda: deque(maxlen=RING))
     sampled: int = 0  # driver samples taken so far (sample k is at k * PERIOD)
 
 
@@ -66,7 +69,12 @@ class TimelineNVML(FakeNVML):
         super().__init__(gpus)
         self.clock = clock
         self.idle_watts, self.busy_watts, self.sm = idle_watts, busy_watts, sm
+        self.wall_step = 0.0  # seconds the host's wall clock was stepped by, so far
         self._timelines = [_Timeline() for _ in gpus]
+
+    def wall(self) -> float:
+        """The host's wall clock now."""
+        return EPOCH + self.clock() + self.wall_step
 
     def busy(self, gpu: int, pid: int, start: float, end: float) -> None:
         self._timelines[gpu].spans.append((pid, start, end))
@@ -96,23 +104,23 @@ class TimelineNVML(FakeNVML):
             t = line.sampled * PERIOD
             busy = self.busy_at(gpu, t)
             pid = busy[line.sampled % len(busy)] if busy else None
-            line.ring.append((t, pid, self.sm if busy else 0))
+            line.ring.append((t, pid, self.sm if busy else 0, _us(t + self.wall_step)))
             line.sampled += 1
         return line
 
     def nvmlDeviceGetProcessUtilization(self, h: FakeHandle, since_us: int) -> list[Any]:
         self._enter("nvmlDeviceGetProcessUtilization", h)
-        newer = [s for s in self._sample(h.gpu.index).ring if _us(s[0]) > since_us]
-        charged: dict[int, tuple[float, int]] = {}  # pid -> (newest t, summed sm)
-        for t, pid, sm in newer:
+        newer = [s for s in self._sample(h.gpu.index).ring if s[3] > since_us]
+        charged: dict[int, tuple[int, int]] = {}  # pid -> (newest stamp, summed sm)
+        for _t, pid, sm, stamp in newer:
             if pid is not None:
-                _, total = charged.get(pid, (t, 0))
-                charged[pid] = (t, total + sm)
+                _, total = charged.get(pid, (stamp, 0))
+                charged[pid] = (stamp, total + sm)
         if not charged:
             raise N.NVMLError(N.NVML_ERROR_NOT_FOUND)
         return [N.c_nvmlProcessUtilizationSample_t(
-            pid=pid, timeStamp=_us(t), smUtil=round(total / len(newer)), memUtil=0,
-            encUtil=0, decUtil=0) for pid, (t, total) in charged.items()]
+            pid=pid, timeStamp=stamp, smUtil=round(total / len(newer)), memUtil=0,
+            encUtil=0, decUtil=0) for pid, (stamp, total) in charged.items()]
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeHandle) -> int:
         self._enter("nvmlDeviceGetTotalEnergyConsumption", h)

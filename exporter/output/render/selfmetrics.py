@@ -50,7 +50,9 @@ DURATION = MetricSpec("gpu_exporter_collection_duration_seconds",
 ERRORS = MetricSpec("gpu_exporter_collection_errors_total",
                     "Values, devices or processes a collection had to drop.", Kind.COUNTER,
                     labels=("backend", "reason"),
-                    note="Reasons include parse, permission, vanished.",
+                    note="Reasons include parse, permission, vanished, implausible (a reading "
+                    "no hardware can give), clock, table_full; `backend=\"estimate\"` counts "
+                    "the readings the energy split refused ([energy.md](energy.md)).",
                     otlp=Otlp("gpu_exporter.collection.errors", "{error}"))
 LAST = MetricSpec("gpu_exporter_last_collection_timestamp_seconds",
                   "When the backend last completed a collection.", labels=("backend",),
@@ -161,6 +163,8 @@ def exporter_families(s: Snapshot, threads: Mapping[str, Sequence[threading.Thre
             last.add_metric([state.name], state.last_success)
         if state.child_restarts is not None:
             restarts.add_metric([state.name], state.child_restarts)
+    for reason, n in sorted(s.estimate_errors_total.items()):  # the energy split's refusals
+        errors.add_metric(["estimate", reason], n)
     yield from (up, down, hist, errors, last)
     if restarts.samples:
         yield restarts

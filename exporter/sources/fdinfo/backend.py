@@ -22,10 +22,25 @@ Choices (docs/vendors-fdinfo.md has the per-driver detail):
 - A busy counter that goes backwards keeps its larger previous value (the
   drm-usage-stats rule) and yields no ratio for that interval; a new client id is
   a new baseline. Ratios are clamped to 0..1.
+- A busy counter that grows faster than its engines can be busy in the time since
+  the last read (``units.plausible_increase``; a new client: since boot, the
+  monotonic clock) is not believed: that read is dropped and counted
+  (``implausible``) and the last good value stays the baseline, so one garbled
+  ``18446744073709551615 ns`` neither adds 584 years nor stops the counting after it.
+  A second implausible read in a row is a counter that really moved: it becomes the
+  baseline, counting nothing. A new client whose first count is implausible starts
+  from it, counting nothing.
+- Bounded state: at most ``MAX_CLIENTS`` clients are followed (scan.py says why and
+  what a scan keeps); a new client past that is counted (``table_full``) at every
+  scan and not kept. Processes and their counters exist only for followed clients.
 - Busy-seconds counters, per device and per (process, device), are running sums of
   the clients' increments, so they stay monotonic while clients come and go (a
   process that closes one of its two clients keeps what both did). A process's
-  counters are forgotten when its pid goes; a device's when its card goes.
+  counters are forgotten when its pid goes, unless its identity is known and one of
+  its clients is still followed (``MISSES_BEFORE_FORGET`` scans): a process missing
+  from one listing of /proc comes back with its counters, a pid reused meanwhile
+  starts from nothing; a device's when its card goes. A process's name is read
+  once, at first sight of its identity: a later ``comm`` does not rename its series.
 - A process is its pid and its start time (``/proc/<pid>/stat`` field 22; not a
   label). A pid reused between two scans (even under the same name) is a new process
   whose counters start from its own clients, not the old process's sum. Its series
@@ -48,10 +63,11 @@ from exporter.core.config import Config
 from exporter.core.fs import ProcFS, SysFS
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, ProcessSample, pci_uuid
-from exporter.core.units import bounded, clamp_ratio, process_name
+from exporter.core.units import bounded, clamp_ratio, plausible_increase, process_name
 from exporter.sources.base import DERIVED, BackendFailed, BackendUnavailable, Capabilities, Cycle
 from exporter.sources.discovery import DrmDiscovery
 from exporter.sources.fdinfo.scan import (
+    MAX_CLIENTS,
     ClientKey,
     ClientRead,
     KnownCards,
@@ -65,6 +81,7 @@ log = structlog.get_logger(__name__)
 SOURCE = "fdinfo"  # per-process figures from DRM fdinfo, summed per device
 MISSES_BEFORE_FORGET = 3  # scans a vanished client's baseline is kept (a flapping read)
 DeviceKey = tuple[str, int]  # (pci bus id, pid): one process on one GPU
+MAX_CAPACITY = 64  # engines behind one name the plausibility bound believes at most
 
 
 @dataclass
@@ -81,8 +98,9 @@ class _Client:
     host_bytes: int | None = None
     live: bool = True  # part of the current output
     misses: int = 0
+    jumped: set[str] = field(default_factory=set)  # engines whose last read was implausible
 
-    def update(self, r: ClientRead, *busy_ns: Counter[str]) -> None:
+    def update(self, r: ClientRead, errors: Counter[ErrorReason], *busy_ns: Counter[str]) -> None:
         """Take a new read; add this client's busy-time increments to each of ``busy_ns``."""
         s = r.stats
         self.pid, self.live, self.misses = r.pid, True, 0
@@ -93,6 +111,18 @@ class _Client:
             base = self.ns.get(engine)
             if base is not None and ns < base[0]:
                 continue  # went backwards: keep the larger value until it catches up
+            # A new client's count is since it was opened: at most since boot.
+            elapsed = r.at - base[1] if base is not None else r.at
+            engines = min(s.capacity(engine), MAX_CAPACITY)
+            if not plausible_increase((ns - (base[0] if base else 0)) / 1e9, elapsed, engines):
+                errors[ErrorReason.IMPLAUSIBLE] += 1
+                if base is not None and engine not in self.jumped:
+                    self.jumped.add(engine)  # dropped: the last good value stays the baseline
+                    continue
+                self.jumped.discard(engine)  # twice in a row: it moved; count from here
+                self.ns[engine] = (ns, r.at)
+                continue
+            self.jumped.discard(engine)
             for counter in busy_ns:  # a new client's whole count is news to them
                 counter[label] += ns - (base[0] if base else 0)
             if base is not None and r.at > base[1]:
@@ -154,6 +184,7 @@ class FdinfoBackend:
         # pid -> (name, RSS, user, command line)
         self._procs: dict[int, tuple[str, float | None, str | None, str | None]] = {}
         self._started: dict[int, int] = {}  # pid -> start time (clock ticks): its identity
+        self._names: dict[int, str] = {}  # pid -> its name at first sight of that identity
         self._devices: dict[str, tuple[str, str]] = {}  # bus -> (vendor, driver)
         self._device_busy_ns: dict[str, Counter[str]] = {}
         self._process_busy_ns: dict[DeviceKey, Counter[str]] = {}
@@ -205,12 +236,13 @@ class FdinfoBackend:
             pids = self.scanner.pids()
         except OSError as e:
             raise BackendFailed(f"cannot list {self.scanner.proc.root}: {e.strerror}") from e
-        scan = self.scanner.scan(pids, self.clock() + self.budget, cards, self._resume)
+        scan = self.scanner.scan(pids, self.clock() + self.budget, cards, self._resume,
+                                 self._clients.keys())
         self._resume = scan.resume
         self._log_changes(scan)
         alive = set(pids)
-        self._forget(alive, cards)
         self._account(scan, alive)
+        self._forget(alive, cards)
         return Cycle(devices=self._devices_out(scan.errors), errors=dict(scan.errors))
 
     def _forget(self, alive: set[int], cards: KnownCards) -> None:
@@ -221,10 +253,17 @@ class FdinfoBackend:
             self._device_engines.pop(bus, None)
             for client in [k for k in self._clients if k[0] == bus]:
                 del self._clients[client]
+        # A pid missing from this listing whose identity (start time) is known and whose
+        # clients are still followed may be back next scan: it keeps its counters, and
+        # _read_processes tells whether it is the same process.
+        owners = {st.pid for st in self._clients.values()}
+        self._started = {pid: t for pid, t in self._started.items()
+                         if pid in alive or pid in owners}
         for key in list(self._process_busy_ns):
-            if key[1] not in alive or key[0] not in self._devices:
+            if (key[1] not in alive and key[1] not in self._started) \
+                    or key[0] not in self._devices:
                 del self._process_busy_ns[key]
-        self._started = {pid: t for pid, t in self._started.items() if pid in alive}
+        self._names = {pid: n for pid, n in self._names.items() if pid in self._started}
 
     def _read_processes(self, scan: ScanResult) -> None:
         """Name, RSS and identity of each process with a client in this scan; a pid whose
@@ -240,12 +279,21 @@ class FdinfoBackend:
             if start is not None and self._started.setdefault(pid, start) != start:
                 self._started[pid] = start
                 known = None  # another process: its owner is read again
+                self._names.pop(pid, None)
                 for key in [k for k in self._process_busy_ns if k[1] == pid]:
                     del self._process_busy_ns[key]
+            if start is not None:
+                name = self._names.setdefault(pid, name)  # fixed at first sight
             user, command = (known[2], known[3]) if known else self.scanner.proc.owner(pid)
             self._procs[pid] = (name, rss, user, command)
 
     def _account(self, scan: ScanResult, alive: set[int]) -> None:
+        room = MAX_CLIENTS - len(self._clients)
+        for key in [k for k in scan.clients if k not in self._clients]:
+            room -= 1
+            if room < 0:  # not followed, never kept (nor its process read)
+                del scan.clients[key]
+                scan.errors[ErrorReason.TABLE_FULL] += 1
         self._read_processes(scan)
         for key, r in scan.clients.items():
             st = self._clients.get(key)
@@ -253,7 +301,7 @@ class FdinfoBackend:
                 driver = r.stats.driver or ""
                 st = self._clients[key] = _Client(r.pid, VENDOR_OF_DRIVER[driver], driver)
             bus = key[0]
-            st.update(r, self._device_busy_ns.setdefault(bus, Counter()),
+            st.update(r, scan.errors, self._device_busy_ns.setdefault(bus, Counter()),
                       self._process_busy_ns.setdefault((bus, r.pid), Counter()))
             self._devices.setdefault(bus, (st.vendor, st.driver))
         for key, st in list(self._clients.items()):

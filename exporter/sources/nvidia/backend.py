@@ -14,7 +14,9 @@ counted): the marker that XID counting is on for that GPU, and the series that m
 the per-GPU sum exist before the first event, so ``increase()`` over the sum sees the
 first XID. Each real code counts from 1; ``xid_last_timestamp_seconds`` is the wall
 clock of the newest event (the exporter's, taken when the cycle drained the set), and
-``xid_info`` says what each counted code means (exporter.core.xid).
+``xid_info`` says what each counted code means (exporter.core.xid). A GPU counts at most
+``xid.MAX_CODES`` distinct codes; the events of any code past them count under
+``xid.OTHER`` (``xid="other"``), so the driver cannot grow the series without bound.
 
 Tiers: see TIERS below, measured with bench/nvml_calls.py.
 """
@@ -33,6 +35,8 @@ from exporter.core.config import Config
 from exporter.core.fs import ProcFS
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, DeviceValues
+from exporter.core.xid import MAX_CODES as MAX_XID_CODES
+from exporter.core.xid import OTHER as XID_OTHER
 from exporter.core.xid import meaning as xid_meaning
 from exporter.sources.base import LIBRARY, BackendFailed, BackendUnavailable, Capabilities, Cycle
 from exporter.sources.nvidia.calls import GpuLost, Nvml, text
@@ -208,10 +212,14 @@ class NvidiaBackend:
             if not 0 < xid <= MAX_XID:
                 errors[ErrorReason.PARSE] += 1
                 continue
-            self._xids.setdefault(uuid, Counter())[xid] += 1
+            counts = self._xids.setdefault(uuid, Counter())
+            code = xid
+            if xid not in counts and len(counts.keys() - {XID_MARKER, XID_OTHER}) >= MAX_XID_CODES:
+                code = XID_OTHER  # past the bound: one series for every other code
+            counts[code] += 1
             self._xid_last_at[uuid] = now
-            self._xid_last[uuid] = xid
-            self._xid_seen.setdefault(uuid, {})[xid] = now
+            self._xid_last[uuid] = xid  # a gauge's value (DCGM's last code), not a label
+            self._xid_seen.setdefault(uuid, {})[code] = now
             for g in self._gpus:  # an XID may come with an ECC error or a row remap
                 if g.dev.info.uuid == uuid:
                     g.dev.invalidate()
@@ -232,7 +240,8 @@ class NvidiaBackend:
                 if g.gpm is not None and g.want_gpm.due():
                     g.profiling = self._gpm(g, errors)
             # With MIG on, processes belong to their instance (read on its handle), not twice.
-            processes = () if g.mig.enabled else g.procs.read(errors, slow)
+            processes = () if g.mig.enabled else g.procs.read(
+                errors, slow, values.get("memory_total_bytes"))
             instances = g.mig.sample(errors, slow) if g.mig.enabled else []
         except GpuLost:
             # Counted here; the change of state is logged once by the collector.

@@ -152,8 +152,9 @@ class MigReader:
             if slow:
                 inst.procs.read_utilization(errors)
             profiling = self.profiling.get(inst.gpu_instance_id, {})
-            out.append(nvml_sample(inst.info, read_memory(inst.call, errors), profiling,
-                                   inst.procs.read(errors, slow)))
+            memory = read_memory(inst.call, errors)
+            out.append(nvml_sample(inst.info, memory, profiling,
+                                   inst.procs.read(errors, slow, memory.memory_total_bytes)))
         return out
 
     def down(self) -> list[DeviceSample]:

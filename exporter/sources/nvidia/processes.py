@@ -25,6 +25,14 @@ reused by another process, even one NVML keeps listing, is named again. Its user
 command line (``ProcFS.owner``) are read once per process too.
 On a MIG device handle the lists hold only that instance's processes, which is how a
 process is attributed to its instance.
+
+What NVML hands over is checked before it is kept (each drop counted): a pid must be one
+the kernel can hand out (``units.valid_pid``: 0, the idle task, is no process), a
+process's memory at most the GPU's total (``implausible``); at most ``MAX_PROCESSES``
+processes a GPU are kept, the most memory first, the rest counted (``table_full``) and
+forgotten (the per-process tables hold only the processes kept). A process's name is
+fixed at first sight of its identity: a pid NVML still lists after its /proc entry went
+keeps its ``comm`` (NVML's name for it would end its series and start another).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from typing import Any
 from exporter.core.fs import ProcFS
 from exporter.core.labels import ErrorReason, ProcessContext
 from exporter.core.model import ProcessSample
-from exporter.core.units import parse_rss, parse_start_time, process_name
+from exporter.core.units import parse_rss, parse_start_time, process_name, valid_pid
 from exporter.core.units import ratio_from_percent as ratio
 from exporter.sources.nvidia.calls import Caller, Nvml, text, u32, u64
 
@@ -73,8 +81,15 @@ def newest(nvml: Any, fn: Nvml) -> Callable[[Any], Any]:
 # NVML is not given a timestamp older than that call (less LATE_US, for samples the driver
 # records late): after a long idle the newest sample seen is old, and a process that
 # turns busy would be averaged over all the idle time the buffer still holds.
+# When that call was is the reader's monotonic clock's to say, not the wall clock's: a
+# wall clock stepped back or forward (NTP, a VM resume) moves NVML's stamps with it, so
+# the last read is placed on the wall clock as it is now (now less the monotonic time
+# since). A sample stamped after now (plus LATE_US) or at or before that point is
+# dropped and counted (``clock``): stamped before a step, or garbage. The newest sample
+# seen keeps a sample from being counted twice only while it is not in the future, so
+# one stamp from the future never silences the reader: the next read is back in step.
 LATE_US = 1_000_000
-SAME_CLOCK_US = 86_400 * 1_000_000  # NVML's timestamps and ours within a day: one clock
+MAX_PROCESSES = 1024  # processes kept per GPU: 16 x the default --max-processes-per-gpu
 
 
 class ProcessReader:
@@ -87,38 +102,51 @@ class ProcessReader:
         self._names: dict[int, str] = {}
         self._owners: dict[int, tuple[str | None, str | None]] = {}  # pid -> (user, command)
         self._rss: dict[int, float | None] = {}  # pid -> bytes, from the slow tier
-        self._started: dict[int, int | None] = {}  # pid -> start time, read with the RSS
+        self._started: dict[int, int] = {}  # pid -> start time, read with the RSS
         self._sm_util: dict[int, float] = {}  # pid -> ratio, from the last slow cycle
         self._last_util_ts = 0  # NVML timestamp (us) of the newest sample seen
         self._lists = [(fn, context, newest(nvml, fn)) for fn, context in PROCESS_LISTS]
-        self._last_read_us = 0  # the wall clock (us) at the last utilisation read
+        self._last_read: float | None = None  # the monotonic clock at the last utilisation read
         # Since that read: did a process list hold anyone, and when were they last all
-        # empty (us, 0: not yet). A GPU no process used has no samples to ask for.
+        # empty (monotonic clock; None: not yet). A GPU no process used has no samples to
+        # ask for.
         self._listed = False
-        self._empty_at_us = 0
+        self._empty_at: float | None = None
 
     wall: Callable[[], float] = staticmethod(time.time)  # the clock of NVML's timestamps
+    mono: Callable[[], float] = staticmethod(time.monotonic)  # the reader's own
 
-    def read(self, errors: Counter[ErrorReason], slow: bool = True) -> tuple[ProcessSample, ...]:
+    def read(self, errors: Counter[ErrorReason], slow: bool = True,
+             total: float | None = None) -> tuple[ProcessSample, ...]:
         """Union of the compute, graphics and MPS client lists; a pid in several is
         reported once, with each context it holds. ``slow``: re-read every process's
-        resident set (else only new pids')."""
+        resident set (else only new pids'). ``total``: the GPU's memory in bytes, the most
+        a process can hold."""
         memory: dict[int, int | None] = {}
         contexts: dict[int, dict[str, bool]] = {}
         for fn, context, getter in self._lists:
             for p in self.call.get_with(errors, fn, getter) or ():
                 pid = u32(p.pid)
-                if pid is None:
+                if not valid_pid(pid):
+                    errors[ErrorReason.IMPLAUSIBLE] += 1  # pid 0, or none the kernel has
                     continue
+                assert pid is not None
                 used = u64(p.usedGpuMemory)  # pynvml gives None for NVML_VALUE_NOT_AVAILABLE
+                if used is not None and total is not None and used > total:
+                    errors[ErrorReason.IMPLAUSIBLE] += 1  # more than the GPU has
+                    used = None
                 if pid in memory and memory[pid] is not None:
                     used = max(used or 0, memory[pid] or 0)  # same pid, several contexts
                 memory[pid] = used
                 contexts.setdefault(pid, {})[context] = True
+        if len(memory) > MAX_PROCESSES:
+            kept = sorted(memory, key=lambda pid: (-(memory[pid] or 0), pid))[:MAX_PROCESSES]
+            errors[ErrorReason.TABLE_FULL] += len(memory) - MAX_PROCESSES
+            memory = {pid: memory[pid] for pid in kept}
         if memory:
             self._listed = True
         else:
-            self._empty_at_us = int(self.wall() * 1_000_000)
+            self._empty_at = self.mono()
         self._names = {pid: n for pid, n in self._names.items() if pid in memory}
         self._owners = {pid: o for pid, o in self._owners.items() if pid in memory}
         self._rss = {pid: r for pid, r in self._rss.items() if pid in memory}
@@ -157,15 +185,19 @@ class ProcessReader:
         if self.call.absent(Nvml.DEVICE_GET_PROCESS_UTILIZATION):
             return
         listed, self._listed = self._listed, False
-        if not listed and self._empty_at_us:
+        if not listed and self._empty_at is not None:
             self._sm_util = {}
-            self._last_read_us = self._empty_at_us
+            self._last_read = self._empty_at
             return
-        now = int(self.wall() * 1_000_000)
-        since = self._last_util_ts
-        if self._last_read_us and 0 < since and abs(now - since) < SAME_CLOCK_US:
-            since = max(since, self._last_read_us - LATE_US)
-        self._last_read_us = now
+        now, mono = int(self.wall() * 1_000_000), self.mono()
+        if self._last_util_ts > now + LATE_US:
+            self._last_util_ts = 0  # seen before the wall clock stepped back: resynchronise
+        since = 0  # the first read: what the buffer holds
+        if self._last_read is not None:
+            # the last read on the wall clock as it is now, whatever the wall clock did since
+            since = max(self._last_util_ts,
+                        now - int((mono - self._last_read) * 1_000_000) - LATE_US)
+        self._last_read = mono
         try:
             samples = self.nvml.nvmlDeviceGetProcessUtilization(self.call.handle, since)
         except self.nvml.NVMLError as e:
@@ -177,8 +209,13 @@ class ProcessReader:
         latest: dict[int, tuple[int, float]] = {}
         for s in samples:
             pid, ts, sm = u32(s.pid), u64(s.timeStamp), ratio(u32(s.smUtil))
-            if pid is None or ts is None or sm is None or ts <= since:
-                continue  # (an entry older than asked for: a stale one of an exited pid)
+            if pid is None or ts is None or sm is None:
+                continue
+            if ts <= since or ts > now + LATE_US:
+                # older than asked for (stamped before a clock step, or a stale entry of
+                # an exited pid) or from the future: dropped, never the newest seen
+                errors[ErrorReason.CLOCK] += 1
+                continue
             if pid not in latest or ts >= latest[pid][0]:
                 latest[pid] = (ts, sm)
             self._last_util_ts = max(self._last_util_ts, ts)
@@ -188,6 +225,8 @@ class ProcessReader:
         """Forget the name of a pid that another process now holds (start time changed)."""
         stat = self.proc.read_bytes(str(pid), "stat")
         start = None if stat is None else parse_start_time(stat)
+        if start is None:
+            return  # gone from /proc (or another namespace's): nothing says it changed
         if self._started.setdefault(pid, start) != start:
             self._started[pid] = start
             self._names.pop(pid, None)
