@@ -258,10 +258,14 @@ def test_pip_install_creates_the_documentation_files(tmp_path: Path) -> None:
     for name in ("docs", "exporter"):  # not tests/: its fixture trees hold symlink cycles
         shutil.copytree(ROOT / name, src / name,
                         ignore=shutil.ignore_patterns("__pycache__"))
+    # A throw-away venv as the prefix, filled by this pip (--python): `pip install --prefix`
+    # into the test's own environment would first uninstall the copy installed there.
     prefix = tmp_path / "prefix"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True,
+                   timeout=120)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(prefix),
-         str(src)], capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install",
+         "-q", "--no-deps", str(src)], capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
     if done.returncode != 0 and any(s in out for s in (
             "Could not fetch", "NewConnectionError", "Temporary failure in name resolution",
