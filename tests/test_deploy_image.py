@@ -153,6 +153,7 @@ def no_gpu(tmp_path: Path) -> list[str]:
     return ["--path.sysfs", str(empty), "--path.procfs", str(EMPTY_PROC)]
 
 
+@pytest.mark.slow
 def test_healthcheck_follows_the_address_wherever_it_was_set(tmp_path: Path) -> None:
     dead = f":{free_port()}"
     with running(no_gpu(tmp_path), tmp_path) as d:
@@ -175,6 +176,7 @@ def test_healthcheck_follows_the_address_wherever_it_was_set(tmp_path: Path) -> 
     assert healthcheck(tmp_path, ["--web.listen-address", dead]).returncode == 1
 
 
+@pytest.mark.slow
 def test_healthcheck_passes_behind_basic_auth_and_speaks_https_with_tls(tmp_path: Path) -> None:
     cert, key = _self_signed(tmp_path)
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
@@ -201,11 +203,13 @@ def test_healthcheck_passes_behind_basic_auth_and_speaks_https_with_tls(tmp_path
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_healthcheck_reports_a_bad_configuration(tmp_path: Path) -> None:
     result = healthcheck(tmp_path, ["--web.listen-address", "nonsense"])
     assert result.returncode == 1 and "web.listen-address" in result.stderr
 
 
+@pytest.mark.slow
 def test_healthcheck_without_a_readable_cmdline_uses_the_environment(tmp_path: Path) -> None:
     with running(no_gpu(tmp_path), tmp_path) as d:
         address = d.base_url.removeprefix("http://")
