@@ -233,13 +233,14 @@ def snapshot_devices(text: str) -> dict[str, list[dict[str, object]]]:
 
 @pytest.mark.slow
 def test_image_builds_runs_as_its_user_and_reads_a_fixture(built_image: BuiltImage) -> None:
-    """tests/image/build-image.sh: podman build of the Dockerfile (about 30 s with the base
-    cached, 90 s on a fresh machine, docs/deploy.md), then the image run by chroot as its
+    """tests/image/build-image.sh: podman build of the Dockerfile (about 60 s, in a podman
+    storage of the test run's own), then the image run by chroot as its
     USER: --version, a snapshot of a fixture sysfs, and its HEALTHCHECK command."""
     machine = FIXTURE
     lines = built_image.output.splitlines()
     lines = lines[next(i for i, line in enumerate(lines) if line.startswith("image ")):]
-    assert lines[0].startswith("image gpu-exporter:test: user 10001:10001, entrypoint gpu-exporter")
+    assert lines[0].startswith(f"image {built_image.tag}: user 10001:10001, "
+                               "entrypoint gpu-exporter")
     assert 'healthcheck: ["CMD","python","-m","exporter.app.healthcheck"]' in lines
     assert "base: docker.io/library/python:3.11-slim-bookworm" in lines
     assert "gpu-exporter 0.1.0 (python 3.11.2)" in lines
