@@ -130,6 +130,7 @@ def pytest_runtest_makereport(item: pytest.Item,
         report.outcome = "failed"
         report.longrepr = (f"{item.nodeid} starts a process ({_started[0]}) but is not "
                            "marked slow: add @pytest.mark.slow (tests/lanes.py)")
+        return report
     waited = runqueue_seconds() - item.stash.get(_waiting, 0.0)
     seconds = item.stash.get(_seconds, 0.0) + call.duration - waited
     limit = float(item.config.getini(LIMIT))
