@@ -1,9 +1,8 @@
-"""Shared pytest set-up: the fast lane's ``slow`` marker, and the goldens' update order.
+"""Shared pytest set-up: the lanes (tests/lanes.py), the goldens' update order, and what
+no test may do.
 
-``slow`` marks a test that starts a process (the exporter, promtool, Prometheus, a
-browser, ``helm``, ``docker``): explicitly (``@pytest.mark.slow``), or found here, when
-the test, a fixture it uses or a helper either of them calls (in tests/, followed
-through names) runs one. ``pytest -m "not slow"`` is the fast lane; CI runs everything.
+A test leaves the environment running the tests as it found it: one that uninstalls
+gpu-exporter from it (``pip install --prefix`` with this interpreter did) fails.
 
 Every test also checks that no code path let FakeNVML's driver model look past an NVML
 array (``_no_nvml_array_overrun``).
@@ -14,99 +13,43 @@ goldens (tests/test_golden.py) first, since the others compare with them.
 
 from __future__ import annotations
 
-import ast
-import inspect
 import os
-import re
-import textwrap
-from collections.abc import Callable, Iterator
-from functools import cache
+import sys
+import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.fakes import fake_nvml
 from tests.image_build import built_image  # noqa: F401  (the image, built once per run)
 
-TESTS = Path(__file__).resolve().parent
-# What starts a process: the harness (tests/daemon.py's running, test_server's run_cli),
-# subprocess, and the tools the end-to-end tests run.
-STARTS = re.compile(r"\b(?:running|run_cli|Popen|subprocess\.(?:run|call|check_call|"
-                    r"check_output)|create_subprocess_exec|promtool_check|probe)\s*\(")
-
-
-@cache
-def _in_tests_file(filename: str) -> bool:
-    return Path(filename).resolve().is_relative_to(TESTS)
-
-
-def _in_tests(obj: Any) -> bool:
-    try:
-        return _in_tests_file(inspect.getfile(obj))
-    except (OSError, TypeError):
-        return False
-
-
-@cache
-def _direct(func: Callable[..., Any]) -> tuple[bool, tuple[Callable[..., Any], ...]]:
-    """Whether ``func``'s own source starts a process, and the functions of tests/ it
-    names (a class of tests/: its methods)."""
-    try:
-        source = textwrap.dedent(inspect.getsource(func))
-    except (OSError, TypeError):
-        return False, ()
-    if STARTS.search(source):
-        return True, ()
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Name):
-            names.add(node.id)
-        elif isinstance(node, ast.Attribute):
-            names.add(node.attr)
-    scope = getattr(func, "__globals__", {})
-    out: list[Callable[..., Any]] = []
-    for name in names:
-        g = scope.get(name)
-        if inspect.isfunction(g):
-            g = inspect.unwrap(g)  # a @contextmanager helper's own function, in tests/
-        if inspect.isfunction(g) and _in_tests(g):
-            out.append(g)
-        elif inspect.isclass(g) and _in_tests(g):
-            out.extend(m for m in vars(g).values() if inspect.isfunction(m))
-    return False, tuple(out)
-
-
-_STARTS: dict[Callable[..., Any], bool] = {}  # settled answers
-
-
-def _starts_a_process(func: Callable[..., Any],
-                      path: frozenset[Callable[..., Any]] = frozenset()) -> bool:
-    """Whether ``func``, or a function of tests/ it names (followed through names), starts
-    a process. A "no" found while a caller was still open (a cycle) is not kept."""
-    func = inspect.unwrap(func)
-    if func in _STARTS:
-        return _STARTS[func]
-    if func in path:
-        return False
-    starts, named = _direct(func)
-    result = starts or any(_starts_a_process(g, path | {func}) for g in named)
-    if result or not path:
-        _STARTS[func] = result
-    return result
+pytest_plugins = ["tests.lanes", "pytester"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("slow") or not isinstance(item, pytest.Function):
-            continue
-        info = item._fixtureinfo  # the fixtures it uses, transitively
-        funcs = [item.function] + [d.func for defs in info.name2fixturedefs.values()
-                                   for d in defs if _in_tests(d.func)]
-        if any(_starts_a_process(f) for f in funcs):
-            item.add_marker(pytest.mark.slow)
     if os.environ.get("UPDATE_GOLDEN") == "1":
         items.sort(key=lambda item: item.path.name != "test_golden.py")  # stable: else as is
+
+
+def _installed_here() -> list[Path]:
+    """gpu-exporter as installed in the environment running the tests (its dist-info and
+    command), where it is installed there (the README's .venv)."""
+    paths = sysconfig.get_paths()
+    found = sorted(Path(paths["purelib"]).glob("gpu_exporter-*.dist-info"))
+    command = Path(paths["scripts"]) / "gpu-exporter"
+    return found + [command] if found and command.exists() else found
+
+
+INSTALLED = _installed_here()
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept() -> Iterator[None]:
+    """The test left gpu-exporter installed in the environment running the tests."""
+    yield
+    gone = [str(p) for p in INSTALLED if not p.exists()]
+    assert gone == [], f"the test removed gpu-exporter's install from {sys.prefix}: {gone}"
 
 
 @pytest.fixture(autouse=True)

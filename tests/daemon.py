@@ -122,10 +122,12 @@ class Daemon:
 @contextmanager
 def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
             env: Mapping[str, str] | None = None, ready: bool = True,
-            open_files: int | None = None, module: str = "exporter.app.cli") -> Iterator[Daemon]:
+            open_files: int | None = None, module: str = "exporter.app.cli",
+            cwd: Path = REPO) -> Iterator[Daemon]:
     """The daemon on a free port; ``open_files`` caps its RLIMIT_NOFILE (soft and hard).
 
-    It runs as ``python -m <module>``: ``tests.fakes.as_macos`` runs it as on a Mac.
+    It runs as ``python -m <module>``: ``tests.fakes.as_macos`` runs it as on a Mac. In
+    ``cwd`` (first on its sys.path: the package it imports, unless PYTHONPATH has one).
     """
     port = free_port()
     log_path = tmp_path / f"daemon-{port}.log"
@@ -133,7 +135,7 @@ def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
     cmd = [sys.executable, "-m", module, "--web.listen-address", f"127.0.0.1:{port}",
            "--log.format", "json", *args]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=daemon_env(nvml_json, env), stdout=log,
+        proc = subprocess.Popen(cmd, cwd=cwd, env=daemon_env(nvml_json, env), stdout=log,
                                 stderr=subprocess.STDOUT,
                                 preexec_fn=None if open_files is None else
                                 (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,

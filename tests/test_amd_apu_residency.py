@@ -66,6 +66,7 @@ struct gpu_metrics_v3_0 { struct metrics_table_header common_header;
 """
 
 
+@pytest.mark.slow
 def test_the_v3_0_layout_matches_a_c_compiler(tmp_path: Path) -> None:
     cc = shutil.which("cc")
     if cc is None:

@@ -107,6 +107,7 @@ def test_field_order_matches_the_header(name: str) -> None:
     assert flat_names(getattr(layouts, name)) == c_field_order(name)
 
 
+@pytest.mark.slow
 def test_offsets_and_sizes_match_a_c_compiler(tmp_path: Path) -> None:
     cc = shutil.which("cc")
     if cc is None:

@@ -185,6 +185,7 @@ def amdsmi_env(config: Path) -> dict[str, str]:
     return {"PYTHONPATH": f"{SHIM}:{FAKES}:{REPO}", "FAKE_AMDSMI_JSON": str(config)}
 
 
+@pytest.mark.slow
 def test_daemon_serves_amdsmi(tmp_path: Path) -> None:
     args = [*machine_args(MACHINE), "--collector.interval", "200ms"]
     with running(args, tmp_path, env=amdsmi_env(MACHINE / "amdsmi.json")) as d:
@@ -194,6 +195,7 @@ def test_daemon_serves_amdsmi(tmp_path: Path) -> None:
                                         source="amdsmi")
 
 
+@pytest.mark.slow
 def test_hung_call_is_marked_stale(tmp_path: Path) -> None:
     config = tmp_path / "hang.json"
     config.write_text(json.dumps({**DATA, "faults": {

@@ -54,6 +54,7 @@ def with_amdsmi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield text
 
 
+@pytest.mark.slow
 def test_golden_with_amdsmi(with_amdsmi: str) -> None:
     got = normalize_rates(with_amdsmi)
     if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -61,11 +62,13 @@ def test_golden_with_amdsmi(with_amdsmi: str) -> None:
     assert got == AMDSMI_GOLDEN.read_text()
 
 
+@pytest.mark.slow
 def test_promtool_lints_it(with_amdsmi: str) -> None:
     done = promtool_check(with_amdsmi)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_one_series_per_metric_per_device(with_amdsmi: str) -> None:
     seen = Counter((name, frozenset((k, v) for k, v in labels if k != "source"))
                    for name, labels in parse_samples(with_amdsmi))
@@ -80,6 +83,7 @@ def test_one_series_per_metric_per_device(with_amdsmi: str) -> None:
                                 f"{gpu_data['memory_partition']}")
 
 
+@pytest.mark.slow
 def test_partitions_vram_and_processes_from_amdsmi(with_amdsmi: str) -> None:
     for process in DATA["gpus"][0]["processes"]:
         pid = str(process["pid"])
@@ -112,12 +116,14 @@ def check_xgmi(rates: dict[tuple[str, str], float], within_seconds: float) -> No
         assert step_bytes / within_seconds <= rx <= 1e14
 
 
+@pytest.mark.slow
 def test_first_collection_reports_xgmi_rates(with_amdsmi: str) -> None:
     """The first read at open makes the first (and, here, only) collection report them."""
     check_xgmi(xgmi_rates(with_amdsmi), STARTED["scraped"] - STARTED["with_amdsmi"])
     assert f"{XGMI}{{" in normalize_rates(with_amdsmi)  # the golden keeps the series
 
 
+@pytest.mark.slow
 def test_xgmi_throughput_from_amdsmi_accumulators(tmp_path: Path) -> None:
     args = [*machine_args(MI300X), "--collector.interval", "200ms",
             "--collector.slow-interval", "200ms"]

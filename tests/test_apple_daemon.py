@@ -26,6 +26,8 @@ import pytest
 from tests.daemon import REPO, Daemon, daemon_env, promtool_check, running, values_of
 from tests.test_golden import GOLDEN, normalize
 
+pytestmark = pytest.mark.slow
+
 FAKE = REPO / "tests" / "fakes" / "fake_macmon.py"
 LINES = REPO / "tests" / "fixtures" / "macmon"
 RECORDED = "v0.7-m1max-soc.jsonl"

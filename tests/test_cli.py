@@ -340,6 +340,7 @@ def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
         assert httpx is not None and "Traceback" not in d.log()
 
 
+@pytest.mark.slow
 def test_the_daemon_stops_everything_it_started_discovery_included(tmp_path: Path) -> None:
     """17: nothing stopped DrmDiscovery's udev listener. The Daemon builds the backends,
     the Hub and the shared discovery, and stops them all."""
@@ -422,11 +423,13 @@ def test_a_path_that_does_not_exist_is_refused_at_start(
     assert f"--{key}: {a_file} is not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_path_that_does_not_exist_exits_before_binding(tmp_path: Path) -> None:
     result = run_cli("--path.procfs", str(tmp_path / "nope"), "--path.sysfs", str(tmp_path))
     one_line_error(result, f"--path.procfs: {tmp_path / 'nope'} does not exist")
 
 
+@pytest.mark.slow
 def test_snapshot_gives_gpu_as_a_string_everywhere() -> None:
     """`gpu` was a number under backends[].devices and a string under devices[]."""
     machine = FIXTURES / "mixed"
@@ -444,6 +447,7 @@ def test_snapshot_gives_gpu_as_a_string_everywhere() -> None:
     assert sorted(set(merged.values())) == ["0", "1", "2"]
 
 
+@pytest.mark.slow
 def test_snapshot_does_not_repeat_the_backend_down_lines(tmp_path: Path) -> None:
     result = run_cli("snapshot", *no_gpu_args(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -452,6 +456,7 @@ def test_snapshot_does_not_repeat_the_backend_down_lines(tmp_path: Path) -> None
     assert "backend down" not in result.stderr  # ...and not said again on stderr
 
 
+@pytest.mark.slow
 def test_a_unix_socket_in_use_is_named_with_a_colon() -> None:
     import socket
     import tempfile
@@ -480,6 +485,7 @@ def _caught(pid: int) -> int:
                     if line.startswith("SigCgt:")), 16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["exporter.app.cli", "exporter"])
 def test_a_sighup_right_after_start_is_held_then_reloads(module: str, tmp_path: Path) -> None:
     """A SIGHUP in the first ~0.3 s killed the daemon (exit 129): systemd's ExecReload

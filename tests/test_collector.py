@@ -368,6 +368,7 @@ def wait_for(predicate: object, timeout: float = 5.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_an_exception_in_a_backend_keeps_its_gpus_down_logged_once_and_counted() -> None:
     """Issue 8.5: the GPUs used to vanish while backend_up stayed 1."""
     from structlog.testing import capture_logs
@@ -453,6 +454,7 @@ def test_a_backend_that_hangs_in_its_first_sample_goes_stale_and_ready_is_reache
         hub.stop()
 
 
+@pytest.mark.slow
 def test_a_wall_clock_step_does_not_withdraw_anything() -> None:
     """Issue 8.7: an NTP step of 3 s made every backend stale."""
     offset = [0.0]

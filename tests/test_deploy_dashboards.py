@@ -112,12 +112,14 @@ def test_per_gpu_queries_follow_the_variables(name: str) -> None:
             assert '"$gpu"' in expr and '"$vendor"' in expr, title
 
 
+@pytest.mark.slow
 def test_every_query_parses(tmp_path: Path) -> None:
     exprs = [to_promql(e) for n in NAMES for _, e in targets(load(n))]
     exprs += [to_promql(sel) for n in NAMES for sel, _ in variable_queries(load(n))]
     promql_check(exprs, tmp_path)
 
 
+@pytest.mark.slow
 def test_query_check_catches_bad_promql(tmp_path: Path) -> None:
     with pytest.raises(AssertionError):
         promql_check(["sum by (gpu (gpu_up)"], tmp_path)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from test_deploy_helm import CHART, by_kind, container, pod_spec, render
 from test_deploy_kubernetes import KUSTOMIZE, kustomize, needs_kubectl
@@ -45,6 +46,7 @@ def exporter_text(path: Path) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_deployment_files_pass_only_flags_the_exporter_has() -> None:
     known = cli_flags() | cli_flags("top") | TOOL_FLAGS
     for path in DEPLOY_FILES:
@@ -53,6 +55,7 @@ def test_deployment_files_pass_only_flags_the_exporter_has() -> None:
                 f"{path.relative_to(ROOT)}: --{flag} is not a gpu-exporter flag")
 
 
+@pytest.mark.slow
 def test_the_snapshot_command_the_docs_give_asks_the_running_daemon(tmp_path: Path) -> None:
     """`gpu-exporter snapshot --from http://127.0.0.1:9445`, as NOTES.txt, the alert texts
     and this doc write it, against a real daemon (on another port here)."""
@@ -124,6 +127,7 @@ def test_the_values_table_names_real_values() -> None:
                 node = node[part]
 
 
+@pytest.mark.slow
 @needs_kubectl
 def test_the_overlay_example_renders(tmp_path: Path) -> None:
     text = DOC.read_text()

@@ -153,6 +153,7 @@ def no_gpu(tmp_path: Path) -> list[str]:
     return ["--path.sysfs", str(empty), "--path.procfs", str(EMPTY_PROC)]
 
 
+@pytest.mark.slow
 def test_healthcheck_follows_the_address_wherever_it_was_set(tmp_path: Path) -> None:
     dead = f":{free_port()}"
     with running(no_gpu(tmp_path), tmp_path) as d:
@@ -175,6 +176,7 @@ def test_healthcheck_follows_the_address_wherever_it_was_set(tmp_path: Path) -> 
     assert healthcheck(tmp_path, ["--web.listen-address", dead]).returncode == 1
 
 
+@pytest.mark.slow
 def test_healthcheck_passes_behind_basic_auth_and_speaks_https_with_tls(tmp_path: Path) -> None:
     cert, key = _self_signed(tmp_path)
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
@@ -201,11 +203,13 @@ def test_healthcheck_passes_behind_basic_auth_and_speaks_https_with_tls(tmp_path
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_healthcheck_reports_a_bad_configuration(tmp_path: Path) -> None:
     result = healthcheck(tmp_path, ["--web.listen-address", "nonsense"])
     assert result.returncode == 1 and "web.listen-address" in result.stderr
 
 
+@pytest.mark.slow
 def test_healthcheck_without_a_readable_cmdline_uses_the_environment(tmp_path: Path) -> None:
     with running(no_gpu(tmp_path), tmp_path) as d:
         address = d.base_url.removeprefix("http://")
@@ -229,13 +233,14 @@ def snapshot_devices(text: str) -> dict[str, list[dict[str, object]]]:
 
 @pytest.mark.slow
 def test_image_builds_runs_as_its_user_and_reads_a_fixture(built_image: BuiltImage) -> None:
-    """tests/image/build-image.sh: podman build of the Dockerfile (about 30 s with the base
-    cached, 90 s on a fresh machine, docs/deploy.md), then the image run by chroot as its
+    """tests/image/build-image.sh: podman build of the Dockerfile (about 60 s, in a podman
+    storage of the test run's own), then the image run by chroot as its
     USER: --version, a snapshot of a fixture sysfs, and its HEALTHCHECK command."""
     machine = FIXTURE
     lines = built_image.output.splitlines()
     lines = lines[next(i for i, line in enumerate(lines) if line.startswith("image ")):]
-    assert lines[0].startswith("image gpu-exporter:test: user 10001:10001, entrypoint gpu-exporter")
+    assert lines[0].startswith(f"image {built_image.tag}: user 10001:10001, "
+                               "entrypoint gpu-exporter")
     assert 'healthcheck: ["CMD","python","-m","exporter.app.healthcheck"]' in lines
     assert "base: docker.io/library/python:3.11-slim-bookworm" in lines
     assert "gpu-exporter 0.1.0 (python 3.11.2)" in lines

@@ -65,6 +65,7 @@ def container(daemonset: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- kustomize
 
 
+@pytest.mark.slow
 @needs_kubectl
 def test_manifests_validate_against_kubernetes_schemas() -> None:
     import kubernetes_validate
@@ -81,6 +82,7 @@ def test_manifests_validate_against_kubernetes_schemas() -> None:
             kubernetes_validate.validate(doc, version, strict=True)
 
 
+@pytest.mark.slow
 @needs_kubectl
 def test_schema_validation_rejects_a_wrong_manifest() -> None:
     import kubernetes_validate
@@ -91,6 +93,7 @@ def test_schema_validation_rejects_a_wrong_manifest() -> None:
         kubernetes_validate.validate(daemonset, K8S_VERSIONS[-1], strict=True)
 
 
+@pytest.mark.slow
 @needs_kubectl
 def test_daemonset_reads_the_host_read_only_and_unprivileged() -> None:
     docs = kustomize(KUSTOMIZE)
@@ -143,6 +146,7 @@ def test_daemonset_reads_the_host_read_only_and_unprivileged() -> None:
     assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
 
 
+@pytest.mark.slow
 @needs_kubectl
 def test_service_selects_the_pods_and_their_port() -> None:
     docs = kustomize(KUSTOMIZE)
@@ -154,6 +158,7 @@ def test_service_selects_the_pods_and_their_port() -> None:
     assert {p["targetPort"] for p in svc["spec"]["ports"]} <= port_names
 
 
+@pytest.mark.slow
 @needs_kubectl
 def test_servicemonitor_component_scrapes_the_service_as_job_gpu_exporter(tmp_path: Path) -> None:
     docs = with_components(tmp_path, [COMPONENT])
@@ -167,6 +172,7 @@ def test_servicemonitor_component_scrapes_the_service_as_job_gpu_exporter(tmp_pa
     assert all(e["honorLabels"] is True for e in sm["spec"]["endpoints"])
 
 
+@pytest.mark.slow
 @needs_kubectl
 def test_per_process_and_cri_components_validate_and_grant_what_they_say(tmp_path: Path) -> None:
     import kubernetes_validate
@@ -192,6 +198,7 @@ def test_namespace_is_labelled_for_pod_security() -> None:
     assert base["namespace"] == namespace["metadata"]["name"]
 
 
+@pytest.mark.slow
 def test_host_libdrm_component_mounts_the_table_beside_the_host_sysfs(tmp_path: Path) -> None:
     import kubernetes_validate
 

@@ -64,6 +64,7 @@ def test_macmon_is_on_the_jobs_path_where_homebrew_and_macports_put_it() -> None
     assert path[-4:] == ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]  # launchd's default kept
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("plutil") is None, reason="plutil: macOS only")
 def test_plutil_lints_it() -> None:
     done = subprocess.run(["plutil", "-lint", str(PLIST)], capture_output=True, text=True)

@@ -272,9 +272,10 @@ class PodRun:
                            self.node.name, self.node.ip, self.pod_ip)
         image = k.ImageConfig.of(self.image.config)
         # the container: its own writable layer of the image, mounted
-        self.cid = subprocess.run(["podman", "create", self.image.id], capture_output=True,
+        podman = self.image.store.podman  # the test run's own storage (tests/image_build.py)
+        self.cid = subprocess.run([*podman, "create", self.image.id], capture_output=True,
                                   text=True, check=True, timeout=120).stdout.strip()
-        rootfs = Path(subprocess.run(["podman", "mount", self.cid], capture_output=True,
+        rootfs = Path(subprocess.run([*podman, "mount", self.cid], capture_output=True,
                                      text=True, check=True, timeout=120).stdout.strip())
         ident = k.identity(spec, container, image, rootfs)
         env = k.kubelet_env(spec, container, facts, services)
@@ -421,8 +422,9 @@ class PodRun:
                 proc.kill()
                 proc.wait(timeout=30)
         if self.cid:
-            subprocess.run(["podman", "umount", self.cid], capture_output=True, timeout=120)
-            subprocess.run(["podman", "rm", "-f", self.cid], capture_output=True, timeout=120)
+            podman = self.image.store.podman
+            subprocess.run([*podman, "umount", self.cid], capture_output=True, timeout=120)
+            subprocess.run([*podman, "rm", "-f", self.cid], capture_output=True, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -125,18 +125,21 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_promtool_check_rules() -> None:
     out = _promtool("check", "rules", str(RULES))
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"SUCCESS: {len(load_rules())} rules found" in out.stdout
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass() -> None:
     assert RULE_TESTS, "no promtool test files in deploy/prometheus/tests/"
     out = _promtool("test", "rules", *map(str, RULE_TESTS))
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
     """The unit tests are not vacuous: an alert that fires later than the rule says fails them."""
     doc = yaml.safe_load(RULES.read_text())

@@ -68,10 +68,12 @@ def exposure(path: Path) -> float:
     return float(m.group(1))
 
 
+@pytest.mark.slow
 def test_unit_verifies_without_a_warning(tmp_path: Path) -> None:
     assert verify(installable_copy(tmp_path)) == "rc=0"
 
 
+@pytest.mark.slow
 def test_verify_reports_a_bad_setting(tmp_path: Path) -> None:
     """verify exits 0 on bad values but prints them: the check above looks at the output."""
     broken = UNIT.read_text().replace("NoNewPrivileges=yes", "NoNewPrivileges=maybe")
@@ -80,12 +82,14 @@ def test_verify_reports_a_bad_setting(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_verify_reports_a_missing_binary(tmp_path: Path) -> None:
     path = tmp_path / "gpu-exporter.service"
     path.write_text(UNIT.read_text().replace(INSTALLED_BINARY, str(tmp_path / "nope")))
     assert "not executable" in verify(path)
 
 
+@pytest.mark.slow
 def test_unit_is_hardened(tmp_path: Path) -> None:
     unit = settings(UNIT.read_text())
     assert unit["NoNewPrivileges"] == ["yes"]
@@ -109,6 +113,7 @@ def test_unit_is_hardened(tmp_path: Path) -> None:
     assert exposure(installable_copy(tmp_path)) <= 2.5
 
 
+@pytest.mark.slow
 def test_opt_in_ptrace_is_valid_and_grants_only_ptrace(tmp_path: Path) -> None:
     text = UNIT.read_text()
     opted = text.replace(
@@ -160,6 +165,7 @@ def cli_flags(*command: str) -> set[str]:
     return plain | switches | {f"no-{name}" for name in switches}
 
 
+@pytest.mark.slow
 def test_env_file_names_real_flags() -> None:
     """Each GPU_EXPORTER_* variable is the env form of a flag the CLI has."""
     env_names = {"GPU_EXPORTER_" + re.sub(r"[.-]", "_", f).upper() for f in cli_flags()}
@@ -171,6 +177,7 @@ def test_env_file_names_real_flags() -> None:
     assert settings(UNIT.read_text())["ExecStart"][0].endswith(" $EXTRA_ARGS")
 
 
+@pytest.mark.slow
 def test_env_file_extra_args_example_uses_real_flags() -> None:
     example = next(line for line in ENV.read_text().splitlines() if line.startswith("#EXTRA_ARGS="))
     flags = cli_flags()
@@ -178,6 +185,7 @@ def test_env_file_extra_args_example_uses_real_flags() -> None:
         assert arg in flags or arg.removeprefix("no-") in flags, arg
 
 
+@pytest.mark.slow
 def test_unit_bounds_malloc_arenas_and_raises_the_fd_limit(tmp_path: Path) -> None:
     unit = settings(UNIT.read_text())
     assert unit["Environment"] == ["MALLOC_ARENA_MAX=2"]
@@ -207,6 +215,7 @@ def documented_venv_interpreter(text: str) -> str:
     return m.group(1)
 
 
+@pytest.mark.slow
 def test_unit_paths_are_reachable_inside_its_sandbox(tmp_path: Path) -> None:
     """ExecStart, and the interpreter its venv links to, must not lie under what
     ProtectHome= and PrivateTmp= hide: a venv made by a python under /root or /home
@@ -258,10 +267,14 @@ def test_pip_install_creates_the_documentation_files(tmp_path: Path) -> None:
     for name in ("docs", "exporter"):  # not tests/: its fixture trees hold symlink cycles
         shutil.copytree(ROOT / name, src / name,
                         ignore=shutil.ignore_patterns("__pycache__"))
+    # A throw-away venv as the prefix, filled by this pip (--python): `pip install --prefix`
+    # into the test's own environment would first uninstall the copy installed there.
     prefix = tmp_path / "prefix"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True,
+                   timeout=120)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(prefix),
-         str(src)], capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "pip", "--python", str(prefix / "bin" / "python"), "install",
+         "-q", "--no-deps", str(src)], capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
     if done.returncode != 0 and any(s in out for s in (
             "Could not fetch", "NewConnectionError", "Temporary failure in name resolution",

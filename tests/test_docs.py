@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_deploy_docs import TOOL_FLAGS, exporter_text, flags_in
 from test_deploy_systemd import cli_flags
@@ -46,6 +47,7 @@ def golden_families() -> set[str]:
     return out
 
 
+@pytest.mark.slow
 def test_every_flag_the_docs_name_is_a_flag_the_cli_accepts() -> None:
     known = cli_flags() | cli_flags("top") | OTHER_TOOLS
     unknown = []
@@ -56,6 +58,7 @@ def test_every_flag_the_docs_name_is_a_flag_the_cli_accepts() -> None:
     assert unknown == []
 
 
+@pytest.mark.slow
 def test_the_checks_can_fail() -> None:
     assert "collector.nvidai" not in cli_flags() | OTHER_TOOLS
     assert flags_in("run gpu-exporter --collector.nvidai now") == {"collector.nvidai"}

@@ -61,6 +61,7 @@ def _served_name(family: Metric) -> str:
     return f"{family.name}_total" if family.type == "counter" else family.name
 
 
+@pytest.mark.slow
 def test_every_gpu_family_served_has_the_help_and_type_its_spec_declares(served: str) -> None:
     texts = [served, *(p.read_text() for p in sorted((REPO / "tests/golden").glob("*.prom")))]
     checked = set()
@@ -119,6 +120,7 @@ def test_every_value_field_declares_a_metric_and_units_gate_knows_its_unit() -> 
         MetricSpec("gpu_x", "a name", exposure=Exposure.INTERNAL)
 
 
+@pytest.mark.slow
 def test_closed_label_vocabularies_cover_every_value_served(served: str) -> None:
     goldens = [served, *(p.read_text() for p in (REPO / "tests/golden").glob("*.prom"))]
     mapped = {label for _, spec in DEVICE_SPECS for label in spec.labels}

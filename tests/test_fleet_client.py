@@ -244,8 +244,9 @@ def test_a_missing_secret_file_is_an_answer() -> None:
     (Reply(body=gzip.compress(b" " * (64 << 20)), headers={"Content-Encoding": "gzip"}),
      "reply larger than 1 MiB"),  # 64 MiB of spaces in 64 KiB: the inflated size counts
     (Reply(body=b"\x1f\x8b not gzip", headers={"Content-Encoding": "gzip"}), "not valid gzip"),
-    (Reply(body=OK * 40, drip=0.05), "within 1 s"),  # drips past the deadline
-    (Reply(body=OK, stall=3), "within 1 s"),  # says nothing
+    pytest.param(Reply(body=OK * 40, drip=0.05), "within 1 s",  # drips past the deadline
+                 marks=pytest.mark.slow),
+    pytest.param(Reply(body=OK, stall=3), "within 1 s", marks=pytest.mark.slow),  # says nothing
 ])
 def test_a_broken_or_hostile_server_gives_an_error_never_an_exception(reply: Reply,
                                                                       error: str) -> None:

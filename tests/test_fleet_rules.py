@@ -15,6 +15,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_deploy_dashboards import load, targets
@@ -130,6 +131,7 @@ def test_the_fleet_view_narrows_the_same_text_to_a_node() -> None:
 # ---------------------------------------------------------------- fed the fixture
 
 
+@pytest.mark.slow
 def test_node1_is_fed_the_k8s_node_fixtures_series() -> None:
     want = golden()
     checked = 0

@@ -100,6 +100,7 @@ def _all_running(tmp: Path, names: list[str],  # type: ignore[no-untyped-def]
     return stack()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", MACHINES)
 def test_golden(machine: str, scrapes: dict[str, str]) -> None:
     got = normalize(scrapes[machine])
@@ -111,6 +112,7 @@ def test_golden(machine: str, scrapes: dict[str, str]) -> None:
     assert got == path.read_text(), f"/metrics of {machine} differs from {path}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", MACHINES)
 def test_promtool_lints(machine: str, scrapes: dict[str, str]) -> None:
     result = promtool_check(scrapes[machine])
@@ -143,6 +145,7 @@ def hwmon_file(dev: Path, name: str) -> str:
 AMD = [m for m in MACHINES if m.startswith("amd-")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", AMD)
 def test_amd_values_match_the_sysfs_files(machine: str, scrapes: dict[str, str]) -> None:
     text, dev = scrapes[machine], card_dir(machine, "amdgpu")
@@ -169,6 +172,7 @@ def test_amd_values_match_the_sysfs_files(machine: str, scrapes: dict[str, str])
 HWMON_SENSOR = {"edge": "edge", "junction": "junction", "mem": "memory"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", AMD)
 def test_amd_thresholds_carry_the_sensor_they_belong_to(machine: str,
                                                         scrapes: dict[str, str]) -> None:
@@ -191,6 +195,7 @@ def test_amd_thresholds_carry_the_sensor_they_belong_to(machine: str,
             "edge": 100.0, "junction": 110.0, "memory": 108.0}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", [m for m in MACHINES if m.startswith(("amd-", "intel-"))])
 def test_gpu_info_labels_come_from_the_drivers_files(machine: str,
                                                      scrapes: dict[str, str]) -> None:
@@ -234,6 +239,7 @@ def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", [m for m in MACHINES if m.startswith(("amd-", "intel-"))])
 def test_health_checks_are_served_only_where_a_rule_can_fire(machine: str,
                                                               scrapes: dict[str, str]) -> None:
@@ -255,12 +261,14 @@ def test_health_checks_are_served_only_where_a_rule_can_fire(machine: str,
         assert checks == {"driver"}
 
 
+@pytest.mark.slow
 def test_apu_carve_out_is_not_reported_as_device_memory(scrapes: dict[str, str]) -> None:
     text = scrapes["amd-apu-phoenix"]
     assert not any(n == "gpu_memory_total_bytes" for n, _ in parse_samples(text))
     assert any(n == "gpu_shared_memory_total_bytes" for n, _ in parse_samples(text))
 
 
+@pytest.mark.slow
 def test_intel_b580_values_match_the_sysfs_files(scrapes: dict[str, str]) -> None:
     text, dev = scrapes["intel-xe-b580"], card_dir("intel-xe-b580", "xe")
     act = int((dev / "tile0" / "gt0" / "freq0" / "act_freq").read_text())
@@ -271,6 +279,7 @@ def test_intel_b580_values_match_the_sysfs_files(scrapes: dict[str, str]) -> Non
     assert value(text, "gpu_temperature_celsius", sensor="package") == mdeg / 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", [m for m in MACHINES
                                      if (FIXTURES / m / "nvml.json").exists()])
 def test_nvidia_values_match_the_fake_nvml_config(machine: str,
@@ -291,6 +300,7 @@ def test_nvidia_values_match_the_fake_nvml_config(machine: str,
                              pid=str(proc["pid"])) == proc["used_memory_bytes"]
 
 
+@pytest.mark.slow
 def test_fdinfo_process_memory_matches_the_fdinfo_files(scrapes: dict[str, str]) -> None:
     """The rx7800xt machine's processes: drm-resident-vram summed per distinct client."""
     proc = FIXTURES / "amd-rdna3-rx7800xt" / "proc"
@@ -322,6 +332,7 @@ def test_fdinfo_process_memory_matches_the_fdinfo_files(scrapes: dict[str, str])
                      source="fdinfo") == mem["vram"]
 
 
+@pytest.mark.slow
 def test_mixed_machine_numbers_gpus_by_pci_bus_id(scrapes: dict[str, str]) -> None:
     infos = {dict(ls)["pci_bus_id"]: dict(ls) for n, ls in parse_samples(scrapes["mixed"])
              if n == "gpu_info"}
@@ -330,6 +341,7 @@ def test_mixed_machine_numbers_gpus_by_pci_bus_id(scrapes: dict[str, str]) -> No
     assert {infos[b]["vendor"] for b in ordered} == {"amd", "nvidia", "intel"}
 
 
+@pytest.mark.slow
 def test_turing_t4_retires_pages_and_has_no_gpm(scrapes: dict[str, str]) -> None:
     """nvidia-t4 (telegraf_tesla-t4.xml): a GPU before Ampere reports retired pages (0 is a
     series), no remapped rows (N/A) and no GPM; the rest read back from its nvml.json."""
@@ -373,6 +385,7 @@ I915_LABELS = {"rcs": "render", "bcs": "copy", "vcs": "video", "vecs": "video_en
                "ccs": "compute"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", ["intel-i915-cometlake", "intel-i915-arc-a380"])
 def test_i915_pmu_utilisation_matches_the_fake_counters(machine: str,
                                                         scrapes: dict[str, str]) -> None:
@@ -394,6 +407,7 @@ def test_i915_pmu_utilisation_matches_the_fake_counters(machine: str,
         pytest.approx(max(sum(v) / len(v) for v in shares.values()))
 
 
+@pytest.mark.slow
 def test_xe_pmu_utilisation_matches_the_fake_ticks(scrapes: dict[str, str]) -> None:
     """B580: active / total ticks per engine (config bits 20-27 = class, per xe_pmu.c)."""
     (pmu,) = json.loads((FIXTURES / "intel-xe-b580" / "perf.json").read_text())["pmus"].values()
@@ -410,6 +424,7 @@ def test_xe_pmu_utilisation_matches_the_fake_ticks(scrapes: dict[str, str]) -> N
                      source="pmu") == pytest.approx(sum(values) / len(values))
 
 
+@pytest.mark.slow
 def test_mps_clients_are_served_with_their_memory_and_context(scrapes: dict[str, str]) -> None:
     text = scrapes["nvidia-h100-mps"]
     config = json.loads((FIXTURES / "nvidia-h100-mps" / "nvml.json").read_text())
@@ -423,6 +438,7 @@ def test_mps_clients_are_served_with_their_memory_and_context(scrapes: dict[str,
         assert value(text, "gpu_process_context_info", pid=pid, context=context) == 1
 
 
+@pytest.mark.slow
 def test_each_counted_xid_is_named_by_the_catalogue(scrapes: dict[str, str]) -> None:
     config = json.loads((FIXTURES / "nvidia-h100x2" / "nvml.json").read_text())
     assert sorted(set(config["gpus"][0]["xids"])) == [13, 79]

@@ -268,6 +268,7 @@ def test_healthy_fixture_machines_read_healthy() -> None:
         assert set(values_of(text, "gpu_health_check_status")) == {HEALTHY}, name
 
 
+@pytest.mark.slow
 def test_reasons_in_snapshot_and_on_the_landing_page(tmp_path: Path) -> None:
     machine = FIXTURES / "mixed-faulty"
     with running(machine_args(machine), tmp_path, nvml_json=machine / "nvml.json") as daemon:
@@ -302,6 +303,7 @@ def test_a_driver_that_does_not_know_the_recovery_field_id_is_not_asked_again() 
     assert fake.field_batches[batches:] == [1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("uncorrected", "check", "expected"), [
     ({"programming": 5, "display": 1}, "driver", HEALTHY),  # application and display errors
     ({"cache": 3}, "memory", FAILED),

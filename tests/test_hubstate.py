@@ -107,6 +107,7 @@ def _messages() -> list[tuple[str, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_message_written_in_the_backends_has_a_code() -> None:
     """A new BackendUnavailable message that no pattern knows would be served as "other":
     each one written in exporter/ maps to a code (placeholders read as "X")."""

@@ -57,6 +57,7 @@ def daemon_modules() -> list[str]:
     return modules
 
 
+@pytest.mark.slow
 def test_the_probe_sees_a_daemon_that_collected(daemon_modules: list[str]) -> None:
     # The list is the one of a daemon that served: the NVIDIA backend, render, uvicorn.
     for m in ("exporter.sources.nvidia.backend", "exporter.output.render", "uvicorn",
@@ -64,6 +65,7 @@ def test_the_probe_sees_a_daemon_that_collected(daemon_modules: list[str]) -> No
         assert m in daemon_modules
 
 
+@pytest.mark.slow
 def test_nvidia_only_daemon_imports_nothing_heavy(daemon_modules: list[str]) -> None:
     assert heavy_in(daemon_modules) == []
 
@@ -101,6 +103,7 @@ def test_the_page_imports_its_code_on_its_first_request() -> None:
     assert snapshot.status_code == 200 and snapshot.json()["generation"] >= 1
 
 
+@pytest.mark.slow
 def test_a_config_file_imports_yaml_and_nothing_else_heavy(tmp_path: Path) -> None:
     # Each optional feature pays for its own imports only: a config file brings PyYAML,
     # not gRPC, bcrypt or OpenTelemetry.

@@ -175,6 +175,7 @@ def _numbers(dev: object) -> list[float]:
     return out
 
 
+@pytest.mark.slow
 def test_daemon_serves_no_garbage_from_a_corrupted_card(tmp_path: Path) -> None:
     machine = tmp_path / "machine"
     shutil.copytree(FIXTURES / "intel-xe-b580" / "sys", machine / "sys", symlinks=True)

@@ -98,6 +98,7 @@ def server() -> Iterator[int]:
     httpd.server_close()
 
 
+@pytest.mark.slow
 def test_http_probe_counts_2xx_and_3xx_and_times_out(server: int) -> None:
     container = {"ports": [{"name": "metrics", "containerPort": server}]}
 

@@ -188,6 +188,7 @@ def test_kubelet_restart_recovers(node: FakeNode) -> None:
     assert isinstance(attribution, Attribution) and attribution.pod_of(7404) == LLM
 
 
+@pytest.mark.slow
 def test_kubelet_restart_through_the_collector(node: FakeNode) -> None:
     """The collector reopens every --kubernetes.interval: no exporter restart needed."""
     hub = Hub(node.config, [KubernetesBackend(node.config)])
@@ -229,6 +230,7 @@ def test_kubelet_connection_and_its_loss_are_logged_once_each(node: FakeNode) ->
                      ("backend recovered", None)]
 
 
+@pytest.mark.slow
 def test_kubelet_too_slow_is_down_with_the_reason(node: FakeNode) -> None:
     backend, _, _ = open_sample(node.config)
     node.kubelet.delay = 1.5

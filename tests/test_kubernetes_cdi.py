@@ -233,6 +233,7 @@ def test_json_is_parsed_as_json_and_yaml_as_yaml() -> None:
     assert cdi.LIBYAML  # PyYAML's wheels carry libyaml; the image installs the wheel
 
 
+@pytest.mark.slow
 def test_the_registry_keeps_at_most_its_total_of_devices(tmp_path: Path) -> None:
     from exporter.attribution.kubernetes import cdi
 

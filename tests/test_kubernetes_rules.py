@@ -97,6 +97,7 @@ def test_roll_ups_are_fed_the_golden_series_and_expect_its_sums() -> None:
         (("namespace", ns), ("pod", pod)): 30 / 60 for ns, pod in pods}
 
 
+@pytest.mark.slow
 def test_promtool_passes_the_kubernetes_rule_tests() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:

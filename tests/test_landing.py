@@ -155,6 +155,7 @@ def test_chart_path_breaks_at_unknown_values_and_scales_to_the_window() -> None:
     assert chart_path([], [], 1.0, 1.0, None) == ("", 0)
 
 
+@pytest.mark.slow
 def test_landing_page_lists_gpus_values_charts_and_processes(tmp_path: Path) -> None:
     # a 30 s window: 0.1 s a pixel, so that 0.2 s samples are points of their own
     with running([*machine_args(MIXED), "--collector.interval", "0.2s",
@@ -361,6 +362,7 @@ def test_app_js_puts_process_names_in_as_text() -> None:
         assert parser not in APP_JS, parser
 
 
+@pytest.mark.slow
 def test_landing_and_history_need_the_same_auth_as_metrics(tmp_path: Path) -> None:
     hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
     web = tmp_path / "web.yml"
@@ -372,6 +374,7 @@ def test_landing_and_history_need_the_same_auth_as_metrics(tmp_path: Path) -> No
             assert d.get(path, auth=("prom", "pw")).status_code == 200, path
 
 
+@pytest.mark.slow
 def test_history_window_flag_sets_the_capacity(tmp_path: Path) -> None:
     with running([*machine_args(MIXED), "--web.history", "30s", "--collector.interval",
                   "0.5s"], tmp_path, nvml_json=MIXED / "nvml.json") as d:
@@ -379,6 +382,7 @@ def test_history_window_flag_sets_the_capacity(tmp_path: Path) -> None:
     assert (body["window"], body["interval"], body["capacity"]) == (30.0, 0.5, 60)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
                     "chromium): the page is not tried in a real browser")
 def test_landing_page_in_headless_chromium(tmp_path: Path) -> None:
@@ -483,6 +487,7 @@ def hanging_nvidia(tmp_path: Path) -> Iterator[Daemon]:
         yield d
 
 
+@pytest.mark.slow
 def test_a_stale_backend_and_its_gpu_read_stale(tmp_path: Path) -> None:
     """NVML hangs after 1.5 s (the fake's fault): past --stale-after the backend reads
     stale with its reason in /api/v1/history, and so does its GPU (withdrawn from
@@ -509,6 +514,7 @@ def test_a_stale_backend_and_its_gpu_read_stale(tmp_path: Path) -> None:
     assert {r["vendor"]: r["state"] for r in gpu_rows(page).values()}["nvidia"] == "◌ stale"
 
 
+@pytest.mark.slow
 def test_history_is_fed_by_collection_not_by_requests(tmp_path: Path) -> None:
     """With one collection an hour, any number of page views and scrapes add nothing:
     the buffer holds the one sample per GPU the first complete snapshot gave."""
@@ -564,6 +570,7 @@ def test_a_lost_gpus_charts_keep_their_scale_and_say_no_data() -> None:
     assert body["devices"][0]["state"] == "down"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
                     "chromium): the page is not tried in a real browser")
 def test_a_long_reason_or_name_never_widens_the_page_at_420px(tmp_path: Path) -> None:

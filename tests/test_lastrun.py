@@ -32,6 +32,7 @@ MACHINE = FIXTURES / "amd-rdna3-rx7800xt"
 T = TypeVar("T")
 
 
+@pytest.mark.slow
 def test_a_segfault_is_logged_by_the_next_start_and_a_clean_stop_is_not(tmp_path: Path) -> None:
     state = tmp_path / "state"
     args = [*machine_args(MACHINE), "--path.state", str(state)]
@@ -52,6 +53,7 @@ def test_a_segfault_is_logged_by_the_next_start_and_a_clean_stop_is_not(tmp_path
     assert len(json.loads((state / RUN_FILE).read_text())["starts"]) == 3
 
 
+@pytest.mark.slow
 def test_an_unusable_state_directory_is_one_warning_and_the_daemon_runs(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -62,6 +64,7 @@ def test_an_unusable_state_directory_is_one_warning_and_the_daemon_runs(tmp_path
                                   "this run ended")) == 1
 
 
+@pytest.mark.slow
 def test_the_summary_of_a_real_crash_inside_a_c_call(tmp_path: Path) -> None:
     """faulthandler's own output for a SIGSEGV in a ctypes call (as in a driver library)."""
     crash = tmp_path / "crash.txt"
@@ -189,6 +192,7 @@ def test_a_planted_symlink_is_never_followed(tmp_path: Path) -> None:
     assert (state / (RUN_FILE + ".tmp")).is_symlink()  # a name never written to
 
 
+@pytest.mark.slow
 def test_the_daemon_serves_with_a_fifo_in_its_state_directory(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()

@@ -87,6 +87,7 @@ def test_every_module_is_in_a_layer() -> None:
     assert top == {"__init__.py", "__main__.py", *LAYERS}
 
 
+@pytest.mark.slow
 def test_imports_only_run_downward() -> None:
     known = modules()
     upward = [f"{name} ({path.relative_to(ROOT)}:{line}) imports {target}"
@@ -141,6 +142,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_no_import_circle() -> None:
     assert cycles(graph()) == []
 

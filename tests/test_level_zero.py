@@ -74,10 +74,12 @@ def _ctypes_layout() -> dict[tuple[str, str], int]:
     return out
 
 
+@pytest.mark.slow
 def test_ctypes_layout_matches_the_c_compiler(stub: ctypes.CDLL) -> None:
     assert _layout(stub.zeStubLayout().decode()) == _ctypes_layout()
 
 
+@pytest.mark.slow
 def test_ctypes_layout_matches_the_spec_header(tmp_path: Path) -> None:
     assert _layout(real_header_layout(tmp_path)) == _ctypes_layout()
 
@@ -85,6 +87,7 @@ def test_ctypes_layout_matches_the_spec_header(tmp_path: Path) -> None:
 # --- the B580 machine ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_b580_reads_every_family_from_sysman(stub: ctypes.CDLL) -> None:
     rows = table()
     b = backend(stub)
@@ -148,6 +151,7 @@ def test_b580_reads_every_family_from_sysman(stub: ctypes.CDLL) -> None:
     assert second.ras_errors == {}  # a client Arc card has no RAS error sets
 
 
+@pytest.mark.slow
 def test_throttle_reasons_and_ras_counts(stub: ctypes.CDLL, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     data = tmp_path / "max1550.tsv"
@@ -189,6 +193,7 @@ def test_missing_loader_is_unavailable_with_the_reason(tmp_path: Path) -> None:
         b.open()
 
 
+@pytest.mark.slow
 def test_loader_without_zesinit_is_unavailable(tmp_path: Path) -> None:
     path = build_stub(tmp_path, with_zesinit=False)
     b = LevelZeroBackend(Config(), library=str(path))
@@ -196,6 +201,7 @@ def test_loader_without_zesinit_is_unavailable(tmp_path: Path) -> None:
         b.open()
 
 
+@pytest.mark.slow
 def test_the_real_loader_on_this_machine_says_why_it_is_off() -> None:
     """The user's path exactly: the default library name, found by the dynamic linker."""
     if ctypes.util.find_library("ze_loader") is None:
@@ -204,6 +210,7 @@ def test_the_real_loader_on_this_machine_says_why_it_is_off() -> None:
         LevelZeroBackend(Config()).open()  # no Intel GPU driver here, or a pre-1.5 loader
 
 
+@pytest.mark.slow
 def test_zesinit_failure_is_unavailable_with_the_code(stub: ctypes.CDLL) -> None:
     stub.zeStubSetInitResult(ctypes.c_uint32(0x78000001))
     with pytest.raises(BackendUnavailable,
@@ -211,6 +218,7 @@ def test_zesinit_failure_is_unavailable_with_the_code(stub: ctypes.CDLL) -> None
         backend(stub).open()
 
 
+@pytest.mark.slow
 def test_unsupported_call_gives_no_series_and_is_not_asked_again(
         stub: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = tmp_path / "no-bandwidth.tsv"
@@ -230,6 +238,7 @@ def test_unsupported_call_gives_no_series_and_is_not_asked_again(
     assert stub.zeStubCalls(b"zesMemoryGetState") == 3
 
 
+@pytest.mark.slow
 def test_permission_denied_is_counted_once_and_skipped(
         stub: ctypes.CDLL, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = tmp_path / "no-processes.tsv"
@@ -243,6 +252,7 @@ def test_permission_denied_is_counted_once_and_skipped(
     assert stub.zeStubCalls(b"zesDeviceProcessesGetState") == 1
 
 
+@pytest.mark.slow
 def test_a_vanished_device_is_down_and_comes_back(stub: ctypes.CDLL) -> None:
     b = backend(stub)
     b.open()
@@ -255,6 +265,7 @@ def test_a_vanished_device_is_down_and_comes_back(stub: ctypes.CDLL) -> None:
     assert b.sample(slow=True).devices[0].up
 
 
+@pytest.mark.slow
 def test_uninitialised_sysman_fails_the_backend_for_a_reopen(stub: ctypes.CDLL) -> None:
     # What every call answers once sysman is gone (the stub before any zesInit).
     caller = ze.Caller(ze.load(stub._name))
@@ -263,6 +274,7 @@ def test_uninitialised_sysman_fails_the_backend_for_a_reopen(stub: ctypes.CDLL) 
         caller.call(Counter(), "zesDriverGet", None, ctypes.byref(count), None)
 
 
+@pytest.mark.slow
 def test_a_hung_call_marks_the_backend_stale_until_it_answers(stub: ctypes.CDLL) -> None:
     hub = Hub(Config(interval=0.05, stale_after=0.3), [backend(stub)])
     hub.start()

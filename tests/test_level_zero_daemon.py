@@ -25,6 +25,8 @@ from tests.fakes.ze_build import build_stub
 from tests.test_golden import GOLDEN, ONE_CYCLE, normalize
 from tests.test_level_zero import DATA, table
 
+pytestmark = pytest.mark.slow
+
 B580 = FIXTURES / "intel-xe-b580"
 L0_GOLDEN = GOLDEN / "intel-xe-b580+level_zero.prom"
 

@@ -124,6 +124,7 @@ class SlowOpen:
         self.closed += 1
 
 
+@pytest.mark.slow
 def test_a_stop_during_the_hubs_first_opens_starts_and_publishes_nothing_after_it() -> None:
     """Hub.start waits up to OPEN_WAIT for first opens, then published and started the
     watchdog even when a stop had come meanwhile: a thread started after its owner's stop."""

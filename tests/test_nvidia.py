@@ -539,6 +539,7 @@ def test_fixture_machine_lost() -> None:
     assert cycle.errors == {"gpu_lost": 1}
 
 
+@pytest.mark.slow
 def test_shim_is_pynvml_for_a_subprocess(tmp_path: Path) -> None:
     config = tmp_path / "nvml.json"
     config.write_text(json.dumps({"gpus": [{"name": "NVIDIA H200", "power_mw": 250000}, {}]}))

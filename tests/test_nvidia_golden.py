@@ -19,6 +19,8 @@ import pytest
 from tests.daemon import FIXTURES, Samples, machine_args, parse_samples, running
 from tests.test_golden import ONE_CYCLE
 
+pytestmark = pytest.mark.slow
+
 MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

@@ -166,6 +166,7 @@ def _instance_id(env: dict[str, str]) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.slow
 def test_the_service_instance_id_survives_a_restart() -> None:
     """The SDK's service.instance.id was a random UUID per process; Prometheus's OTLP
     receiver makes it the instance label, so every restart began new series."""

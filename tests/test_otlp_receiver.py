@@ -149,6 +149,7 @@ def trickle(r: Receiver, conn: socket.socket, in_headers: bool) -> None:
         time.sleep(0.1)  # well inside any socket timeout: a read timeout never fires
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("in_headers", [False, True], ids=["body", "headers"])
 def test_a_trickling_receiver_is_cut_at_the_timeout(in_headers: bool) -> None:
     """A byte a second after the headers held an export past --otlp.timeout for as long as
@@ -183,6 +184,7 @@ def test_a_redirect_is_not_followed_and_counts_as_failed() -> None:
     assert "redirects are not followed" in p.status()["last_error"]
 
 
+@pytest.mark.slow
 def test_the_failures_show_on_the_page_and_in_the_counters(tmp_path: Path) -> None:
     """The daemon's own view: the counter and the page's otlp row say failing (a machine
     with a GPU: the counters are served with each new snapshot)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +23,7 @@ def test_every_package_under_exporter_is_listed_in_pyproject() -> None:
     assert listed - found == set(), "listed, but no such package"
 
 
+@pytest.mark.slow
 def test_the_live_pages_files_are_package_data(tmp_path: Path) -> None:
     """The page's script and style sheet are files of exporter.serve, served through
     importlib.resources: setuptools' build_py (what a wheel is made of) copies them,

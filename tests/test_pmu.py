@@ -180,6 +180,7 @@ def test_switch_defaults_on_and_turns_off() -> None:
     assert "pmu" not in [b.name for b in build_backends(off)]
 
 
+@pytest.mark.slow
 def test_daemon_without_cap_perfmon_keeps_fdinfo_engine_sums(tmp_path: Path) -> None:
     """The user's path: EACCES turns the pmu source off (once, with the reason) and the
     per-process fdinfo sums still give the engines their utilisation."""
@@ -199,6 +200,7 @@ def test_daemon_without_cap_perfmon_keeps_fdinfo_engine_sums(tmp_path: Path) -> 
     assert len(downs) == 1 and "CAP_PERFMON" in downs[0]
 
 
+@pytest.mark.slow
 def test_daemon_with_the_pmu_serves_it_over_fdinfo(tmp_path: Path) -> None:
     with running(machine_args(FIXTURES / COMETLAKE), tmp_path) as daemon:
         text = daemon.get().text

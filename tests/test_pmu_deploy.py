@@ -17,6 +17,7 @@ PERFMON_LINES = ("#CapabilityBoundingSet=CAP_PERFMON", "#AmbientCapabilities=CAP
                  "#SystemCallFilter=perf_event_open")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")
 def test_systemd_opt_in_perfmon_is_valid_and_grants_only_perfmon(tmp_path: Path) -> None:
     text = UNIT.read_text()
@@ -47,6 +48,7 @@ def test_chart_perfmon_runs_as_root_and_adds_perfmon_only() -> None:
     assert both["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE", "PERFMON"]
 
 
+@pytest.mark.slow
 @needs_kubectl
 def test_kustomize_perfmon_component_validates_and_grants_perfmon(tmp_path: Path) -> None:
     import kubernetes_validate

@@ -28,6 +28,7 @@ def _compiler() -> str:
     return cc
 
 
+@pytest.mark.slow
 def test_perf_event_attr_matches_the_uapi_header(tmp_path: Path) -> None:
     names = [n for n, _ in perf.PerfEventAttr._fields_ if n != "flags"]
     lines = [f'printf("{n} %zu\\n", offsetof(struct perf_event_attr, {n}));' for n in names]

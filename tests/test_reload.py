@@ -17,6 +17,7 @@ from typing import Any
 
 import bcrypt
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.output.render.selfmetrics import RELOAD_OK, RELOAD_TIME
@@ -62,6 +63,7 @@ def _reloads(d: Daemon, event: str, n: int) -> dict[str, Any]:
     return _log_lines(d, event)[n - 1]
 
 
+@pytest.mark.slow
 def test_sighup_reloads_passwords_and_live_settings(tmp_path: Path) -> None:
     web, conf = tmp_path / "web.yml", tmp_path / "config.yml"
     _users(web, b"old-secret")
@@ -98,6 +100,7 @@ def test_sighup_reloads_passwords_and_live_settings(tmp_path: Path) -> None:
         assert d.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_an_invalid_file_keeps_the_old_settings(tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     _users(web, b"old-secret")
@@ -120,6 +123,7 @@ def test_an_invalid_file_keeps_the_old_settings(tmp_path: Path) -> None:
               "successful 1", d)
 
 
+@pytest.mark.slow
 def test_a_changed_web_config_is_seen_when_a_connection_arrives(tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     _users(web, b"old-secret")
@@ -134,6 +138,7 @@ def test_a_changed_web_config_is_seen_when_a_connection_arrives(tmp_path: Path) 
         assert d.get(auth=("prometheus", "old-secret")).status_code == 401
 
 
+@pytest.mark.slow
 def test_sighup_serves_a_renewed_certificate(tmp_path: Path) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
     first.mkdir()
@@ -164,6 +169,7 @@ def test_sighup_serves_a_renewed_certificate(tmp_path: Path) -> None:
         assert fetch(old) == 0  # the old certificate is no longer served
 
 
+@pytest.mark.slow
 def test_sighup_applies_a_new_process_cap(tmp_path: Path) -> None:
     machine = FIXTURES / "nvidia-h100x2"
     conf = tmp_path / "config.yml"
@@ -192,6 +198,7 @@ def _families(text: str) -> set[str]:
     return {name for name, _ in parse_samples(text)}
 
 
+@pytest.mark.slow
 def test_sighup_swaps_the_metric_selection(tmp_path: Path) -> None:
     """A changed exclude takes the family off /metrics at the next scrape (the Python
     process collector's too: the filtered collectors are rebuilt); an invalid regex
@@ -225,6 +232,7 @@ def test_sighup_swaps_the_metric_selection(tmp_path: Path) -> None:
         assert d.proc.poll() is None
 
 
+@pytest.mark.slow
 def test_sighup_reads_the_dcgm_counters_file_again(tmp_path: Path) -> None:
     """The same --dcgm.counters name with new content: SIGHUP serves the new field list;
     a file that is gone keeps the old list."""
@@ -282,6 +290,7 @@ def _fifo(path: Path) -> None:
     os.mkfifo(path)
 
 
+@pytest.mark.slow
 def test_a_fifo_at_the_web_config_path_fails_the_reload_and_later_sighups_work(
         tmp_path: Path) -> None:
     """A FIFO at the web-config path blocked the reload thread forever: later SIGHUPs did
@@ -310,6 +319,7 @@ def test_a_fifo_at_the_web_config_path_fails_the_reload_and_later_sighups_work(
                                 OK_GAUGE) == [1], "successful 1", d)
 
 
+@pytest.mark.slow
 def test_a_fifo_at_the_config_file_or_counters_path_fails_the_reload(tmp_path: Path) -> None:
     conf, counters = tmp_path / "config.yml", tmp_path / "counters.csv"
     conf.write_text("log.level: info\n")
@@ -337,6 +347,7 @@ def test_a_fifo_at_the_config_file_or_counters_path_fails_the_reload(tmp_path: P
             not values_of(text, "DCGM_FI_DEV_GPU_TEMP")
 
 
+@pytest.mark.slow
 def test_a_fifo_given_at_start_is_one_line(tmp_path: Path) -> None:
     """In a subprocess with a time limit: before, open() waited for a writer forever."""
     import subprocess

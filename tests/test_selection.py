@@ -65,6 +65,7 @@ def test_counters_csv_parse() -> None:
         frozenset(), (), 2)
 
 
+@pytest.mark.slow
 def test_dcgm_counters_serve_only_the_fields_named(tmp_path: Path) -> None:
     args = [*machine_args(MIXED), "--metric-names", "dcgm"]
     env = {"NODE_NAME": "node-a"}
@@ -89,6 +90,7 @@ def test_dcgm_counters_serve_only_the_fields_named(tmp_path: Path) -> None:
     assert reports[0]["malformed_lines"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "needle"), [
     (["--dcgm.counters", str(COUNTERS)], "--dcgm.counters needs --metric-names dcgm, dcgm4.9"),
     (["--metric-names", "dcgm", "--dcgm.counters", "/nonexistent/counters.csv"],

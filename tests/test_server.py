@@ -18,6 +18,8 @@ from bench.flood import self_signed as _self_signed
 from tests.daemon import FIXTURES, REPO, daemon_env, machine_args, running
 from tests.daemon import values_of as get
 
+pytestmark = pytest.mark.slow
+
 NO_GPU = ["--path.sysfs", "{empty}", "--path.procfs", "{empty}"]
 
 

@@ -55,6 +55,7 @@ def test_wrong_passwords_on_keep_alive_connections_do_not_lock_out_probes(
     assert "Traceback" not in log
 
 
+@pytest.mark.slow
 def test_password_guesses_are_limited_per_address(tmp_path: Path) -> None:
     """21.1: every wrong password cost a bcrypt, without end."""
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
@@ -130,6 +131,7 @@ def _tls_status(url: str, context: ssl.SSLContext) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_uvicorn_lines_are_json_and_repeats_are_held_back(tmp_path: Path) -> None:
     """21.3: each request with Upgrade: websocket added two plain-text WARNING lines,
     each malformed request one: 11.8 MB of log in 10 s from one client."""
@@ -194,6 +196,7 @@ def test_a_refused_connection_is_one_line_that_names_the_limit() -> None:
     assert lines[0]["limit"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("source", "needle"), [
     ("http://h:99999", "bad URL: Port out of range"),
     ("http://[::1", "bad URL: Invalid IPv6 URL"),
@@ -208,6 +211,7 @@ def test_snapshot_from_a_bad_url_is_one_line(source: str, needle: str) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_unix_socket_path_too_long_names_the_address(tmp_path: Path) -> None:
     address = "unix:/tmp/" + "x" * 120
     result = run_cli("--web.listen-address", address, *no_gpu_args(tmp_path))
@@ -216,6 +220,7 @@ def test_a_unix_socket_path_too_long_names_the_address(tmp_path: Path) -> None:
     assert not os.path.exists(address[len("unix:"):])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "needle"), [
     (["--web.telemetry-path", "/{x:path}"], "must be a plain path"),
     (["--web.telemetry-path", "/metrics?x=1"], "must be a plain path"),

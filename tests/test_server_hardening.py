@@ -46,6 +46,7 @@ def auth_config(tmp_path: Path, rounds: int) -> Path:
     return web
 
 
+@pytest.mark.slow
 def test_wrong_passwords_do_not_stall_the_probes_and_names_do_not_leak(tmp_path: Path) -> None:
     """8.1: bcrypt on the event loop pushed /-/healthy from 0.5 ms to 1.5 s."""
     web = auth_config(tmp_path, rounds=12)
@@ -91,6 +92,7 @@ def test_wrong_passwords_do_not_stall_the_probes_and_names_do_not_leak(tmp_path:
         assert d.get("/metrics", headers=basic("prometheus", "s3cret")).status_code == 200
 
 
+@pytest.mark.slow
 def test_an_overlong_password_is_401_and_a_bad_hash_fails_at_start(tmp_path: Path) -> None:
     """8.1: a password over 72 bytes and a malformed hash gave 500 and a traceback."""
     web = auth_config(tmp_path, rounds=4)
@@ -106,6 +108,7 @@ def test_an_overlong_password_is_401_and_a_bad_hash_fails_at_start(tmp_path: Pat
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_connection_flood_does_not_starve_the_probes_or_flood_the_log(tmp_path: Path) -> None:
     """8.2: 1,100 half-sent requests exhausted 1024 fds; every failed accept was a traceback."""
     with running(no_gpu_args(tmp_path), tmp_path, open_files=256) as d:
@@ -189,6 +192,7 @@ class Big:
         pass
 
 
+@pytest.mark.slow
 def test_cold_renders_and_the_snapshot_json_run_off_the_event_loop() -> None:
     """8.3: a cold render and /snapshot (7-20 ms for 8 GPUs x 64 processes) ran on the loop.
 
@@ -254,6 +258,7 @@ def test_negotiation_honours_q_values(accept: str, encoding: str, variant: str) 
     assert negotiate(accept, encoding) == variant
 
 
+@pytest.mark.slow
 def test_no_redirect_is_built_from_the_host_header(tmp_path: Path) -> None:
     """8.4: GET /metrics/ answered with a Location on the client's Host."""
     with running(no_gpu_args(tmp_path), tmp_path) as d:
@@ -263,6 +268,7 @@ def test_no_redirect_is_built_from_the_host_header(tmp_path: Path) -> None:
         assert "content-encoding" not in r.headers
 
 
+@pytest.mark.slow
 def test_sigint_sighup_and_the_unix_socket(tmp_path: Path) -> None:
     """SIGINT left a traceback, SIGHUP killed silently, a second instance unlinked the
     first one's socket, and the socket file stayed after exit."""
@@ -284,6 +290,7 @@ def test_sigint_sighup_and_the_unix_socket(tmp_path: Path) -> None:
     assert not sock.exists()
 
 
+@pytest.mark.slow
 def test_a_stale_unix_socket_file_is_replaced(tmp_path: Path) -> None:
     sock = tmp_path / "gpu.sock"
     stale = socket.socket(socket.AF_UNIX)

@@ -38,6 +38,7 @@ def _connects(family: socket.AddressFamily, host: str, port: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 @needs_ipv6
 def test_a_port_without_a_host_listens_on_ipv6_and_ipv4(tmp_path: Path) -> None:
     """27.11: ``:9445`` bound 0.0.0.0 only: [::1]:9445 and IPv6-only clusters could

@@ -100,6 +100,7 @@ def probe(port: int) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_slow_readers_do_not_pin_every_slot() -> None:
     """27.1: a connection whose answer waited forever in the transport's drain was
     "busy" and never evicted: 260 such connections reset every new one, probes too."""

@@ -10,6 +10,8 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
+
 from exporter.attribution import slurm
 from exporter.attribution.slurm import SlurmBackend
 from exporter.core.config import Config
@@ -81,6 +83,7 @@ def test_a_fifo_named_like_a_gpu_does_not_block(tmp_path: Path) -> None:
     assert dict(cycles[0].joins.jobs) == {"3": ("77",)}
 
 
+@pytest.mark.slow
 def test_the_daemon_serves_at_most_the_cap_and_counts_the_rest(tmp_path: Path) -> None:
     slurm = tmp_path / "slurm"
     slurm.mkdir()

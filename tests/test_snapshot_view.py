@@ -35,6 +35,7 @@ def merges(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@pytest.mark.slow
 def test_each_snapshot_is_merged_once_by_the_publisher_and_never_by_a_reader(
         merges: list[str]) -> None:
     backends = [Scripted("nvidia", ["0000:18:00.0"]), Scripted("amd", ["0000:03:00.0"])]

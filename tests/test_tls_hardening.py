@@ -112,6 +112,7 @@ def client_context(cafile: Path, maximum: ssl.TLSVersion = ssl.TLSVersion.TLSv1_
     return client
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ec", "rsa"])
 def test_tls12_offers_gos_default_suites_only(tmp_path: Path, kind: str) -> None:
     """ECDHE-RSA-AES128-SHA256 and -AES256-SHA384 (CBC, LUCKY13) were accepted: Go's
@@ -243,6 +244,7 @@ def _request(port: int, client: ssl.SSLContext, headers: dict[str, str]) -> str:
         conn.close()
 
 
+@pytest.mark.slow
 def test_clients_opening_a_connection_per_request_are_never_reset(tmp_path: Path) -> None:
     """200 such clients lost 6-12 % to resets: a finished connection kept its slot until
     asyncio had closed its socket, turns of the event loop later, so the slots filled

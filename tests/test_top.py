@@ -173,6 +173,7 @@ def eight_gpus(tmp_path: Path) -> list[str]:
             "--collector.interval", "0.5s", "--collector.processes.interval", "0.5s"]
 
 
+@pytest.mark.slow
 @needs_tmux
 def test_top_in_tmux_over_https_with_basic_auth(tmp_path: Path) -> None:
     """The dashboard of the mixed fixture (AMD, NVIDIA, Intel) over https with the CA
@@ -253,6 +254,7 @@ def test_top_in_tmux_over_https_with_basic_auth(tmp_path: Path) -> None:
     assert "Intel Arc B580" not in screen  # the alternate screen is gone
 
 
+@pytest.mark.slow
 @needs_tmux
 def test_top_over_a_unix_socket_and_ctrl_c(tmp_path: Path) -> None:
     """Over the daemon's unix socket; when the daemon goes away the header says so and
@@ -275,6 +277,7 @@ def test_top_over_a_unix_socket_and_ctrl_c(tmp_path: Path) -> None:
     assert "Traceback" not in screen
 
 
+@pytest.mark.slow
 @needs_tmux
 def test_top_exits_when_its_terminal_hangs_up(tmp_path: Path) -> None:
     """The tmux session killed (SIGHUP to the pane, its terminal gone): top exits within
@@ -307,6 +310,7 @@ def test_top_exits_when_its_terminal_hangs_up(tmp_path: Path) -> None:
     assert "EXIT=129\nicanon echo END" in screen
 
 
+@pytest.mark.slow
 def test_top_exits_on_eof_or_eio_of_its_terminal_without_a_sighup(tmp_path: Path) -> None:
     """In a pty whose hang-up signal never arrives (SIGHUP blocked before top starts),
     closing the terminal's other end leaves top reading EOF or EIO: it exits at once,
@@ -339,6 +343,7 @@ def test_top_exits_on_eof_or_eio_of_its_terminal_without_a_sighup(tmp_path: Path
     assert os.waitstatus_to_exitcode(done[1]) == 129
 
 
+@pytest.mark.slow
 @needs_tmux
 def test_top_fits_80x24_with_3_and_8_gpus(tmp_path: Path) -> None:
     """At 80x24 every GPU has its row, the selected GPU's processes are listed (user,
@@ -384,6 +389,7 @@ def test_top_fits_80x24_with_3_and_8_gpus(tmp_path: Path) -> None:
             assert "PgUp PgDn" in screen and "sort processes" in screen
 
 
+@pytest.mark.slow
 @needs_tmux
 def test_top_says_unauthorized_and_tls_error(tmp_path: Path) -> None:
     """A wrong password reads "unauthorized (401)", not a wait that never ends; a
@@ -407,6 +413,7 @@ def test_top_says_unauthorized_and_tls_error(tmp_path: Path) -> None:
             assert "certificate verify failed" in screen or "self-signed" in screen
 
 
+@pytest.mark.slow
 @needs_tmux
 def test_top_shows_a_stale_backend_and_its_gpu(tmp_path: Path) -> None:
     """NVML hangs after 1.5 s (the fake's fault): past --stale-after the daemon says the
@@ -481,6 +488,7 @@ def test_top_against_a_server_that_lies(tmp_path: Path) -> None:
             screen = t.wait("no complete reply within 3 s", timeout=15)
             assert "Not updating" in screen
 
+@pytest.mark.slow
 def test_top_without_a_terminal_or_a_daemon_fails_in_one_line(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "exporter.app.cli", "top", "--from",
                              "http://127.0.0.1:9"], capture_output=True, text=True,
@@ -490,6 +498,7 @@ def test_top_without_a_terminal_or_a_daemon_fails_in_one_line(tmp_path: Path) ->
     assert result.stderr.strip() == "gpu-exporter: error: top needs a terminal"
 
 
+@pytest.mark.slow
 def test_top_without_the_extra_says_how_to_get_it() -> None:
     """Without rich (made unimportable here), one line naming the extra, exit 2."""
     result = subprocess.run(
@@ -646,6 +655,7 @@ def test_process_rows_as_operators_read_them_and_an_apus_memory() -> None:
     assert re.search(r"MEM\[█+░+\] +3\.0/16\.0Gsh", compact)
 
 
+@pytest.mark.slow
 def test_an_apus_shared_memory_through_a_real_daemon(tmp_path: Path) -> None:
     """The Phoenix APU (amd-apu-phoenix) has no memory of its own: the daemon serves its
     shared memory, and top shows that as its memory, used and total as served, where it
@@ -668,6 +678,7 @@ def test_an_apus_shared_memory_through_a_real_daemon(tmp_path: Path) -> None:
         f"{(total - used) / 2**30:.1f} GiB free (shared)") in text
 
 
+@pytest.mark.slow
 def test_a_malformed_reply_is_no_data_never_an_exception() -> None:
     """Every key of a real reply taken away in turn, and every value replaced by one of
     the wrong type: the model takes what it can and the frame draws, at 80x24 and wide."""
@@ -778,6 +789,7 @@ def test_fetch_bounds_a_reply_in_time_and_size(tmp_path: Path) -> None:
     assert e.value.status == 401
 
 
+@pytest.mark.slow
 def test_snapshot_from_a_server_that_lies_fails_in_one_line() -> None:
     """``snapshot --from`` reads through the same bounds: a 300 MiB reply or a trickle
     is one line and exit 2, in seconds."""
@@ -793,6 +805,7 @@ def test_snapshot_from_a_server_that_lies_fails_in_one_line() -> None:
         assert said in result.stderr and result.stdout == ""
 
 
+@pytest.mark.slow
 def test_top_help_lists_top_options_only() -> None:
     result = subprocess.run([sys.executable, "-m", "exporter.app.cli", "top", "--help"],
                             capture_output=True, text=True, cwd=REPO, env=daemon_env(None),
@@ -816,6 +829,7 @@ def test_top_help_lists_top_options_only() -> None:
 
 
 
+@pytest.mark.slow
 def test_the_daemon_never_imports_rich() -> None:
     """The terminal library is the top extra's, for ``top`` only: the running daemon
     (the live page and /api/v1/history included in its code) never loads it."""

@@ -121,6 +121,7 @@ def test_prometheus_strings_are_stripped_before_drawing() -> None:
     assert app.wanted == EVIL
 
 
+@pytest.mark.slow
 def test_the_list_scrolls_and_keeps_the_selected_node_across_reloads() -> None:
     nodes = {f"node-{i:02d}": {"gpus": "4", "up": "1", "idle_procs": str(40 - i),
                                "idle_memory": "1e9"} for i in range(40)}
@@ -180,6 +181,7 @@ def gpu_answers(node: str) -> dict[str, bytes]:
     return answers
 
 
+@pytest.mark.slow
 def test_drilling_into_a_node_shows_its_gpus_and_processes_and_esc_goes_back() -> None:
     app = loaded_app()
     app.view.selected = app.model.keys.index("wasteful")
@@ -230,6 +232,7 @@ def test_help_and_quit() -> None:
     assert app.key("\x03") is False
 
 
+@pytest.mark.slow
 def test_no_answer_at_all_partial_answers_and_a_cut_answer_are_state_lines() -> None:
     app = FleetApp("http://prometheus:9090", Query(), 3)
     lines = text_of(app)
@@ -290,6 +293,7 @@ def test_unreachable_is_a_state_line() -> None:
     assert "No answer from Prometheus" in lines[1] and "ConnectionRefusedError" in lines[1]
 
 
+@pytest.mark.slow
 def test_every_screen_fits_80x24_and_keeps_its_footer() -> None:
     app = loaded_app({f"n{i}": {"gpus": "8", "up": "1"} for i in range(100)})
     for size in ((80, 24), (100, 30), (200, 60), (40, 10)):

@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from exporter.core.config import Config
 from exporter.core.labels import HealthStatus
 from exporter.core.model import ProcessSample
@@ -84,6 +86,7 @@ def test_the_words_are_defined_once() -> None:
         assert not literal.findall((ROOT / path).read_text()), path
 
 
+@pytest.mark.slow
 def test_a_client_imports_the_view_without_the_daemon() -> None:
     """``top`` decodes with these classes: importing them loads no collector, server or
     prometheus-client."""

@@ -53,6 +53,7 @@ def test_response_headers_are_exporter_toolkits_allow_list(tmp_path: Path, heade
     assert len(load_web_config(str(web)).headers) == 5
 
 
+@pytest.mark.slow
 def test_a_bad_header_exits_2_with_one_line(tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     web.write_text("http_server_config:\n  headers: {Content-Length: '0'}\n")
@@ -62,6 +63,7 @@ def test_a_bad_header_exits_2_with_one_line(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_configured_headers_are_on_401_and_429(tmp_path: Path) -> None:
     """21.14: the headers were added inside basic auth and the rate limit."""
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
@@ -87,6 +89,7 @@ def _inline_web(tmp_path: Path) -> Path:
     return web
 
 
+@pytest.mark.slow
 def test_inline_pem_is_never_left_in_a_temporary_directory(tmp_path: Path) -> None:
     """21.5: every start and every healthcheck left the key in a new
     /tmp/gpu-exporter-tls-*; without a writable temp dir start-up died."""
@@ -121,6 +124,7 @@ def _poll(ok: object, timeout: float = 20.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [BOMB, DEEP], ids=["aliases", "depth"])
 def test_yaml_alias_bombs_and_deep_nesting_are_refused(tmp_path: Path, text: str) -> None:
     """21.6: an 861-byte --config.file reached 2.2 GB; 100k-deep nesting gave a
@@ -155,6 +159,7 @@ def short_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_the_healthcheck_speaks_tls_to_a_tls_unix_socket(tmp_path: Path,
                                                           short_dir: Path) -> None:
     """21.9: it spoke plain HTTP to a unix-socket listener that serves TLS."""
@@ -171,6 +176,7 @@ def test_the_healthcheck_speaks_tls_to_a_tls_unix_socket(tmp_path: Path,
             healthcheck.check(argv, environ)
 
 
+@pytest.mark.slow
 def test_require_any_client_cert_without_a_ca_is_refused_at_start(tmp_path: Path) -> None:
     """27.8: RequireAnyClientCert without a CA started, then turned every client away in
     its handshake with nothing logged (exporter-toolkit accepts any certificate there;
@@ -188,6 +194,7 @@ def test_require_any_client_cert_without_a_ca_is_refused_at_start(tmp_path: Path
     assert len(lines) == 1 and "RequireAndVerifyClientCert" in lines[0], result.stderr
 
 
+@pytest.mark.slow
 def test_require_any_client_cert_with_a_ca_requires_a_certificate(tmp_path: Path) -> None:
     """27.8: with a CA, a client certificate is required (and verified against it)."""
     server_dir, client_dir = tmp_path / "server", tmp_path / "client"

@@ -48,6 +48,7 @@ from exporter.pipeline.hub import Hub
 from exporter.pipeline.state import Snapshot
 from exporter.serve.connections import MAX_CONNECTIONS, Slots, protocol_factory
 from exporter.serve.history import History
+from exporter.serve.installed import RESTART, Installed, PackageChanged
 from exporter.serve.middleware import (
     BasicAuthMiddleware,
     ChunkedBodyMiddleware,
@@ -131,31 +132,34 @@ async def off_loop(request: Request, worker: Worker, fn: Callable[[], T]) -> T |
 
 # The live page, its script and style, and the /snapshot JSON are imported on their first
 # request (on the pages' thread), not by every daemon: a daemon whose page nobody opens
-# does not hold them (tests/test_imports.py).
-def _landing_page(snapshot: Snapshot, history: History, telemetry_path: str,
-                  otlp: Mapping[str, Any] | None) -> str:
-    from exporter.serve.landing import page
-
-    return page(snapshot, history, telemetry_path, otlp)
-
-
-def _csp() -> str:
-    from exporter.serve.landing import CSP
-
-    return CSP
+# does not hold them (tests/test_imports.py). Through ``installed``: never from files an
+# upgrade put there after this process started (exporter.serve.installed).
+def _landing_page(installed: Installed, snapshot: Snapshot, history: History,
+                  telemetry_path: str, otlp: Mapping[str, Any] | None) -> str:
+    page: str = installed.load("exporter.serve.landing").page(snapshot, history,
+                                                              telemetry_path, otlp)
+    return page
 
 
-def _static(name: str) -> str:
-    from exporter.serve import landing_static
+def _csp(installed: Installed) -> str:
+    csp: str = installed.load("exporter.serve.landing").CSP
+    return csp
 
-    text: str = getattr(landing_static, name)
+
+def _static(installed: Installed, name: str) -> str:
+    text: str = getattr(installed.load("exporter.serve.landing_static"), name)
     return text
 
 
-def _snapshot_json(snapshot: Snapshot, otlp: Mapping[str, Any] | None) -> bytes:
-    from exporter.serve.snapshot import snapshot_json
+def _snapshot_json(installed: Installed, snapshot: Snapshot,
+                   otlp: Mapping[str, Any] | None) -> bytes:
+    body: bytes = installed.load("exporter.serve.snapshot").snapshot_json(
+        snapshot, indent=2, otlp=otlp)
+    return body
 
-    return snapshot_json(snapshot, indent=2, otlp=otlp)
+
+async def _package_changed(request: Request, exc: Exception) -> Response:
+    return PlainTextResponse(RESTART, status_code=503, headers={"Cache-Control": "no-store"})
 
 
 def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | None = None,
@@ -168,6 +172,8 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         history = History(config.web_history, config.interval)
     if telemetry is None:
         telemetry = renderer.telemetry
+    installed = Installed()
+
     async def metrics(request: Request) -> Response:
         variant = negotiate(request.headers.get("accept", ""),
                             request.headers.get("accept-encoding", ""))
@@ -190,7 +196,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         current = hub.snapshot
         otlp = telemetry.otlp_status()
         body = await off_loop(request, renderer.pages,
-                              lambda: _snapshot_json(current, otlp))
+                              lambda: _snapshot_json(installed, current, otlp))
         if isinstance(body, Response):
             return body
         return Response(body, media_type="application/json")
@@ -199,10 +205,10 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         current = hub.snapshot
         otlp = telemetry.otlp_status()
         body = await off_loop(request, renderer.pages, lambda: _landing_page(
-            current, history, config.telemetry_path, otlp))
+            installed, current, history, config.telemetry_path, otlp))
         if isinstance(body, Response):
             return body
-        return HTMLResponse(body, headers={"Content-Security-Policy": _csp()})
+        return HTMLResponse(body, headers={"Content-Security-Policy": _csp(installed)})
 
     async def history_json(request: Request) -> Response:
         try:  # a unix time; anything else is the client's mistake, said as such
@@ -225,10 +231,11 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
                         headers={"Cache-Control": "no-store"})
 
     async def app_js(request: Request) -> Response:
-        return Response(_static("APP_JS"), media_type="text/javascript", headers=STATIC_CACHE)
+        return Response(_static(installed, "APP_JS"), media_type="text/javascript",
+                        headers=STATIC_CACHE)
 
     async def app_css(request: Request) -> Response:
-        return Response(_static("APP_CSS"), media_type="text/css", headers=STATIC_CACHE)
+        return Response(_static(installed, "APP_CSS"), media_type="text/css", headers=STATIC_CACHE)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -248,7 +255,7 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         Route("/api/v1/history", history_json, methods=get),
         Route("/static/app.js", app_js, methods=get),
         Route("/static/app.css", app_css, methods=get),
-    ], lifespan=lifespan)
+    ], lifespan=lifespan, exception_handlers={PackageChanged: _package_changed})
     # A redirect for "/metrics/" would be built from the client's Host header.
     app.router.redirect_slashes = False
     # The last one added is the outermost: the headers go on 401 and 429 too.

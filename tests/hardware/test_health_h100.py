@@ -65,6 +65,7 @@ def daemon() -> Iterator[int]:
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_the_real_gpu_reads_healthy(daemon: int) -> None:
     text = get(daemon, "/metrics")
     statuses = {s.labels["uuid"]: s.value for f in text_string_to_metric_families(text)

@@ -22,6 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.sources.nvidia.device import COUNTERS_EVERY
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 HOLD_BYTES = 6 * (1 << 30)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 MIB = 1 << 20
 HOLD_MIB = (1024, 1536)  # what each client holds besides its CUDA context
 RUN_S = 150  # how long a client keeps its kernel busy at most (stopped before that)

@@ -82,6 +82,7 @@ def devices() -> Iterator[tuple[NvidiaBackend, list[DeviceSample], Any]]:
     backend.close()
 
 
+@pytest.mark.slow
 def test_nvlink_links_and_counters_match_nvidia_smi(devices: Any) -> None:
     backend, gpus, nvml = devices
     status = smi_text("nvlink", "-s")
@@ -120,6 +121,7 @@ def test_nvlink_links_and_counters_match_nvidia_smi(devices: Any) -> None:
         print(f"exporter errors: { {k: v for k, v in d.nvlink_errors.items() if v} }")
 
 
+@pytest.mark.slow
 def test_instant_and_average_power_match_nvidia_smi(devices: Any) -> None:
     """Instant power moves in milliseconds (a GPU settling after another test's load fell
     from 127 W to 80 W between the module's first sample and nvidia-smi): the exporter is
@@ -149,6 +151,7 @@ def test_instant_and_average_power_match_nvidia_smi(devices: Any) -> None:
             assert abs(d.power_watts - average) <= max(15.0, 0.1 * average)
 
 
+@pytest.mark.slow
 def test_health_counters_match_nvidia_smi(devices: Any) -> None:
     backend, gpus, nvml = devices
     reasons = {"sw_power_cap": "sw_power_cap", "sw_thermal": "sw_thermal_slowdown",

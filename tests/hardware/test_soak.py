@@ -123,6 +123,7 @@ def soak_daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, 
             proc.wait(15)
 
 
+@pytest.mark.slow
 def test_soak_under_cuda_load(soak_daemon: tuple[subprocess.Popen[bytes], int, Path]) -> None:
     proc, port, log = soak_daemon
     uuids = [r[0] for r in smi("--query-gpu=uuid")]
