@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from exporter.client.fleet import load_fleet
+from exporter.client.fleetmodel import KEYS_HELP
 from exporter.client.promapi import PrometheusAPI
 from exporter.core.config import MetricNames
 from tests.prometheus_harness import PROMETHEUS, query
-from exporter.client.fleetmodel import KEYS_HELP
 from tests.test_fleet_prometheus_e2e import fleet_api, truth, vm_api  # noqa: F401 - fixtures
 from tests.test_top import assert_help_whole, needs_tmux, tmux, top_command
 from tests.test_top_fleet import FLEET_LEGENDS

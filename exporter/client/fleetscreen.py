@@ -18,7 +18,7 @@ from exporter.client.toppanels import (
     SYMBOL,
     Screen,
     assemble,
-    title,
+    fit_title,
     wrap,
 )
 from exporter.client.topscreen import clock, gpus_and_processes, key_lines
@@ -142,7 +142,7 @@ def header_lines(model: FleetModel, view: FleetView, width: int) -> list[Text]:
     # Narrower, the title drops the refresh interval, then the version and the word
     # "updated" and "http://", then the time; only then does it go on to a second line.
     name = assemble((f" gpu-exporter top {__version__} ", "bold reverse"), " ", live)
-    out = title((
+    out = fit_title((
         [name, model.source, (where, "bold"), f"updated {when}, every {model.refresh:g} s"],
         [name, model.source, (where, "bold"), f"updated {when}"],
         [assemble((" gpu-exporter top ", "bold reverse"), " ", live),

@@ -1,6 +1,7 @@
 """``gpu-exporter top``'s drawing pieces: a GPU as a panel (bars, memory or an APU's
 shared memory, power, temperature, clocks, PCIe, a sparkline, the verdict) or as one
-compact row, and the two helpers every line goes through (``assemble``, ``Screen``).
+compact row, the two helpers every line goes through (``assemble``, ``Screen``), and the
+layout of text that must stay whole on a narrow terminal (``wrap``, ``fit_title``).
 Drawn with rich (the ``top`` extra)."""
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def wrap(parts: Sequence[Part], width: int, indent: int = 3, sep: str = "",
     return out
 
 
-def title(forms: Sequence[Sequence[Part]], width: int) -> list[Text]:
+def fit_title(forms: Sequence[Sequence[Part]], width: int) -> list[Text]:
     """A title line given in ``forms``, longest first (each a list of parts joined by
     " · "): the first that fits one line; where none does, the last wrapped between its
     parts."""

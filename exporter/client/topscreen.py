@@ -19,9 +19,9 @@ from exporter.client.toppanels import (
     Screen,
     assemble,
     compact_row,
+    fit_title,
     panel,
     panel_height,
-    title,
     wrap,
 )
 from exporter.serve.view import Device, Process, Processes, State, mark, size
@@ -152,7 +152,7 @@ def header_lines(model: Model, view: View, source: str, width: int) -> list[Text
     # Narrower, the title drops the refresh interval, then the version and the word
     # "updated" and "http://", then the time; only then does it go on to a second line.
     sort = ("sort: " + view.sort, "bold")
-    out = title((
+    out = fit_title((
         [assemble((f" gpu-exporter top {__version__} ", "bold reverse"), " ", live), source,
          f"updated {when}, every {model.interval:g} s", sort],
         [assemble((f" gpu-exporter top {__version__} ", "bold reverse"), " ", live), source,
