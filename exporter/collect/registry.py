@@ -171,9 +171,8 @@ TABLE: tuple[Row, ...] = (
                                 or os.path.exists(config.pod_resources_socket)),
         auto=", when the kubelet's pod-resources socket exists or "
              "--kubernetes.pod-resources-socket is given",
-        forced=" (without --collector.kubernetes it is auto: down, not an exit, where the "
-               "socket is absent; in the Helm chart kubernetes.enabled=auto, "
-               "or false for off)"),
+        forced="; without --collector.kubernetes it is auto: down, not an exit, where the "
+               "socket is absent (Helm chart: kubernetes.enabled=auto; false turns it off)"),
 )
 # Switch defaults: None = auto (on when its library/driver is present), True, False.
 COLLECTORS: Mapping[str, bool | None] = MappingProxyType({r.key: r.default for r in TABLE})

@@ -83,7 +83,7 @@ class KubernetesBackend:
             raise BackendUnavailable(
                 f"kubelet pod-resources socket {path} not found (a kubelet with another "
                 "--root-dir serves <root-dir>/pod-resources/kubelet.sock: set "
-                "--kubernetes.pod-resources-socket, in the Helm chart kubernetes.kubeletRootDir)")
+                "--kubernetes.pod-resources-socket; Helm chart: kubernetes.kubeletRootDir)")
         try:
             kubelet = PodResourcesClient(path)
         except RpcFailed as e:
