@@ -29,8 +29,6 @@ OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "ta
                             "pyi_out", "proto_path", "kubernetes-virtual-gpus", "init",
                             "privileged", "device", "group-add", "all", "from-file",
                             "query-gpu", "format", "report", "quiet", "kubelet-arg",
-                            # the kubelet's root directory (docs/kubernetes.md, deploy.md)
-                            "root-dir",
                             # device plugins (docs/kubernetes.md), nvitop-exporter
                             "device-id-strategy", "shared-dev-num", "bind-address", "port",
                             # bench scripts (docs/performance.md)
