@@ -4,6 +4,9 @@ second by a real Prometheus (the Debian package's binary) with the given rule fi
 ``scraped(...)`` yields the Prometheus API URL once every exporter is ready and
 Prometheus has scraped each at least once; a test module's fixture waits for whatever
 else it needs (rate() windows, pending alerts), then yields it.
+``victoria_metrics(...)`` does the same with a second engine, VictoriaMetrics (the Debian
+package's single-node binary, scraping the targets itself; it runs no rules), for the
+readers that must answer from either.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+VICTORIA_METRICS = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
 
 
 @dataclass(frozen=True)
@@ -129,3 +133,32 @@ def scraped(tmp: Path, exporters: Sequence[Exporter], rule_files: Sequence[Path]
             stop(proc)
         for log in logs:
             log.close()
+
+
+@contextmanager
+def victoria_metrics(tmp: Path, targets: Sequence[str], job: str = "gpu-exporter") -> Iterator[str]:
+    """VictoriaMetrics scraping ``targets`` (host:port) every second as ``job``; yield its
+    Prometheus-compatible API URL once it has scraped each, and stop it.
+
+    ``-search.latencyOffset=1s``: by default it hides the last 30 s of samples from
+    queries (data still arriving); a second is the scrape interval here."""
+    config = {"global": {"scrape_interval": "1s"},
+              "scrape_configs": [{"job_name": job, "static_configs": [{"targets": list(targets)}]}]}
+    (tmp / "victoria-metrics.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    with (tmp / "victoria-metrics.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [VICTORIA_METRICS, f"-httpListenAddr=127.0.0.1:{port}",
+             f"-storageDataPath={tmp / 'victoria-metrics-data'}",
+             f"-promscrape.config={tmp / 'victoria-metrics.yml'}",
+             "-search.latencyOffset=1s", "-retentionPeriod=1d", "-loggerLevel=WARN"],
+            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        api = f"http://127.0.0.1:{port}"
+        wait_for(f"{api}/health", 30, proc, tmp / "victoria-metrics.log")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(query(api, "up == 1")) < len(targets):
+            time.sleep(0.5)
+        yield api
+    finally:
+        stop(proc)

@@ -270,6 +270,26 @@ def test_every_collector_forced_on_where_it_cannot_run_exits_2(tmp_path: Path, k
     one_line_error(result, f"--collector.{key} is on but unavailable: ")
 
 
+@pytest.mark.slow
+def test_kubernetes_forced_on_without_its_socket_names_what_to_set(tmp_path: Path) -> None:
+    """The chart forced --collector.kubernetes on: on a kubelet with another root directory
+    the pod exited 2, restarted for ever, with a line that named neither setting."""
+    socket = tmp_path / "pod-resources" / "kubelet.sock"
+    result = run_cli("--collector.kubernetes", f"--kubernetes.pod-resources-socket={socket}",
+                     "snapshot", "--log.level", "error", *no_gpu_args(tmp_path))
+    one_line_error(result, f"--collector.kubernetes is on but unavailable: kubelet "
+                           f"pod-resources socket {socket} not found")
+    for setting in ("--kubernetes.pod-resources-socket", "kubernetes.kubeletRootDir",
+                    "kubernetes.enabled=auto"):
+        assert setting in result.stderr, setting
+    # Auto (no switch), the same socket named: no exit, the backend down with its reason.
+    result = run_cli(f"--kubernetes.pod-resources-socket={socket}", "snapshot",
+                     "--log.level", "error", *no_gpu_args(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (kube,) = [b for b in json.loads(result.stdout)["backends"] if b["backend"] == "kubernetes"]
+    assert kube["up"] is False and "not found" in kube["reason"]
+
+
 def test_help_shows_each_switch_once_in_its_on_off_form() -> None:
     out = cli("--help").stdout
     assert "--[no-]collector.nvidia" in out and "--[no-]collector.gpm" in out

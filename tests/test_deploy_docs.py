@@ -26,10 +26,12 @@ DOC = ROOT / "docs" / "deploy.md"
 DEPLOY_FILES = [DOC, ROOT / "Dockerfile", *sorted((ROOT / "systemd").iterdir()),
                 *sorted((CHART / "templates").iterdir()), CHART / "values.yaml",
                 *sorted(KUSTOMIZE.rglob("*.yaml"))]
-# Flags of the other programs the docs run (docker, podman, helm, kubectl, systemctl).
+# Flags of the other programs the docs run (docker, podman, helm, kubectl, systemctl) or
+# name (the kubelet's --root-dir).
 TOOL_FLAGS = {"name", "restart", "gpus", "pid", "cap-add", "user", "build-arg", "format",
               "set", "set-string", "create-namespace", "field-selector", "isolation", "now",
-              "destination", "app-version", "outdir"}  # helm package, python -m build
+              "destination", "app-version", "outdir",  # helm package, python -m build
+              "root-dir"}
 
 
 def flags_in(text: str) -> set[str]:

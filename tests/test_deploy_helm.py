@@ -470,7 +470,8 @@ def test_web_config_is_a_mounted_secret_and_tls_scrapes_https() -> None:
 def test_default_mounts_the_kubelet_socket_read_only_as_root_without_capabilities() -> None:
     docs = render({})
     c, pod = container(by_kind(docs, "DaemonSet")), pod_spec(docs)
-    assert "--collector.kubernetes" in c["args"]
+    # auto: no switch, so an absent socket is a down backend and not an exit (below)
+    assert not [a for a in c["args"] if "collector.kubernetes" in a]
     (socket_arg,) = [a for a in c["args"] if a.startswith("--kubernetes.pod-resources-socket=")]
     socket = socket_arg.split("=", 1)[1]
     mount = next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")
@@ -485,6 +486,52 @@ def test_default_mounts_the_kubelet_socket_read_only_as_root_without_capabilitie
     assert pod["hostPID"] is False
     assert not any(a.startswith("--kubernetes.cri-socket") for a in c["args"])
     assert env_of(docs)["MALLOC_ARENA_MAX"] == "2"
+
+
+# The kubelet root directories docs/deploy.md names, and the socket each kubelet serves.
+KUBELET_ROOTS = {
+    "default, k3s, RKE2": "/var/lib/kubelet",
+    "microk8s": "/var/snap/microk8s/common/var/lib/kubelet",
+    "k0s": "/var/lib/k0s/kubelet",
+}
+
+
+def pod_resources_of(docs: list[dict[str, Any]]) -> tuple[str, str, str]:
+    """(the socket passed, the directory mounted, the host directory) of a render."""
+    c, pod = container(by_kind(docs, "DaemonSet")), pod_spec(docs)
+    (socket_arg,) = [a for a in c["args"] if a.startswith("--kubernetes.pod-resources-socket=")]
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "pod-resources")
+    volume = next(v for v in pod["volumes"] if v["name"] == "pod-resources")
+    return socket_arg.split("=", 1)[1], mount["mountPath"], volume["hostPath"]["path"]
+
+
+@pytest.mark.parametrize("root", list(KUBELET_ROOTS.values()), ids=list(KUBELET_ROOTS))
+def test_the_kubelet_root_directory_places_the_socket_and_its_mount(root: str) -> None:
+    """The chart knew /var/lib/kubelet only: on microk8s or k0s the socket is elsewhere."""
+    for given in (root, root + "/"):
+        docs = render({"kubernetes": {"kubeletRootDir": given}})
+        assert pod_resources_of(docs) == (f"{root}/pod-resources/kubelet.sock",
+                                          f"{root}/pod-resources", f"{root}/pod-resources")
+    # podResourcesPath, where set, wins over the root directory (a kubelet's own layout).
+    docs = render({"kubernetes": {"kubeletRootDir": root, "podResourcesPath": "/srv/pr/"}})
+    assert pod_resources_of(docs) == ("/srv/pr/kubelet.sock", "/srv/pr", "/srv/pr")
+
+
+def test_kubernetes_enabled_is_auto_true_or_false() -> None:
+    """auto names the socket with no switch (the daemon's auto: down where it is absent);
+    true adds --collector.kubernetes (an exit where it is absent); false turns it off."""
+    def switches(values: dict[str, Any]) -> list[str]:
+        args = container(by_kind(render(values), "DaemonSet"))["args"]
+        return [a for a in args if "collector.kubernetes" in a]
+
+    assert switches({}) == switches({"kubernetes": {"enabled": "auto"}}) == []
+    assert switches({"kubernetes": {"enabled": True}}) == ["--collector.kubernetes"]
+    assert switches({"kubernetes": {"enabled": False}}) == ["--no-collector.kubernetes"]
+    forced = render({"kubernetes": {"enabled": True}})
+    assert pod_resources_of(forced) == pod_resources_of(render({}))
+    assert pod_spec(forced)["securityContext"]["runAsUser"] == 0
+    with pytest.raises(HelmValuesError, match="/kubernetes/enabled"):
+        render_text({"kubernetes": {"enabled": "on"}})
 
 
 def test_cdi_spec_dirs_are_mounted_read_only_and_passed() -> None:
@@ -668,6 +715,8 @@ def kustomize_pod(components: list[Path], tmp_path: Path) -> dict[str, Any]:
     (["cri-socket"], {"kubernetes": {"criSocket": {"enabled": True}}}),
     (["per-process", "cri-socket"],
      {"perProcess": {"enabled": True}, "kubernetes": {"criSocket": {"enabled": True}}}),
+    (["kubelet-root-microk8s"], {"kubernetes": {"kubeletRootDir": KUBELET_ROOTS["microk8s"]}}),
+    (["kubelet-root-k0s"], {"kubernetes": {"kubeletRootDir": KUBELET_ROOTS["k0s"]}}),
 ])
 def test_kustomize_pod_equals_the_rendered_chart(
         components: list[str], values: dict[str, Any], tmp_path: Path) -> None:

@@ -17,7 +17,9 @@ then the image's stop signal, SIGKILL only after terminationGracePeriodSeconds
 (kuberuntime_container.go, killContainer). The scenarios run at once: the whole journey
 takes about the liveness probe's period (30 s) and a few seconds more.
 
-Scenarios: the chart's and kustomize's defaults; the chart with Service links turned
+Scenarios: the chart's and kustomize's defaults; the chart on the kubelet root directories
+of microk8s and k0s, and on one where no kubelet serves (the pod runs, the kubernetes
+backend down); the chart with Service links turned
 back on and Services of other names and ports in the namespace; the chart without pod
 attribution (uid 10001) pushing OTLP to a collector on the pod's loopback (the image's
 ``otlp`` extra); the per-process preset (hostPID, CAP_SYS_PTRACE).
@@ -32,11 +34,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -94,14 +98,28 @@ class Scenario:
     cap_eff: int = 0
     pid_namespace: bool = True
     attribution: bool = True
+    kubelet_absent: bool = False  # no kubelet socket where the pod looks: backend down
 
 
 def _svc(name: str, ip: str, *ports: k.Port) -> k.Service:
     return k.Service(NAMESPACE, name, ip, ports)
 
 
+# The kubelet root directories docs/deploy.md names: on this node a kubelet serves under
+# each (kubeadm, k3s and RKE2 use the default); "/srv/kubelet" is a custom --root-dir that
+# serves nothing, where the chart's pod must still run.
+KUBELET_ROOTS = ("/var/lib/kubelet", "/var/snap/microk8s/common/var/lib/kubelet",
+                 "/var/lib/k0s/kubelet")
+NO_KUBELET_ROOT = "/srv/kubelet"
+
 SCENARIOS = [
     Scenario("chart", "chart", top=True),
+    Scenario("chart-microk8s", "chart",
+             values={"kubernetes": {"kubeletRootDir": KUBELET_ROOTS[1]}}),
+    Scenario("chart-k0s", "chart", values={"kubernetes": {"kubeletRootDir": KUBELET_ROOTS[2]}}),
+    Scenario("chart-socket-absent", "chart",
+             values={"kubernetes": {"kubeletRootDir": NO_KUBELET_ROOT}}, attribution=False,
+             kubelet_absent=True),
     Scenario("kustomize", "kustomize"),
     Scenario("chart-service-links", "chart", release="gpu-exporter-web",
              values={"service": {"port": 80}}, service_links=True,
@@ -213,6 +231,7 @@ class Journey:
     stderr: str = ""
     run_state: dict[str, Any] = field(default_factory=dict)
     error: BaseException | None = None
+    host_dir: list[str] | None = None  # the pod-resources directory on the node, after
 
 
 class PodRun:
@@ -432,32 +451,43 @@ def journeys(built_image: BuiltImage,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Journey]]:
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) is not installed")
-    tmp = tmp_path_factory.mktemp("node")
-    node = k.Node(tmp / "root", {"/sys": NODE_SYS, "/proc": Path("/proc")})
-    sockets = node.host_path("/var/lib/kubelet/pod-resources")
-    sockets.mkdir(parents=True)
-    runs = [PodRun(s, built_image, node, tmp_path_factory.mktemp(s.name), i)
-            for i, s in enumerate(SCENARIOS)]
+    # The node's root is short: a unix socket's path has 107 bytes, and microk8s' socket
+    # alone takes 69 of them.
+    root = Path(tempfile.mkdtemp(prefix="node-", dir="/tmp"))
+    try:
+        node = k.Node(root, {"/sys": NODE_SYS, "/proc": Path("/proc")})
+        kubelets = ExitStack()
+        for kubelet_root in KUBELET_ROOTS:
+            sockets = node.host_path(kubelet_root + "/pod-resources")
+            sockets.mkdir(parents=True)
+            kubelets.enter_context(FakeKubelet(sockets / "kubelet.sock", Node([WORKLOAD])))
+        runs = [PodRun(s, built_image, node, tmp_path_factory.mktemp(s.name), i)
+                for i, s in enumerate(SCENARIOS)]
 
-    def one(run: PodRun) -> Journey:
-        try:
-            return run.run()
-        except BaseException as e:  # noqa: BLE001 - reported by the scenario's tests
-            run.journey.error = e
-            for stream in ("stdout", "stderr"):
-                log = run.tmp / f"{stream}.log"
-                if log.exists() and not getattr(run.journey, stream):
-                    setattr(run.journey, stream, log.read_text())
-            return run.journey
-        finally:
-            run.close()
+        def one(run: PodRun) -> Journey:
+            try:
+                return run.run()
+            except BaseException as e:  # noqa: BLE001 - reported by the scenario's tests
+                run.journey.error = e
+                for stream in ("stdout", "stderr"):
+                    log = run.tmp / f"{stream}.log"
+                    if log.exists() and not getattr(run.journey, stream):
+                        setattr(run.journey, stream, log.read_text())
+                return run.journey
+            finally:
+                run.close()
 
-    started = time.monotonic()
-    with FakeKubelet(sockets / "kubelet.sock", Node([WORKLOAD])):
-        with ThreadPoolExecutor(len(runs)) as pool:
+        started = time.monotonic()
+        with kubelets, ThreadPoolExecutor(len(runs)) as pool:
             done = {j.scenario.name: j for j in pool.map(one, runs)}
-    print(f"pod journeys: {len(runs)} pods in {time.monotonic() - started:.1f} s")
-    yield done
+        print(f"pod journeys: {len(runs)} pods in {time.monotonic() - started:.1f} s")
+        for j in done.values():  # what DirectoryOrCreate left where no kubelet serves
+            if j.scenario.kubelet_absent:
+                j.host_dir = sorted(
+                    p.name for p in node.host_path(NO_KUBELET_ROOT + "/pod-resources").iterdir())
+        yield done
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def journey_of(journeys: dict[str, Journey], name: str) -> Journey:
@@ -516,6 +546,11 @@ def test_the_scrape_of_the_pod_ip_has_the_node_gpu_and_its_pod(
         assert kube_up == [1.0]
         assert [(a["uuid"], a["namespace"], a["pod"], a["container"]) for a in allocations] == [
             (f"pci-{bus}", WORKLOAD.namespace, WORKLOAD.name, workload.name)]
+    elif j.scenario.kubelet_absent:  # auto: down with its reason, the pod still serving
+        reasons = [labels["reason"] for n, labels, v in samples
+                   if n == "gpu_exporter_backend_down_reason" and labels["backend"] ==
+                   "kubernetes" and v == 1.0]
+        assert allocations == [] and kube_up == [0.0] and reasons == ["unreachable"]
     else:
         assert allocations == [] and kube_up in ([], [0.0])
     backends = {b["backend"]: b for b in j.snapshot["backends"]}
@@ -580,6 +615,21 @@ def test_the_logs_are_json_lines_without_errors(journeys: dict[str, Journey], na
     records = [json.loads(line) for line in lines]  # --log.format=json: every line
     assert [r for r in records if r["level"] in ("error", "critical")] == []
     assert any(r["event"] == "listening" for r in records)
+
+
+def test_a_kubelet_socket_absent_is_one_log_line_naming_the_value_to_set(
+        journeys: dict[str, Journey]) -> None:
+    """The chart forced --collector.kubernetes on: where the kubelet's root directory is
+    not /var/lib/kubelet the daemon exited 2 and the DaemonSet restarted it for ever."""
+    j = journey_of(journeys, "chart-socket-absent")
+    records = [json.loads(line) for line in (j.stdout + j.stderr).splitlines() if line.strip()]
+    down = [r for r in records if r.get("backend") == "kubernetes"]
+    assert [r["event"] for r in down] == ["backend down"], down
+    assert down[0]["level"] == "info" and down[0]["code"] == "unreachable"
+    assert f"{NO_KUBELET_ROOT}/pod-resources/kubelet.sock not found" in down[0]["reason"]
+    assert "kubernetes.kubeletRootDir" in down[0]["reason"]
+    assert j.exit_code == 0 and not j.killed
+    assert j.host_dir == []  # DirectoryOrCreate made it, and it stays empty
 
 
 def test_kubectl_exec_top_shows_the_gpu_and_quits(journeys: dict[str, Journey]) -> None:

@@ -19,12 +19,28 @@ from pathlib import Path
 import pytest
 from test_deploy_dashboards import load, targets, to_promql
 
-from exporter.client.fleet.nodes import Fleet, Progress, load_fleet, load_history, load_node
+from exporter.client.fleet.nodes import (
+    Fleet,
+    NodeSummary,
+    Progress,
+    load_fleet,
+    load_history,
+    load_node,
+)
 from exporter.client.fleet.promapi import PrometheusAPI
 from exporter.core.config import MetricNames
 from tests.daemon import FIXTURES, daemon_env, fixture_ids, machine_args, parse_samples
 from tests.fakes.kubelet import FakeKubelet, FakeRuntime, Node
-from tests.prometheus_harness import PROMETHEUS, ROOT, Exporter, get, query, scraped
+from tests.prometheus_harness import (
+    PROMETHEUS,
+    ROOT,
+    VICTORIA_METRICS,
+    Exporter,
+    get,
+    query,
+    scraped,
+    victoria_metrics,
+)
 
 K8S = FIXTURES / "k8s-node"
 MACHINES = ("k8s-node", "nvidia-h100x2", "amd-rdna3-rx7800xt")
@@ -74,6 +90,25 @@ def fleet_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, d
                 api, "group by (instance, Hostname) (DCGM_FI_DEV_GPU_TEMP)")}
             assert sorted(machines.values()) == sorted(MACHINES)
             yield api, machines
+
+
+@pytest.fixture(scope="module")
+def vm_api(fleet_api: tuple[str, dict[str, str]],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """VictoriaMetrics (Debian's single-node binary) scraping the same three daemons as
+    the fleet's Prometheus, with no rules: its API URL once it holds what Prometheus
+    holds (two samples of each counter for rate())."""
+    if not Path(VICTORIA_METRICS).exists():
+        pytest.skip("no victoria-metrics binary (Debian package victoria-metrics)")
+    api, machines = fleet_api
+    with victoria_metrics(tmp_path_factory.mktemp("vm"), sorted(machines)) as vm:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if len(query(vm, "count by (instance) (gpu_up offset 3s)")) == len(machines) \
+                    and query(vm, "gpu_kubernetes_allocation_info offset 3s"):
+                break
+            time.sleep(0.5)
+        yield vm
 
 
 def scrape(instance: str) -> dict[str, list[dict[str, str]]]:
@@ -221,3 +256,43 @@ def test_the_dashboards_waste_row_shows_what_the_fleet_reader_finds(
     # the day's sum itself is checked by promtool (gpu-waste-energy.test.yml).
     day = query(api, to_promql(board["Idle energy by namespace, last 24 hours"]))
     assert {r["metric"]["namespace"] for r in day} <= namespaces
+
+
+@pytest.mark.parametrize("names", [MetricNames.GPU, MetricNames.DCGM])
+def test_victoria_metrics_answers_the_fleet_view_as_prometheus_does(
+        fleet_api: tuple[str, dict[str, str]], vm_api: str, names: MetricNames) -> None:
+    """Past one machine only Prometheus was tried. VictoriaMetrics (MetricsQL) scraping the
+    same daemons gives the same node list, and each node the same GPUs, allocations and
+    processes with the same idle verdicts; what it cannot give without rules (the rules'
+    threshold record, the waste alerts) falls back as the view says (5 %, none)."""
+    api, machines = fleet_api
+    prom, vm = PrometheusAPI(api), PrometheusAPI(vm_api)
+    ours, theirs = load_fleet(prom, names=names), load_fleet(vm, names=names)
+    assert theirs.errors == () and not theirs.truncated
+    assert theirs.idle_threshold == ours.idle_threshold == 0.05
+
+    def row(n: NodeSummary) -> tuple[object, ...]:
+        return (machines[n.node], n.gpus, n.lost_gpus, n.health, n.up, n.waste.idle_gpus,
+                n.waste.idle_processes, n.memory_total_bytes)
+
+    assert [row(n) for n in theirs.nodes] == [row(n) for n in ours.nodes]
+    for a, b in zip(ours.nodes, theirs.nodes, strict=True):
+        for value in ("utilization", "power_watts", "memory_used_bytes"):
+            want, got = getattr(a, value), getattr(b, value)
+            assert got == (None if want is None else pytest.approx(want, rel=0.05)), value
+    for instance, machine in machines.items():
+        mine, other = load_node(prom, instance, names=names), load_node(vm, instance,
+                                                                         names=names)
+        assert other.errors == (), machine
+        assert [(g.gpu, g.uuid, g.up, g.idle, g.allocations) for g in other.gpus] == [
+            (g.gpu, g.uuid, g.up, g.idle, g.allocations) for g in mine.gpus], machine
+        assert [(p.gpu, p.pid, p.process, p.pod, p.idle, p.memory_used_bytes)
+                for p in other.processes] == [
+            (p.gpu, p.pid, p.process, p.pod, p.idle, p.memory_used_bytes)
+            for p in mine.processes], machine
+        # the drill-down's utilisation over time (a range query)
+        history = load_history(vm, node=instance, names=names, window=20, points=11)
+        assert history.error is None and set(history.series) == {g.gpu for g in mine.gpus
+                                                                 if g.utilization is not None}
+    nodes = load_history(vm, names=names, window=20, points=11)
+    assert nodes.error is None and set(nodes.series) == set(machines)

@@ -19,7 +19,7 @@ from exporter.core.config import Config
 from exporter.core.fs import SysFS
 from exporter.core.model import DeviceSample, PodRef
 from exporter.pipeline.hub import Hub
-from exporter.pipeline.registry import COLLECTORS, build_backends
+from exporter.pipeline.registry import COLLECTORS, build_backends, forced_but_unavailable
 from exporter.sources.amd.backend import AmdBackend
 from exporter.sources.base import BackendFailed, BackendUnavailable
 from exporter.sources.discovery import DrmDiscovery
@@ -138,14 +138,42 @@ def test_attribution_answers_without_touching_the_sockets(node: FakeNode) -> Non
     assert (dict(node.kubelet.calls), dict(node.runtime.calls)) == calls
 
 
-def test_pod_resources_socket_missing(tmp_path: Path) -> None:
+def test_pod_resources_socket_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = Config(kubernetes_pod_resources_socket=str(tmp_path / "kubelet.sock"))
-    with pytest.raises(BackendUnavailable, match="kubelet.sock not found"):
+    with pytest.raises(BackendUnavailable, match="kubelet.sock not found") as raised:
         KubernetesBackend(config).open()
-    auto = [b.name for b in build_backends(config)]
+    # What to set where the kubelet's root directory is not /var/lib/kubelet:
+    assert "--kubernetes.pod-resources-socket" in str(raised.value)
+    assert "kubernetes.kubeletRootDir" in str(raised.value)
     forced = [b.name for b in build_backends(replace(
         config, collectors={**COLLECTORS, "kubernetes": True}))]
-    assert "kubernetes" not in auto and "kubernetes" in forced
+    assert "kubernetes" in forced
+    # Auto, no socket named: a workstation without a kubelet keeps its series shapes.
+    monkeypatch.setattr("exporter.core.config.DEFAULT_POD_RESOURCES_SOCKET",
+                        str(tmp_path / "default.sock"))
+    assert "kubernetes" not in [b.name for b in build_backends(Config())]
+
+
+def test_a_socket_named_but_absent_is_a_down_backend_not_an_exit(
+        tmp_path: Path) -> None:
+    """The chart forced --collector.kubernetes on: on a kubelet with another --root-dir
+    (microk8s, k0s) the daemon exited 2 and the DaemonSet restarted it for ever. Auto with
+    the socket named builds the backend: down with the reason, and retried, so a kubelet
+    that comes up later is attributed without a restart."""
+    socket = tmp_path / "pod-resources" / "kubelet.sock"
+    config = Config(kubernetes_pod_resources_socket=str(socket), kubernetes_interval=0.2)
+    assert forced_but_unavailable(config, build_backends(config)) is None
+    (backend,) = [b for b in build_backends(config) if b.name == "kubernetes"]
+    hub = Hub(config, [backend])
+    hub.start()
+    try:
+        assert wait_for(lambda: state(hub).attempted and not state(hub).up)
+        assert "not found" in state(hub).reason and state(hub).code.value == "unreachable"
+        socket.parent.mkdir()
+        with FakeKubelet(socket, Node.load(NODE_DIR / "kubelet.json")):
+            assert wait_for(lambda: state(hub).up and state(hub).last is not None)
+    finally:
+        hub.stop()
 
 
 def test_build_backends_switch(node: FakeNode) -> None:

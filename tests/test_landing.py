@@ -605,3 +605,60 @@ def test_a_long_reason_or_name_never_widens_the_page_at_420px(tmp_path: Path) ->
     finally:
         browser.close()
     assert width <= 420
+
+
+# The widths a phone, a small tablet and a desktop window show the page at: the narrow
+# layout (cards) up to its breakpoint, the tables above it.
+WIDTHS = (360, 420, 640, 700, 800, 801, 900, 1024, 1400)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install "
+                    "chromium): the page is not tried in a real browser")
+def test_the_page_with_its_script_never_scrolls_sideways(tmp_path: Path) -> None:
+    """At 420 px the page scrolled sideways once its script had drawn (the test above loads
+    it without its script). Here the real page of a daemon over three GPUs, with a GPU
+    name, a process name and a command line without a break, is loaded at 420 px in a
+    real browser; once app.js has refilled every table and chart, and after more
+    refreshes, nothing is wider than the screen, at 420 px and at each of WIDTHS."""
+    assert CHROMIUM is not None
+    proc = tmp_path / "proc"
+    shutil.copytree(MIXED / "proc", proc, symlinks=True)
+    (proc / "3310" / "comm").write_text("render-" + "p" * 60 + "\n")
+    (proc / "3310" / "cmdline").write_bytes(b"/opt/" + b"x" * 150 + b"\0--scene\0")
+    nvml = json.loads((MIXED / "nvml.json").read_text())
+    nvml["gpus"][0]["name"] = "NVIDIA GeForce RTX 4080 " + "Q" * 80
+    (tmp_path / "nvml.json").write_text(json.dumps(nvml))
+    args = machine_args(MIXED)
+    args[args.index("--path.procfs") + 1] = str(proc)
+    overflowing = ("(() => { const out = []; for (const e of document.querySelectorAll("
+                   "'body *')) { const r = e.getBoundingClientRect(); if (r.right > "
+                   "window.innerWidth + 0.5 && !e.closest('table.procs')) out.push("
+                   "e.tagName + '.' + e.className + ' ' + Math.round(r.right)); } "
+                   "return out.slice(0, 5); })()")
+    drawn = ("document.body.dataset.live === '1' && document.getElementById('gpu-rows')"
+             ".dataset.updated && [...document.querySelectorAll('div.processes')].every("
+             "b => b.dataset.updated)")
+    with running([*args, "--collector.interval", "0.3s"], tmp_path,
+                 nvml_json=tmp_path / "nvml.json") as d:
+        browser = Browser(CHROMIUM, tmp_path / "profile")
+        try:
+            browser.size(420, 900)
+            browser.go(d.base_url + "/")
+            browser.wait(drawn)
+            assert "Q" * 80 in browser.js("document.getElementById('gpu-rows').innerText")
+            assert "render-" + "p" * 50 in browser.js(
+                "document.querySelector('div.processes[data-gpu=\"1\"]').innerText")
+            widths = {}
+            for width in (420, *WIDTHS):
+                browser.size(width, 900)
+                updated = browser.js("document.getElementById('gpu-rows').dataset.updated")
+                browser.wait("document.getElementById('gpu-rows').dataset.updated !== "
+                             f"'{updated}'")  # a refresh drawn at this width
+                widths[width] = (browser.js("document.documentElement.scrollWidth"),
+                                 browser.js(overflowing))
+        finally:
+            browser.close()
+    print("scroll width by screen width:", {w: s for w, (s, _) in widths.items()})
+    for width, (scroll, wider) in widths.items():
+        assert scroll <= width and wider == [], (width, scroll, wider)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import bcrypt
 import pytest
 
 from bench.imports import nvidia_only_args, nvidia_only_env, probe
+from exporter import __version__
 from exporter.client.fetch import HTTPStatus, ReplyTimeout, ReplyTooLarge, fetch_snapshot
 from exporter.core.config import Config
 from exporter.core.labels import HealthStatus
@@ -47,6 +48,8 @@ pytest.importorskip("rich", reason="the top extra (rich) is not installed")
 from rich.console import Console  # noqa: E402
 
 from exporter.client.top import command as top  # noqa: E402
+from exporter.client.top.model import KEYS_HELP  # noqa: E402
+from exporter.client.top.screen import clock  # noqa: E402
 
 MIXED = FIXTURES / "mixed"
 TMUX = shutil.which("tmux")
@@ -386,7 +389,7 @@ def test_top_fits_80x24_with_3_and_8_gpus(tmp_path: Path) -> None:
             assert t.screen().splitlines()[-1].startswith(" ←→ GPU")
             t.keys("?")
             screen = t.wait("Keys")
-            assert "PgUp PgDn" in screen and "sort processes" in screen
+            assert_help_whole(screen, KEYS_HELP, TOP_LEGENDS)
 
 
 @pytest.mark.slow
@@ -597,6 +600,56 @@ def test_every_layout_fits_and_keeps_the_processes_and_the_keys(gpus: int, width
         rows = [line for line in lines[title + 2:-1] if re.match(r" +1\d\d ", line)]
         assert len(rows) >= min(3, height - 9), lines
         assert re.search(rf"(▶ ?{selected} |GPU {selected} +pci)", "\n".join(lines))
+
+
+def whole(phrase: str, screen: str) -> bool:
+    """Whether ``phrase`` is on ``screen`` with every word whole, wherever its lines break
+    (the lines joined, each one's indent and trailing blanks dropped)."""
+    return " ".join(phrase.split()) in " ".join(screen.split())
+
+
+def assert_help_whole(screen: str, keys_help: Sequence[tuple[str, str]],
+                      legends: Sequence[str], width: int = 80, height: int = 24) -> None:
+    """Every line of a help overlay whole on a ``width`` x ``height`` screen: each key
+    with its words, each legend; no line wider than the screen."""
+    lines = screen.splitlines()
+    assert len(lines) <= height and all(len(line) <= width for line in lines), screen
+    for keys, what in keys_help:
+        assert whole(f"{keys} {what}", screen), (keys, what, screen)
+    for legend in legends:
+        assert whole(legend, screen), (legend, screen)
+
+
+TOP_LEGENDS = ("States: ● up ◌ stale (no collection within --stale-after) ✖ down; "
+               "verdicts: ✔ healthy ▲ degraded ✖ failed",)
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_the_help_and_the_header_are_whole_at_80_columns_and_wider(width: int) -> None:
+    """At 80x24 the header was cut mid-word ("updated 07:58:45, eve") and the help lost
+    "pid, user, command" and the verdicts: help is where a new user learns the keys."""
+    backend = Scripted("amd", [f"0000:{i + 1:02x}:00.0" for i in range(3)])
+    model = top.Model()
+    model.merge(_reply(backend))
+    view = top.View()
+    view.help = True
+    screen = top.frame(model, view, "http://127.0.0.1:9445", width, 24).plain
+    assert_help_whole(screen, KEYS_HELP, TOP_LEGENDS, width)
+    view.help = False
+    for source in ("http://127.0.0.1:9445", "https://gpu-node-17.example.com:9445",
+                   "unix:/run/gpu-exporter/gpu-exporter.sock"):
+        lines = top.frame(model, view, source, width, 24).plain.splitlines()
+        header = lines[0].strip() if "sort: memory" in lines[0] else " ".join(
+            line.strip() for line in lines[:2])
+        # what it says, with every word whole: a short form of the full title at most
+        assert header.startswith("gpu-exporter top") and header.endswith("sort: memory")
+        assert source.removeprefix("http://") in header, header
+        words = {w.rstrip(",") for w in (
+            f"gpu-exporter top {__version__} ● live · {source} · updated "
+            f"{clock(model.updated or 0)}, every 1 s · sort: memory").split()}
+        assert {w.rstrip(",") for w in header.split()} <= words | {source.removeprefix(
+            "http://")}, header
+        assert all(len(line) <= width for line in lines)
 
 
 def test_processes_scroll_page_and_keep_in_range() -> None:

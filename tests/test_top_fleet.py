@@ -27,6 +27,7 @@ from exporter.client.fleet.promapi import PrometheusAPI
 from exporter.client.fleet.ql import FleetQL
 from exporter.core.config import ConfigError, MetricNames
 from tests.test_fleet_client import Reply, serving, vector
+from tests.test_top import assert_help_whole
 
 pytest.importorskip("rich", reason="the top extra (rich) is not installed")
 
@@ -107,6 +108,40 @@ def test_the_node_list_is_most_waste_first_with_every_column() -> None:
     assert down[1:3].strip().startswith("✖") and "n/a" in down  # no GPU series: no data
     assert "4 nodes, 11 GPUs" in lines[0]
     assert lines[-1].startswith(" ↑↓ node") and "q quit" in lines[-1]
+
+
+def test_a_node_up_without_gpus_reads_0_gpus_and_no_verdict() -> None:
+    """It read "n/a" GPUs and health "?", the legend's symbol for "not scraped"."""
+    app = loaded_app({**FLEET, "cpu-node": {"up": "1"}})
+    (row,) = [line for line in text_of(app, 100, 24) if " cpu-node " in line]
+    assert re.search(r"^ ● cpu-node\s+0\s+n/a\s+n/a\s+n/a\s+-\s+-$", row.rstrip()), row
+    (node,) = [n for n in app.model.nodes if n.node == "cpu-node"]
+    assert node.gpus == 0 and node.health is None
+    # a node not scraped (its exporter down) still says it cannot tell
+    (down,) = [line for line in text_of(app, 100, 24) if " down-node " in line]
+    assert re.search(r"down-node\s+n/a\s.*\? n/a", down), down
+
+
+FLEET_LEGENDS = (
+    "GPUS: GPUs on the node; UTIL: their mean utilisation; MEMORY: used/total; POWER: their "
+    "draw; HEALTH: the worst verdict (n lost: gpu_up 0; - no GPU)",
+    "WASTE: allocated GPUs idle over 5 min (utilisation under 5 %) and their power; "
+    "processes holding memory with no engine time and that memory; waste alerts firing. "
+    "Most waste first.",
+    "● exporter scraped (up) ✖ exporter down ? not scraped")
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_fleet_help_and_header_are_whole_at_80_columns(width: int) -> None:
+    """At 80x24 the fleet help lost its POWER/HEALTH legends and half of WASTE."""
+    from exporter.client.fleet.model import KEYS_HELP
+
+    app = loaded_app()
+    lines = text_of(app, width, 24)
+    assert lines[0].strip().startswith("gpu-exporter top") and "4 nodes, 11 GPUs" in lines[0]
+    assert lines[1].startswith("   NODE")  # one title line: the list starts under it
+    app.key("?")
+    assert_help_whole("\n".join(text_of(app, width, 24)), KEYS_HELP, FLEET_LEGENDS, width)
 
 
 def test_prometheus_strings_are_stripped_before_drawing() -> None:

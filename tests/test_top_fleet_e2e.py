@@ -1,7 +1,7 @@
 """``gpu-exporter top --prometheus URL`` as a user runs it: in tmux, at 80x24, against a
-real Prometheus (Debian's) scraping three daemons on three fixture machines (the fleet
-of tests/test_fleet_prometheus_e2e.py: the k8s node with its fake kubelet and runtime,
-the HGX H100 pair, the RX 7800 XT desktop).
+real Prometheus (Debian's) and a real VictoriaMetrics (Debian's), each scraping three
+daemons on three fixture machines (the fleet of tests/test_fleet_prometheus_e2e.py: the
+k8s node with its fake kubelet and runtime, the HGX H100 pair, the RX 7800 XT desktop).
 
 What the screen must show is read from each daemon's own /metrics, not from the code
 under test: every node and its GPU count, the k8s node (whose pods hold idle GPUs)
@@ -21,12 +21,14 @@ from typing import Any
 
 import pytest
 
+from exporter.client.fleet.model import KEYS_HELP
 from exporter.client.fleet.nodes import load_fleet
 from exporter.client.fleet.promapi import PrometheusAPI
 from exporter.core.config import MetricNames
 from tests.prometheus_harness import PROMETHEUS, query
-from tests.test_fleet_prometheus_e2e import fleet_api, truth  # noqa: F401 - fixtures
-from tests.test_top import needs_tmux, tmux, top_command
+from tests.test_fleet_prometheus_e2e import fleet_api, truth, vm_api  # noqa: F401 - fixtures
+from tests.test_top import assert_help_whole, needs_tmux, tmux, top_command
+from tests.test_top_fleet import FLEET_LEGENDS
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,19 +67,27 @@ def rows_through_the_pages(t: Any, total: int) -> dict[str, str]:
     raise AssertionError(f"never reached the last process: {seen}")
 
 
+@pytest.mark.parametrize("engine", ["prometheus", "victoriametrics"])
 @pytest.mark.parametrize("names", ["gpu", "dcgm"])
 def test_the_fleet_in_tmux_most_waste_first_drill_down_back_and_quit(
         fleet_api: tuple[str, dict[str, str]], truth: Truth, names: str,  # noqa: F811
-        tmp_path: Path) -> None:
+        engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The same screens from Prometheus and from VictoriaMetrics scraping the same daemons
+    (its own dialect, MetricsQL; no rules: no waste alerts, the default idle threshold)."""
     api, machines = fleet_api
+    if engine == "victoriametrics":
+        api = request.getfixturevalue("vm_api")
     instance_of = {m: i for i, m in machines.items()}
     started = time.monotonic()
     command = top_command("--prometheus", api, "--metric-names", names,
                           "--prometheus.refresh-interval", "2s")
-    with tmux(f"gxfleet-{names}-{tmp_path.name}", command, 80, 24) as t:
+    with tmux(f"gxfleet-{engine}-{names}-{tmp_path.name}", command, 80, 24) as t:
         screen = t.wait("3 nodes", 30)
         shown = time.monotonic() - started
         print(f"\n{screen}")  # pytest -s: the screen as the user sees it
+        # the title whole on its line, the list right under it
+        assert screen.splitlines()[0].strip().startswith("gpu-exporter top")
+        assert screen.splitlines()[1].startswith("   NODE")
         for machine, metrics in truth.items():
             gpus = len({m["gpu"] for m in metrics["gpu_up"]})
             row = row_of(screen, instance_of[machine])
@@ -116,13 +126,19 @@ def test_the_fleet_in_tmux_most_waste_first_drill_down_back_and_quit(
         assert "3 nodes" in screen
         first = next(line for line in screen.splitlines() if line.startswith("▶"))
         assert instance_of["k8s-node"] in first
+        # ?: every line of the help whole at 80x24 (a new user learns the keys there)
+        t.keys("?")
+        screen = t.wait("Keys", 10)
+        assert_help_whole(screen, KEYS_HELP, FLEET_LEGENDS)
+        t.keys("x")  # any key closes it
+        t.wait("NODE", 10)
         t.keys("q")
         screen = t.wait("END", 10)
         assert "EXIT=0" in screen
         assert "icanon" in screen and "-icanon" not in screen  # the terminal given back
         assert " echo" in screen and "-echo" not in screen
-    print(f"\nfleet view ({names}): node list on the screen {shown:.1f} s after the command "
-          "(Python start-up included)")
+    print(f"\nfleet view ({engine}, {names}): node list on the screen {shown:.1f} s after the "
+          "command (Python start-up included)")
 
 
 def test_measure_the_node_list_load(fleet_api: tuple[str, dict[str, str]]) -> None:  # noqa: F811

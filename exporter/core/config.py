@@ -19,6 +19,9 @@ from typing import Any, TextIO, TypeVar
 # Old collector switch names that still work: --collector.processes is --collector.fdinfo.
 ALIASES: Mapping[str, str] = MappingProxyType({"processes": "fdinfo"})
 
+# Where a kubelet with the default --root-dir (/var/lib/kubelet) serves pod-resources.
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
 
 
 class Choice(str, Enum):
@@ -99,7 +102,10 @@ class Config:
     metrics_include: str | None = None
     metrics_exclude: str | None = None
     dcgm_counters: str | None = None
-    kubernetes_pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    # None: the kubelet's default socket, and auto builds the backend only where it exists;
+    # a socket given says "this is a Kubernetes node": auto builds the backend even while the
+    # socket is absent, which then reports down and is retried (pod_resources_socket).
+    kubernetes_pod_resources_socket: str | None = None
     kubernetes_cri_socket: str | None = None  # None: the first standard socket that exists
     kubernetes_device_labels: bool = False
     kubernetes_interval: float = 5.0  # refresh of the pod / container maps
@@ -118,6 +124,11 @@ class Config:
     otlp_headers: tuple[tuple[str, str], ...] | None = None
     otlp_ca_file: str | None = None
     otlp_only: bool = False
+
+    @property
+    def pod_resources_socket(self) -> str:
+        """The kubelet pod-resources socket: the one given, else the kubelet's default."""
+        return self.kubernetes_pod_resources_socket or DEFAULT_POD_RESOURCES_SOCKET
 
     @property
     def stale_after_seconds(self) -> float:

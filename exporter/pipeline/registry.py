@@ -84,6 +84,7 @@ class Row:
     # Auto only where this holds at start (an optional package, a socket); None: always.
     present: Callable[[Config], bool] | None = None
     auto: str = ""  # what auto means for it, in --help: ", when ..."
+    forced: str = ""  # appended to the forced-on error: what to set instead
     parent: str | None = None  # a sub-feature: the row of the backend that serves it
 
 
@@ -160,11 +161,17 @@ TABLE: tuple[Row, ...] = (
         auto=", when the amdsmi package imports"),
     Row("apple", "Apple Silicon GPUs through macmon", None, _apple,
         present=lambda config: sys.platform == "darwin", auto=", on macOS when macmon is found"),
-    # A workstation's series never grow empty pod labels: auto only on a GPU node, where
-    # the kubelet's pod-resources socket exists at start.
+    # A workstation's series never grow empty pod labels: auto only on a Kubernetes node,
+    # where the kubelet's default socket exists at start or the operator names a socket
+    # (the chart and the manifests do): absent, that one is down with the reason and
+    # retried every --kubernetes.interval, never an exit.
     Row("kubernetes", "pod attribution from the kubelet and the CRI runtime", None, _kubernetes,
-        present=lambda config: os.path.exists(config.kubernetes_pod_resources_socket),
-        auto=", when the kubelet's pod-resources socket exists"),
+        present=lambda config: (config.kubernetes_pod_resources_socket is not None
+                                or os.path.exists(config.pod_resources_socket)),
+        auto=", when the kubelet's pod-resources socket exists or "
+             "--kubernetes.pod-resources-socket is given",
+        forced="; without --collector.kubernetes it is auto: down, not an exit, where the "
+               "socket is absent (Helm chart: kubernetes.enabled=auto; false turns it off)"),
 )
 # Switch defaults: None = auto (on when its library/driver is present), True, False.
 COLLECTORS: Mapping[str, bool | None] = MappingProxyType({r.key: r.default for r in TABLE})
@@ -248,5 +255,5 @@ def forced_but_unavailable(config: Config, backends: Sequence[Backend]) -> str |
             except Exception:  # noqa: BLE001
                 pass
         if reason is not None:
-            return f"--collector.{row.key} is on but unavailable: {reason}"
+            return f"--collector.{row.key} is on but unavailable: {reason}{row.forced}"
     return None

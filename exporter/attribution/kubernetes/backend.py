@@ -75,9 +75,14 @@ class KubernetesBackend:
         self._pending: Counter[ErrorReason] = Counter()
 
     def open(self) -> Sequence[DeviceInfo]:
-        path = self.config.kubernetes_pod_resources_socket
+        path = self.config.pod_resources_socket
         if not is_socket(path):
-            raise BackendUnavailable(f"kubelet pod-resources socket {path} not found")
+            # The usual cause: a kubelet whose --root-dir is not /var/lib/kubelet (microk8s,
+            # k0s): say which setting points elsewhere, here and in the forced-on error.
+            raise BackendUnavailable(
+                f"kubelet pod-resources socket {path} not found (a kubelet with another "
+                "--root-dir serves <root-dir>/pod-resources/kubelet.sock: set "
+                "--kubernetes.pod-resources-socket; Helm chart: kubernetes.kubeletRootDir)")
         try:
             kubelet = PodResourcesClient(path)
         except RpcFailed as e:

@@ -263,13 +263,16 @@ def load_fleet(api: PrometheusAPI, names: MetricNames = MetricNames.GPU,
     idle_memory = _by(answers.get("idle_memory"), n)
     alerts, up = _counts(answers.get("alerts"), n), _by(answers.get("up"), n)
     known = set(gpus) | set(up)
+    # A node whose exporter is up but serves no GPU has 0 GPUs; unknown (None) only where
+    # the count failed or the exporter is not scraped (down: its series went stale).
+    counted = answers.get("gpus") is not None and not answers["gpus"].error
     nodes = []
     for node in known:
         waste = Waste(idle_gpus=idle_gpus.get(node, 0), idle_watts=idle_watts.get(node, 0.0),
                       idle_processes=idle_procs.get(node, 0),
                       idle_memory_bytes=idle_memory.get(node, 0.0), alerts=alerts.get(node, 0))
         nodes.append(NodeSummary(
-            node=node, gpus=gpus.get(node),
+            node=node, gpus=gpus.get(node, 0 if counted and up.get(node) == 1 else None),
             lost_gpus=None if lost is None or node not in gpus else lost.get(node, 0),
             utilization=util.get(node), memory_used_bytes=used.get(node),
             memory_total_bytes=total.get(node), power_watts=power.get(node),

@@ -18,6 +18,8 @@ from exporter.client.top.panels import (
     HEALTH_STYLE,
     SYMBOL,
     assemble,
+    fit_title,
+    wrap,
 )
 from exporter.client.top.screen import clock, gpus_and_processes, key_lines
 from exporter.core.labels import HealthStatus
@@ -68,14 +70,16 @@ def node_row(n: NodeSummary, selected: bool, name_w: int, width: int) -> Text:
     health = str(status) if status else ABSENT
     if n.lost_gpus:  # gpu_up 0: the exporter lost them
         status, health = HealthStatus.FAILED, f"{n.lost_gpus} lost"
+    # No GPU, no verdict to give: "-", not the "?" of a node nobody scraped.
+    verdict = ((SYMBOL.get(status, "?") + f" {health:<8}", HEALTH_STYLE.get(status, "dim"))
+               if status else ("-".ljust(10), "dim") if n.gpus == 0 else ("? " + f"{health:<8}",
+                                                                       "dim"))
     name = Text(n.node or ABSENT)
     name.truncate(name_w, overflow="ellipsis", pad=True)
     waste = waste_text(n.waste)
     line = assemble(("▶" if selected else " ", "bold cyan"), state, " ",
                     (name.plain, "bold reverse" if selected else ""),
-                    f" {gpus:>4} {util:>4} {_memory(n):>11} {power:>7} ",
-                    ((SYMBOL.get(status, "?") if status else "?") + f" {health:<8}",
-                     HEALTH_STYLE.get(status, "dim") if status else "dim"), " ",
+                    f" {gpus:>4} {util:>4} {_memory(n):>11} {power:>7} ", verdict, " ",
                     (waste, "bold yellow" if n.waste.any else "dim"))
     line.truncate(width, overflow="ellipsis")
     return line
@@ -135,41 +139,49 @@ def header_lines(model: FleetModel, view: FleetView, width: int) -> list[Text]:
     where = (f"node {node.shown}" if node else
              f"{len(model.nodes)} node{'s' if len(model.nodes) != 1 else ''}, "
              f"{model.gpus} GPU{'s' if model.gpus != 1 else ''}")
-    title = assemble((f" gpu-exporter top {__version__} ", "bold reverse"), " ", live,
-                     f" · {model.source} · ", (where, "bold"),
-                     f" · updated {when}, every {model.refresh:g} s")
-    out = [title]
+    # Narrower, the title drops the refresh interval, then the version and the word
+    # "updated" and "http://", then the time; only then does it go on to a second line.
+    name = assemble((f" gpu-exporter top {__version__} ", "bold reverse"), " ", live)
+    out = fit_title((
+        [name, model.source, (where, "bold"), f"updated {when}, every {model.refresh:g} s"],
+        [name, model.source, (where, "bold"), f"updated {when}"],
+        [assemble((" gpu-exporter top ", "bold reverse"), " ", live),
+         model.source.removeprefix("http://"), (where, "bold"), when],
+        [assemble((" gpu-exporter top ", "bold reverse"), " ", live),
+         model.source.removeprefix("http://"), (where, "bold")]), width)
     if errors:
         if failed:
-            line = Text(" ✖ No answer from Prometheus"
-                        + (f" (values below are from {when})" if stale else "")
-                        + f": {errors[0]}", style="bold red")
+            line = (" ✖ No answer from Prometheus"
+                    + (f" (values below are from {when})" if stale else "")
+                    + f": {errors[0]}", "bold red")
         else:
-            line = Text(f" ▲ {len(errors)} quer{'ies' if len(errors) > 1 else 'y'} failed "
-                        f"(no data where they would show): {errors[0]}", style="bold yellow")
-        out.append(line)
+            line = (f" ▲ {len(errors)} quer{'ies' if len(errors) > 1 else 'y'} failed "
+                    f"(no data where they would show): {errors[0]}", "bold yellow")
+        out += wrap([line], width, max_lines=2)
     truncated = node.truncated if node else model.truncated
     if truncated:
-        out.append(Text(f" ▲ an answer was cut at {model.max_series} series "
-                        "(--prometheus.max-series): totals are partial; narrow it with "
-                        "--prometheus.selector", style="bold yellow"))
-    for line in out:
-        line.truncate(width)
+        out += wrap([(f" ▲ an answer was cut at {model.max_series} series "
+                      "(--prometheus.max-series): totals are partial; narrow it with "
+                      "--prometheus.selector", "bold yellow")], width, max_lines=2)
     return out
 
 
 def help_lines(model: FleetModel, width: int) -> list[Text]:
     out = key_lines(KEYS_HELP, width)
-    for text in (
-            " GPUS: GPUs on the node; UTIL: their mean utilisation; MEMORY: used/total; "
-            "POWER: their draw; HEALTH: the worst verdict (n lost: gpu_up 0)",
-            " WASTE: allocated GPUs idle over 5 min (utilisation under "
-            f"{100 * model.idle_threshold:g} %) and their power; processes holding memory "
-            "with no engine time and that memory; waste alerts firing. Most waste first.",
-            " ● exporter scraped (up)  ✖ exporter down  ? not scraped"):
-        line = Text(text, style="dim")
-        line.truncate(width)
-        out.append(line)
+    # Each legend goes on under its own indent; a symbol stays with its words.
+    for legend in (
+            ["GPUS: GPUs on the node;", "UTIL: their mean utilisation;",
+             "MEMORY: used/total;", "POWER: their draw;",
+             "HEALTH: the worst verdict (n lost: gpu_up 0; - no GPU)"],
+            ["WASTE: allocated GPUs idle over 5 min (utilisation under "
+             f"{100 * model.idle_threshold:g} %) and their power; processes holding memory "
+             "with no engine time and that memory; waste alerts firing. Most waste first."],
+            ["● exporter scraped (up)", "✖ exporter down", "? not scraped"]):
+        if len(legend) == 1:
+            out += wrap([(" " + legend[0], "dim")], width, indent=3)
+        else:
+            out += wrap([(" " + legend[0], "dim"), *((w, "dim") for w in legend[1:])], width,
+                        indent=3, sep="  " if legend[0].startswith("●") else " ")
     return out
 
 

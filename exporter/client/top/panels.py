@@ -1,7 +1,8 @@
 """``gpu-exporter top``'s drawing pieces: a GPU as a panel (bars, memory or an APU's
 shared memory, power, temperature, clocks, PCIe, a sparkline, the verdict) or as one
-compact row, and the helper every line goes through (``assemble``; ``Screen`` is the
-terminal's).
+compact row, and the helpers every line goes through (``assemble``; ``Screen`` is the
+terminal's), and the layout of text that must stay whole on a narrow terminal (``wrap``,
+``fit_title``).
 Drawn with rich (the ``top`` extra)."""
 
 from __future__ import annotations
@@ -53,6 +54,74 @@ def assemble(*parts: Part) -> Text:
             spans.extend(Span(at + a, at + b, style) for a, b, style in part.spans)
             at += len(chunk)
     return Text("".join(plain), spans=spans)
+
+
+def wrap(parts: Sequence[Part], width: int, indent: int = 3, sep: str = "",
+         max_lines: int = 0) -> list[Text]:
+    """``parts`` laid out on as many lines as they need, each at most ``width`` cells:
+    a line breaks between words (or, with ``sep``, between parts, which keep their
+    words together), never inside one; a continuation line starts ``indent`` cells in.
+    Only a single unit wider than a whole line is cut, with an ellipsis; so is the last of
+    ``max_lines`` (0: no limit) where more would follow."""
+    units: list[Part] = []  # what never breaks
+    for part in parts:
+        if sep:
+            units.append(part)
+        else:  # a unit per word, with the spaces before it
+            words, style = ((part, "") if isinstance(part, str) else part
+                            if isinstance(part, tuple) else (part.plain, str(part.style or "")))
+            units += [(word, style) for word in _words(words)]
+    lines: list[list[Part]] = [[]]
+    used = 0
+    for unit in units:
+        plain = unit if isinstance(unit, str) else unit[0] if isinstance(
+            unit, tuple) else unit.plain
+        lead = sep if sep and lines[-1] else ""
+        if used and used + len(lead) + len(plain.rstrip()) > width:
+            lines.append([" " * indent])
+            used, lead = indent, ""
+            if not sep:  # the spaces that separated it from the word before
+                stripped = plain.lstrip()
+                unit = (stripped, unit[1]) if isinstance(unit, tuple) else stripped
+                plain = stripped
+        if lead:
+            lines[-1].append(lead)
+        lines[-1].append(unit)
+        used += len(lead) + len(plain)
+    out = []
+    for line in lines:
+        text = assemble(*line)
+        text.rstrip()
+        text.truncate(width, overflow="ellipsis")
+        out.append(text)
+    if max_lines and len(out) > max_lines:
+        out = out[:max_lines]
+        out[-1].truncate(width - 1)
+        out[-1].append("…")
+    return out
+
+
+def fit_title(forms: Sequence[Sequence[Part]], width: int) -> list[Text]:
+    """A title line given in ``forms``, longest first (each a list of parts joined by
+    " · "): the first that fits one line; where none does, the last wrapped between its
+    parts."""
+    for form in forms:
+        (line, *more) = wrap(form, width, indent=1, sep=" · ")
+        if not more:
+            return [line]
+    return wrap(forms[-1], width, indent=1, sep=" · ")
+
+
+def _words(text: str) -> list[str]:
+    """``text`` cut before each word, every space kept with the word after it."""
+    out: list[str] = []
+    start = 0
+    for i in range(1, len(text)):
+        if text[i] != " " and text[i - 1] == " ":
+            out.append(text[start:i])
+            start = i
+    out.append(text[start:])
+    return [w for w in out if w]
 
 
 def bar(ratio: float | None, width: int = BAR, style: str | None = None) -> Text:

@@ -19,8 +19,10 @@ from exporter.client.top.panels import (
     STATE_STYLE,
     assemble,
     compact_row,
+    fit_title,
     panel,
     panel_height,
+    wrap,
 )
 from exporter.serve.view import Device, Process, Processes, State, mark, size
 
@@ -126,18 +128,18 @@ def backend_lines(model: Model, width: int, rows: int) -> list[Text]:
 def key_lines(keys_help: Sequence[tuple[str, str]], width: int) -> list[Text]:
     """The help overlay's key table (this view's and the fleet view's), then a blank line."""
     out = [Text(" Keys", style="bold")]
-    for keys, what in keys_help:
-        line = assemble((f" {keys:<16}", "bold cyan"), what)
-        line.truncate(width)
-        out.append(line)
+    for keys, what in keys_help:  # a long one goes on under itself, never cut
+        out += wrap([(f" {keys:<16}", "bold cyan"), what], width, indent=17)
     out.append(Text(""))
     return out
 
 
 def help_lines(width: int) -> list[Text]:
     out = key_lines(KEYS_HELP, width)
-    out.append(Text(" States: ● up  ◌ stale (no collection within --stale-after)  ✖ down; "
-                    "verdicts: ✔ healthy  ▲ degraded  ✖ failed", style="dim"))
+    # A symbol stays with its word: the legend breaks between entries only.
+    out += wrap([(word, "dim") for word in (
+        " States: ● up", "◌ stale (no collection within --stale-after)", "✖ down;",
+        "verdicts: ✔ healthy", "▲ degraded", "✖ failed")], width, indent=1, sep="  ")
     return out
 
 
@@ -147,24 +149,28 @@ def header_lines(model: Model, view: View, source: str, width: int) -> list[Text
     when = "never" if model.updated is None else clock(model.updated)
     live = (("✖ not updating", "bold red") if model.error else
             ("● live", "green") if model.recorded else ("… waiting", "yellow"))
-    title = assemble((f" gpu-exporter top {__version__} ", "bold reverse"), " ",
-                          live, f" · {source} · updated {when}, every {model.interval:g} s · ",
-                          ("sort: " + view.sort, "bold"))
-    title.truncate(width)
-    out = [title]
+    # Narrower, the title drops the refresh interval, then the version and the word
+    # "updated" and "http://", then the time; only then does it go on to a second line.
+    sort = ("sort: " + view.sort, "bold")
+    out = fit_title((
+        [assemble((f" gpu-exporter top {__version__} ", "bold reverse"), " ", live), source,
+         f"updated {when}, every {model.interval:g} s", sort],
+        [assemble((f" gpu-exporter top {__version__} ", "bold reverse"), " ", live), source,
+         f"updated {when}", sort],
+        [assemble((" gpu-exporter top ", "bold reverse"), " ", live),
+         source.removeprefix("http://"), when, sort],
+        [assemble((" gpu-exporter top ", "bold reverse"), " ", live),
+         source.removeprefix("http://"), sort]),
+        width)
     if model.error:
         since = "since " + clock(model.received) if model.received is not None else "yet"
-        line = Text(f" ✖ Not updating {since}: {model.error}"
-                    + (" (values below are stale)" if model.recorded else ""),
-                    style="bold red")
-        line.truncate(width)
-        out.append(line)
+        out += wrap([(f" ✖ Not updating {since}: {model.error}"
+                      + (" (values below are stale)" if model.recorded else ""),
+                      "bold red")], width, max_lines=2)
     stale = [b for b in model.backends if b.state is State.STALE]
     if stale:
-        line = Text(" ◌ stale: " + "; ".join(f"{b.backend} ({b.reason})" for b in stale),
-                    style="bold yellow")
-        line.truncate(width)
-        out.append(line)
+        out += wrap([(" ◌ stale: " + "; ".join(f"{b.backend} ({b.reason})" for b in stale),
+                      "bold yellow")], width, max_lines=2)
     return out
 
 

@@ -69,6 +69,13 @@ present: only then are the probes TCP checks. */}}
 {{- .scheme | default (ternary "https" "http" (eq (include "gpu-exporter.tls" .root) "true")) }}
 {{- end }}
 
+{{/* The host directory of the kubelet's pod-resources socket: podResourcesPath where set,
+else <kubeletRootDir>/pod-resources; no trailing slash. */}}
+{{- define "gpu-exporter.podResourcesPath" -}}
+{{- $root := .Values.kubernetes.kubeletRootDir | trimSuffix "/" }}
+{{- .Values.kubernetes.podResourcesPath | default (printf "%s/pod-resources" $root) | trimSuffix "/" }}
+{{- end }}
+
 {{/* "true" when the pod must run as uid 0: the kubelet socket accepts only root, and
 added capabilities reach the effective set of a root process only. */}}
 {{- define "gpu-exporter.needsRoot" -}}
