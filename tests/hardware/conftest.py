@@ -1,4 +1,5 @@
-"""Mark everything here ``hardware`` and skip it without a real NVIDIA GPU and nvidia-smi."""
+"""Mark everything here ``hardware`` and ``slow`` (each test reads a real GPU, most start
+nvidia-smi or the exporter) and skip it without a real NVIDIA GPU and nvidia-smi."""
 
 from __future__ import annotations
 
@@ -38,5 +39,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reason = _nvidia_gpu_reason()
     for item in mine:
         item.add_marker(pytest.mark.hardware)
+        item.add_marker(pytest.mark.slow)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
