@@ -6,7 +6,7 @@ A backend owns ONE persistent handle to its library or kernel interface.
 only, so a backend needs no locking of its own.
 
 A backend may also declare hooks (the protocols below), by having their members:
-``retry_interval`` (a cheap open() retried at that pace instead of the back-off),
+``retry_interval`` (a cheap open(): the back-off grows no longer than that),
 ``attribution()`` (pod attribution applied after the merge), ``joins()`` (join series
 such as pod labels and Slurm jobs), ``child_restarts``
 (a supervised child process) and ``feature_unavailable()`` (a sub-feature with a
@@ -105,8 +105,9 @@ class Backend(Protocol):
 @runtime_checkable
 class RetriesOpen(Protocol):
     """open() is cheap (a listdir, a socket check): after it fails, the collector retries
-    it every ``retry_interval`` seconds when that is sooner than the back-off, so a card
-    bound later or a restarted kubelet is picked up quickly."""
+    it on its back-off grown no longer than ``retry_interval`` seconds, so a card bound
+    later or a restarted kubelet is picked up within that (a card added also wakes it
+    at once: Hub.reprobe)."""
 
     @property
     def retry_interval(self) -> float: ...

@@ -73,12 +73,12 @@ class AmdBackend:
         self._ids: AmdgpuIds | None = None  # the marketing-name table, with the first card
         self._driver_version: str | None = None  # read with the first card
         self._pcie: PcieBwReader | None = None  # pcie_bw on its own thread (slow tier)
-        # open() only reads the cached card list: the collector may retry it every cycle.
+        # open() only reads the cached card list: the collector retries it on its back-off.
 
     @property
     def retry_interval(self) -> float:
-        """open() only reads the cached card list: retried every cycle, or less often
-        where udev announces new cards (DrmDiscovery.retry_interval)."""
+        """open() only reads the cached card list: the longest the collector's back-off
+        waits before it retries (DrmDiscovery.retry_interval)."""
         return self.discovery.retry_interval(self.config.interval)
 
     def open(self) -> Sequence[DeviceInfo]:

@@ -161,8 +161,8 @@ class IntelBackend:
 
     @property
     def retry_interval(self) -> float:
-        """open() only reads the cached card list: retried every cycle, or less often
-        where udev announces new cards (DrmDiscovery.retry_interval)."""
+        """open() only reads the cached card list: the longest the collector's back-off
+        waits before it retries (DrmDiscovery.retry_interval)."""
         return self._discovery.retry_interval(self._config.interval)
 
     def open(self) -> Sequence[DeviceInfo]:

@@ -133,8 +133,9 @@ class PmuBackend:
 
         pmus = read_pmus(Path(self._config.sysfs))
         if not pmus:
-            raise BackendUnavailable(
-                f"no i915/xe PMU under {self._config.sysfs}/bus/event_source/devices")
+            reason = f"no i915/xe PMU under {self._config.sysfs}/bus/event_source/devices"
+            self._unopened = (seen, reason)
+            raise BackendUnavailable(reason)
         errors: Counter[ErrorReason] = Counter()
         reasons = {}
         try:
