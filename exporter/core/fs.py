@@ -290,11 +290,19 @@ class AttrReader:
 
         ``keep=False`` for what is read once per layout (labels, names): no descriptor
         is spent on it."""
-        if name not in self.names(directory):
+        listed = self._names.get(directory)  # names(), without the call: every read asks
+        if name not in (listed if listed is not None else self.names(directory)):
             return None
         path = f"{directory}/{name}"
         fd = self._fds.get(path)
-        kept = fd is not None
+        if fd is not None:  # the usual case: a kept descriptor
+            try:
+                return os.pread(fd, size, 0)
+            except OSError:
+                _count(errors, ErrorReason.READ)
+                self._drop(path)
+                return None
+        kept = False
         try:
             if fd is None:
                 fd = os.open(path, OPEN_FLAGS)

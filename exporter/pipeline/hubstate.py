@@ -27,7 +27,7 @@ import structlog
 from exporter.core.config import Config
 from exporter.core.joins import JoinSource
 from exporter.core.labels import DownReason, ErrorReason
-from exporter.core.model import BackendSample, DeviceInfo, DeviceSample
+from exporter.core.model import BackendSample, DeviceInfo, DeviceSample, copy_with
 from exporter.pipeline.state import DURATION_BUCKETS, BackendState
 from exporter.sources.base import (
     Attributes,
@@ -129,7 +129,8 @@ def accepted(state: BackendState, sample: BackendSample, now: float,
                     for c, b in zip(state.duration_buckets, DURATION_BUCKETS, strict=True))
     if state.stale:
         log.info("backend answering again", backend=state.name)
-    return replace(
+    # Every backend's every cycle: copy_with, not replace's __init__ over every field.
+    return copy_with(
         state, last=sample, last_success=sample.timestamp, alive_at=now,
         stale=False, errors_total=_added(state.errors_total, sample.errors),
         duration_buckets=buckets, duration_sum=state.duration_sum + duration,
@@ -251,7 +252,9 @@ class KnownGpus:
             if not device.primary:
                 continue  # an augmenting backend never makes a device of its own
             self.register(device.info)
-            if not device.info.parent_key:
+            known = self._seen.get(device.info.key)
+            if not device.info.parent_key and (known is None or known.info != device.info):
+                # (the same device as last cycle, the usual case, builds nothing)
                 self._remember(DeviceSample(info=device.info, source=device.source, up=False))
 
     def went_stale(self, backend: str) -> None:

@@ -246,15 +246,22 @@ def fill(files: DeviceSample, table: DeviceSample) -> DeviceSample:
     without walking every field of both as ``merge_device`` does (a third of an amdgpu
     fast cycle); tests/test_amd.py checks it gives what ``merge_device`` gives. Clocks
     and engines keep their name order whichever sample gave which key."""
-    owned = {(group, key) for name, group in KEY_GROUPS.items()
-             for key in getattr(files, name) or ()}
+    owned: set[tuple[str, str]] | None = None  # built when a grouped field needs it
     changes: dict[str, Any] = {}
-    for name, value in table.present().items():
+    for name in _TABLE_FIELDS:  # what the table can hold: not every field of a sample
+        value = getattr(table, name)
+        if value is None:
+            continue
         mine = getattr(files, name)
         if isinstance(value, dict):
+            if not value:
+                continue
             group = KEY_GROUPS.get(name)
+            if group is not None and owned is None:
+                owned = {(g, key) for field_name, g in KEY_GROUPS.items()
+                         for key in getattr(files, field_name) or ()}
             extra = {k: v for k, v in value.items()
-                     if k not in mine and (group is None or (group, k) not in owned)}
+                     if k not in mine and (group is None or (group, k) not in owned)}  # type: ignore[operator]
             if extra:
                 changes[name] = {**mine, **extra}
         elif mine is None:
@@ -388,6 +395,13 @@ def _ras_counts(r: _Files) -> dict[str, int]:
         for kind, count in counts.items():
             ecc[kind] = ecc.get(kind, 0) + count
     return ecc
+
+
+# Every field _from_gpu_metrics sets: what fill() looks at (tests/test_amd.py holds fill
+# to the merge's answer on every fixture with a table).
+_TABLE_FIELDS = ("utilization_ratio", "memory_utilization_ratio", "temperatures_celsius",
+                 "power_watts", "energy_joules", "clocks_hertz", "throttle_reasons",
+                 "engine_utilization_ratio", "xgmi_throughput_bytes_per_second", "nvlink_up")
 
 
 def _from_gpu_metrics(info: DeviceInfo, metrics: GpuMetrics,
