@@ -245,15 +245,17 @@ def fill(files: DeviceSample, table: DeviceSample) -> DeviceSample:
     has it first in any field of the group), for two samples of one source and one card,
     without walking every field of both as ``merge_device`` does (a third of an amdgpu
     fast cycle); tests/test_amd.py checks it gives what ``merge_device`` gives. Clocks
-    and engines keep their name order whichever sample gave which key."""
+    and engines keep their name order whichever sample gave which key (_from_files
+    writes its own in name order)."""
     owned: set[tuple[str, str]] | None = None  # built when a grouped field needs it
     changes: dict[str, Any] = {}
+    theirs, ours = table.__dict__, files.__dict__  # the fields, by name (copy_with's rule)
     for name in _TABLE_FIELDS:  # what the table can hold: not every field of a sample
-        value = getattr(table, name)
+        value = theirs[name]
         if value is None:
             continue
-        mine = getattr(files, name)
-        if isinstance(value, dict):
+        mine = ours[name]
+        if value.__class__ is dict:
             if not value:
                 continue
             group = KEY_GROUPS.get(name)
@@ -267,8 +269,9 @@ def fill(files: DeviceSample, table: DeviceSample) -> DeviceSample:
         elif mine is None:
             changes[name] = value
     for name in ("clocks_hertz", "engine_utilization_ratio"):
-        changes[name] = dict(sorted(changes.get(name, getattr(files, name)).items()))
-    return copy_with(files, **changes)
+        if name in changes:
+            changes[name] = dict(sorted(changes[name].items()))
+    return copy_with(files, **changes) if changes else files
 
 
 def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
