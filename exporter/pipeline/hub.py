@@ -352,7 +352,7 @@ class Hub:
             self._check_attempted()
         # A backend that retries its open() every cycle (no card yet) changes nothing:
         # no new snapshot, so nothing to render.
-        if new != state:
+        if new is not state and new != state:
             self.request_publish()
 
     def _accept(self, name: str, cycle: Cycle, duration: float, enricher: Enricher | None,

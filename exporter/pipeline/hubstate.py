@@ -98,7 +98,11 @@ def opened(state: BackendState, gpus: int, now: float) -> BackendState:
 def down(state: BackendState, reason: str, level: str, exc_info: bool = False,
          failing: bool = False) -> BackendState:
     """Its open() failed, its handle went bad or its sample raised: logged once per code
-    (a raised exception once per distinct text: each is its own bug)."""
+    (a raised exception once per distinct text: each is its own bug). The same failure
+    again (a retry that saw what the last one saw) is the same state, built for nothing."""
+    if (state.reason == reason and not state.up and not state.stale and state.attempted
+            and state.failing == (failing or state.failing)):
+        return state
     code = down_code(reason)
     key = reason if code is DownReason.EXCEPTION else code.value
     if state.logged != key:
