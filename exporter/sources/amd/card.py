@@ -280,7 +280,8 @@ def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
     out: dict[str, dict[Any, float]] = {k: {} for k in (
         "temps", "limits", "power", "caps", "energy", "fans", "freqs", "volts")}
     reader, errors = r.r, r.errors
-    for d in hwmon.hwmon_dirs(r.dir, reader):
+    for chip in hwmon.hwmon_dirs(r.dir, reader):
+        d = os.fspath(chip)  # once, not in each reader below
         raw_temps = hwmon.read_temperatures(d, errors, reader)
         out["temps"].update({_HWMON_SENSORS.get(k, k): v for k, v in raw_temps.items()})
         if slow:
