@@ -67,10 +67,10 @@ class _Files:
         return self.r.number(self.dir, name, self.errors, 1.0, unit)
 
     def ratio(self, name: str) -> float | None:
-        """A ``*_busy_percent`` file as 0..1."""
-        text = self.text(name)
-        value = units.ratio_from_percent(units.parse_number(text))
-        if value is None and text is not None:
+        """A ``*_busy_percent`` file as 0..1 (a number that is no percentage: ``parse``)."""
+        percent = self.number(name, "count")  # not a number at all: counted there
+        value = units.ratio_from_percent(percent)
+        if value is None and percent is not None:
             self.errors[ErrorReason.PARSE] += 1
         return value
 
