@@ -207,6 +207,8 @@ def raise_open_files_limit() -> None:
     FD_BUDGET.resize(kept_fd_limit())
 T = TypeVar("T")
 U64_TEXT = str(units.U64_MAX)  # 2^64-1: a u64 attribute's "no value", never a reading
+# number()'s fast path runs for nearly every file read each cycle: its look-ups bound once.
+_MAX_DIGITS, _U64_MAX, _scaled = units.MAX_DIGITS, units.U64_MAX, units.scaled
 
 
 class AttrReader:
@@ -335,10 +337,10 @@ class AttrReader:
         if raw is None:
             return None
         digits = raw.strip()
-        if digits.isdigit() and len(digits) <= units.MAX_DIGITS:
+        if digits.isdigit() and len(digits) <= _MAX_DIGITS:
             # The common case, a plain decimal: units bounds it without the text path.
             as_int = int(digits)
-            value = None if as_int == units.U64_MAX else units.scaled(as_int, scale, unit)
+            value = None if as_int == _U64_MAX else _scaled(as_int, scale, unit)
         else:
             text = clean_text(raw)
             if text is None:

@@ -116,6 +116,9 @@ def scaled(value: float | int | None, scale: int | float, unit: str) -> float | 
             v = value * scale
     except (OverflowError, TypeError):
         return None
+    if v.__class__ is float:  # what every reading scaled here is: bounded() inline
+        low, high = _RANGES[unit]
+        return v if low <= v <= high and v - v == 0.0 else None
     return bounded(v, unit)
 
 
