@@ -5,6 +5,7 @@
                                [--json OUT]
     python bench/cost_model.py --daemon [--gpus 1,4] [--intervals 100ms,1s,10s]
                                [--window 30] [--links 18] [--repo OTHER_TREE]
+    python bench/cost_model.py --daemon --nvml real --gpus 1,4   # on a 4-GPU machine
 
 1. In process (one fresh interpreter per machine shape): the NVIDIA backend and the
    Hub, wired as the daemon wires them (the renderer and the live page's history
@@ -39,7 +40,10 @@
    NVLinks each, no processes, no scrapes), at each ``--intervals``, each thread's CPU
    from /proc/<pid>/task/*/schedstat over ``--window`` seconds (a 10 s interval gets at
    least 6 cycles): the local analogue of the device's "alone, idle" table, without the
-   driver's time.
+   driver's time. With ``--nvml real`` (on a machine with at least max(``--gpus``)
+   GPUs): the daemon on the real driver, shown only the first N GPUs (its
+   ``nvmlDeviceGetCount`` answers min(GPUs, N); NVML has no device mask of its own),
+   so 1 and 4 GPUs are measured on one machine, in the same minutes.
 """
 
 from __future__ import annotations
@@ -437,12 +441,32 @@ exec(sys.argv.pop(1))
 """
 
 
+# The daemon on the real driver, shown its first N GPUs (argv: N, then the daemon's main).
+FIRST_GPUS_MAIN = """
+import sys
+import pynvml
+_count, _limit = pynvml.nvmlDeviceGetCount, int(sys.argv.pop(1))
+pynvml.nvmlDeviceGetCount = lambda: min(_count(), _limit)
+exec(sys.argv.pop(1))
+"""
+
+
 def daemon(args: argparse.Namespace) -> None:
     from daemon_cost import schedstat
     from scrape_latency import NAMED_THREADS_MAIN, free_port
 
-    print("The daemon on bench/nvml_stub.py (driver time absent), idle, no scrapes, "
-          f"% of one core per thread over {args.window:g} s (10 s: at least 60 s)\n")
+    real = args.nvml == "real"
+    if real:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        print(f"{count} NVIDIA GPU(s) on this machine" + (
+            f": a row of more GPUs shows {count}" if count < max(args.gpus) else ""))
+    where = "the real driver" if real else "bench/nvml_stub.py (driver time absent)"
+    print(f"The daemon on {where}, idle, no scrapes, % of one core per thread over "
+          f"{args.window:g} s (10 s: at least 60 s)\n")
     print("| interval | GPUs x NVLinks | collector-nvidia | collector-publish | other threads | "
           "whole process | 4 GPUs / 1 |")
     print("|---|---|---:|---:|---:|---:|---:|")
@@ -453,7 +477,9 @@ def daemon(args: argparse.Namespace) -> None:
             env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
             env["PYTHONPATH"] = str(args.repo.resolve())
             with tempfile.TemporaryDirectory(prefix="cost-daemon-") as tmp:
-                cmd = [sys.executable, "-c", STUB_MAIN, str(HERE), str(gpus), str(args.links[-1]),
+                launcher = [FIRST_GPUS_MAIN, str(gpus)] if real else \
+                    [STUB_MAIN, str(HERE), str(gpus), str(args.links[-1])]
+                cmd = [sys.executable, "-c", *launcher,
                        NAMED_THREADS_MAIN, "--web.listen-address", f"127.0.0.1:{port}",
                        "--collector.interval", interval, "--path.procfs", tmp,
                        "--log.format", "json"]
@@ -476,8 +502,12 @@ def daemon(args: argparse.Namespace) -> None:
             whole = sum(per.values())
             totals[gpus] = whole
             nvidia, publish = per.get("collector-nvidi", 0.0), per.get("collector-publi", 0.0)
-            ratio = f"{whole / totals[1]:.2f}x" if gpus != 1 and 1 in totals else ""
-            print(f"| {interval} | {gpus} x {args.links[-1]} | {nvidia:.3f} | {publish:.3f} | "
+            ratio = ""
+            if gpus != 1 and totals.get(1):
+                ratio = (f"{whole / totals[1]:.2f}x (<= 3x: "
+                         f"{'met' if whole <= 3 * totals[1] else 'NOT met'})")
+            links = "real" if real else args.links[-1]
+            print(f"| {interval} | {gpus} x {links} | {nvidia:.3f} | {publish:.3f} | "
                   f"{whole - nvidia - publish:.3f} | {whole:.3f} | {ratio} |", flush=True)
 
 

@@ -6,6 +6,9 @@
 #                                 # 3 rounds of 60 s windows, medians, the table against the
 #                                 # targets (bench/cost_table.py compare; about 7 minutes)
 #   bash bench/h100.sh idle       # the exporter alone, idle, at 100 ms / 1 s / 10 s (about 4 min)
+#   bash bench/h100.sh idle-gpus  # the same on 1 and on 4 GPUs of one machine (4 or more
+#                                 # GPUs: nvidia-h100-x4), per thread, the 4 / 1 ratio against
+#                                 # 3x (bench/cost_model.py --daemon --nvml real; about 6 min)
 #   bash bench/h100.sh energy     # per-process energy measured from outside at the defaults:
 #                                 # the daemon, two CUDA workers per GPU, /metrics scraped
 #                                 # around each scenario (bench/energy_outside.py; about
@@ -81,6 +84,11 @@ idle)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   $PY bench/cost_table.py idle --window "${WINDOW:-60}" 2>&1 | tee "$OUT/idle.log"
   ;;
+idle-gpus)
+  nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv
+  python3 bench/cost_model.py --daemon --nvml real --gpus 1,4 --window "${WINDOW:-40}" \
+    --intervals "${INTERVALS:-100ms,1s,10s}" 2>&1 | tee "$OUT/idle_gpus.log"
+  ;;
 energy)
   nvidia-smi --query-gpu=index,name,driver_version,power.draw --format=csv,noheader
   OUT="$OUT" python3 bench/energy_outside.py "${@:2}" 2>&1 | tee "$OUT/energy_outside.log"
@@ -134,7 +142,7 @@ matrix)
   bash "$0" matrix-start && WAIT_S=100000 bash "$0" matrix-wait
   ;;
 *)
-  echo "usage: $0 hardware|cost|idle|energy|costmodel|matrix|matrix-start|matrix-wait" >&2
+  echo "usage: $0 hardware|cost|idle|idle-gpus|energy|costmodel|matrix|matrix-start|matrix-wait" >&2
   exit 2
   ;;
 esac

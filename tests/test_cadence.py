@@ -224,6 +224,13 @@ def _write(rel: str, text: str) -> Move:
     return move
 
 
+def _both(*moves: Move) -> Move:
+    def move(dev: Path) -> None:
+        for m in moves:
+            m(dev)
+    return move
+
+
 def _hwmon(name: str, text: str) -> Move:
     return lambda dev: _write(name, text)(next((dev / "hwmon").iterdir()))
 
@@ -301,7 +308,9 @@ INTEL: dict[str, Move] = {  # intel-xe-b580
     "fan_speed_ratio": _hwmon("fan1_input", "2000"),
     "clocks_hertz": _write("tile0/gt0/freq0/act_freq", "1500"),
     "clocks_max_hertz": _write("tile0/gt0/freq0/rp0_freq", "2000"),
-    "throttle_reasons": _write("tile0/gt0/freq0/throttle/reason_pl1", "1"),
+    # xe reads every reason and their OR (status) from one register: both move together.
+    "throttle_reasons": _both(_write("tile0/gt0/freq0/throttle/reason_pl1", "1"),
+                              _write("tile0/gt0/freq0/throttle/status", "1")),
     "power_limit_watts": _hwmon("power1_cap", "150000000"),
     "pcie_link_generation": _link_file("current_link_speed", "8.0 GT/s PCIe"),
     "pcie_link_width": _link_file("current_link_width", "4"),

@@ -133,17 +133,45 @@ def test_parse_uevent() -> None:
     assert parse_uevent(None) == {}
 
 
-def test_card_less_backends_poll_each_cycle_unless_udev_tells_us(tmp_path: Path) -> None:
-    """In a container nothing announces a new card: look every collection interval.
-    Where a udev monitor runs, every UDEV_POLL seconds is enough."""
-    from exporter.sources.discovery import UDEV_POLL
+def test_card_less_backends_look_again_on_a_back_off_capped_shorter_without_udev(
+        tmp_path: Path) -> None:
+    """In a container nothing announces a new card: the back-off stops growing at
+    HOTPLUG_POLL. Where a udev monitor runs, an added card wakes the backends, so the
+    back-off can grow to UDEV_POLL; never more often than the collection interval."""
+    from exporter.sources.discovery import HOTPLUG_POLL, UDEV_POLL
 
     discovery = DrmDiscovery(SysFS(tmp_path), hotplug=False)
     discovery.start()  # no udev for a fixture root
-    assert not discovery.watching and discovery.retry_interval(1.0) == 1.0
+    assert not discovery.watching and discovery.retry_interval(1.0) == HOTPLUG_POLL
     discovery._observer = object()  # what start() keeps while pyudev's observer runs
     assert discovery.watching and discovery.retry_interval(1.0) == UDEV_POLL
-    assert discovery.retry_interval(30.0) == 30.0
+    assert discovery.retry_interval(300.0) == 300.0
+    assert HOTPLUG_POLL < UDEV_POLL
+
+
+def test_a_card_that_appears_calls_back_but_not_the_first_enumeration(tmp_path: Path) -> None:
+    """on_card_added (the Hub's reprobe) runs when a listing finds a new card, however
+    it was noticed (a backend's cycle, a rescan), and on a udev add or bind event."""
+    from types import SimpleNamespace
+
+    add_pci_card(tmp_path, "0000:03:00.0", "card0")
+    disc = DrmDiscovery(SysFS(tmp_path), hotplug=False)
+    calls: list[int] = []
+    disc.on_card_added(lambda: calls.append(1))
+    assert [c.card for c in disc.cards()] == ["card0"]
+    assert calls == []  # the first enumeration: every backend is opening anyway
+    disc.cards()
+    assert calls == []  # nothing changed
+    add_pci_card(tmp_path, "0000:0c:00.0", "card1", render="renderD130")
+    assert [c.card for c in disc.cards()] == ["card0", "card1"]  # seen on a cycle
+    assert calls == [1]
+    os.unlink(tmp_path / "class" / "drm" / "card1")
+    disc.cards()
+    assert calls == [1]  # a card that goes wakes nobody
+    disc._on_event(SimpleNamespace(action="change"))
+    assert calls == [1]
+    disc._on_event(SimpleNamespace(action="add"))  # what the udev monitor thread calls
+    assert calls == [1, 1]
 
 
 def test_a_fifo_in_place_of_an_identity_file_does_not_block_enumeration(tmp_path: Path) -> None:

@@ -135,6 +135,19 @@ def test_a_lost_kubelet_logs_its_loss_once() -> None:
     assert [e["code"] for e in logs] == ["permission"]  # a new cause is news
 
 
+def test_the_same_failure_again_is_the_same_state() -> None:
+    """A retry of a backend that cannot open (the PMU without events, every 10 s) changes
+    nothing: the very same state comes back (no new snapshot, nothing logged); new
+    words, or a failure after an open, are a new state."""
+    state = hubstate.down(BackendState("pmu"), "no i915/xe PMU under /sys", "info")
+    with capture_logs() as logs:
+        assert hubstate.down(state, "no i915/xe PMU under /sys", "info") is state
+    assert logs == []
+    other = hubstate.down(state, "no i915/xe card under /sys/class/drm", "info")
+    assert other is not state and other.code is DownReason.NO_DEVICE
+    assert hubstate.down(state, "no i915/xe PMU under /sys", "info", failing=True).failing
+
+
 def test_distinct_exceptions_each_log_their_traceback_once() -> None:
     state = BackendState("amd")
     with capture_logs() as logs:

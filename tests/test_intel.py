@@ -252,6 +252,25 @@ def test_throttle_reason_active(b580: Path) -> None:
     assert dev.throttle_reasons == {**NO_THROTTLE, "hw_thermal": True}
 
 
+def test_a_fast_cycle_reads_the_reason_bits_only_when_the_status_says_throttled(
+        b580: Path) -> None:
+    """``status`` is the OR of the reason bits: 0 on a fast cycle means each is 0 (one
+    read, not nine); slow cycles read them all, so garbage in one is still counted."""
+    throttle = b580 / B580_GT0 / "throttle"
+    (throttle / "reason_pl1").write_text("yes\n")
+    b = backend(b580)
+    b.open()
+    slow = b.sample(slow=True)
+    assert slow.errors == {"parse": 1} and slow.devices[0].throttle_reasons == NO_THROTTLE
+    fast = b.sample(slow=False)
+    assert fast.errors == {} and fast.devices[0].throttle_reasons == NO_THROTTLE
+    (throttle / "reason_pl1").write_text("0\n")
+    (throttle / "reason_thermal").write_text("1\n")
+    (throttle / "status").write_text("1\n")
+    fast = b.sample(slow=False)
+    assert fast.devices[0].throttle_reasons == {**NO_THROTTLE, "sw_thermal": True}
+
+
 def test_lost_card_is_down_and_counted(b580: Path) -> None:
     b = backend(b580)
     b.open()

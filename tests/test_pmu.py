@@ -164,12 +164,19 @@ def test_busy_seconds_survive_a_reopen() -> None:
 
 
 def test_no_pmu_in_the_tree_says_where_it_looked(tmp_path: Path) -> None:
+    from exporter.sources.discovery import HOTPLUG_POLL, UDEV_POLL
+
     backend, _ = make(COMETLAKE, root=FIXTURES / "intel-xe-tigerlake" / "sys")
+    assert backend.capabilities.retry_interval == HOTPLUG_POLL  # no udev for a fixture root
     with pytest.raises(BackendUnavailable, match="no i915/xe PMU under .*event_source"):
         backend.open()
+    # A card without a PMU stays so until a card or driver comes (which wakes it):
+    # the collector's back-off grows to UDEV_POLL meanwhile, not HOTPLUG_POLL.
+    assert backend.capabilities.retry_interval == UDEV_POLL
     backend, _ = make(COMETLAKE, root=FIXTURES / "amd-polaris-rx580" / "sys")
     with pytest.raises(BackendUnavailable, match="no i915/xe card"):
         backend.open()
+    assert backend.capabilities.retry_interval == HOTPLUG_POLL
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the PMU is Linux only")

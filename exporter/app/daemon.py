@@ -54,6 +54,7 @@ class Daemon:
         self.shared = Shared(config)
         self.backends = build_backends(config, self.shared)
         self.hub = Hub(config, self.backends)
+        self.shared.on_card_added(self.hub.reprobe)  # a new card: down backends look again
         self.renderer: Renderer | None = None  # while serving
         self.pusher: Pusher | None = None  # the OTLP push thread, with --otlp.endpoint
         self.reloader: Reloader | None = None  # SIGHUP and web config reloads, while serving

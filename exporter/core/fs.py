@@ -207,6 +207,8 @@ def raise_open_files_limit() -> None:
     FD_BUDGET.resize(kept_fd_limit())
 T = TypeVar("T")
 U64_TEXT = str(units.U64_MAX)  # 2^64-1: a u64 attribute's "no value", never a reading
+# number()'s fast path runs for nearly every file read each cycle: its look-ups bound once.
+_MAX_DIGITS, _U64_MAX, _scaled = units.MAX_DIGITS, units.U64_MAX, units.scaled
 
 
 class AttrReader:
@@ -290,11 +292,19 @@ class AttrReader:
 
         ``keep=False`` for what is read once per layout (labels, names): no descriptor
         is spent on it."""
-        if name not in self.names(directory):
+        listed = self._names.get(directory)  # names(), without the call: every read asks
+        if name not in (listed if listed is not None else self.names(directory)):
             return None
         path = f"{directory}/{name}"
         fd = self._fds.get(path)
-        kept = fd is not None
+        if fd is not None:  # the usual case: a kept descriptor
+            try:
+                return os.pread(fd, size, 0)
+            except OSError:
+                _count(errors, ErrorReason.READ)
+                self._drop(path)
+                return None
+        kept = False
         try:
             if fd is None:
                 fd = os.open(path, OPEN_FLAGS)
@@ -327,10 +337,10 @@ class AttrReader:
         if raw is None:
             return None
         digits = raw.strip()
-        if digits.isdigit() and len(digits) <= units.MAX_DIGITS:
+        if digits.isdigit() and len(digits) <= _MAX_DIGITS:
             # The common case, a plain decimal: units bounds it without the text path.
             as_int = int(digits)
-            value = None if as_int == units.U64_MAX else units.scaled(as_int, scale, unit)
+            value = None if as_int == _U64_MAX else _scaled(as_int, scale, unit)
         else:
             text = clean_text(raw)
             if text is None:

@@ -98,7 +98,8 @@ def copy_with(sample: T, **changes: Any) -> T:
     every field (9 us for a DeviceValues; a third of a merge of 512 processes): the
     samples here have no ``__post_init__`` and keep nothing but their fields in
     ``__dict__`` (tests/test_model_overlay.py holds them to it). The one place this is
-    done: the merge, the energy split, the AMD table fill and ``overlay`` call it."""
+    done: the merge, the energy split, the AMD table fill and ``overlay`` call it, and the
+    Hub for a backend's state after each cycle."""
     new = object.__new__(type(sample))
     new.__dict__.update(sample.__dict__)
     new.__dict__.update(changes)

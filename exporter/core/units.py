@@ -36,6 +36,8 @@ RANGES: Mapping[str, tuple[float, float]] = MappingProxyType({
     "count": (0.0, float(U64_MAX)),
 })
 
+_RANGES = dict(RANGES)  # bounded()'s look-up: a plain dict, not through the proxy
+
 _INT_RE = re.compile(rf"[+-]?[0-9]{{1,{MAX_DIGITS}}}\Z")
 _HEX_RE = re.compile(r"0[xX][0-9a-fA-F]{1,16}\Z")
 
@@ -81,14 +83,19 @@ def parse_number(text: str | bytes | None) -> float | None:
 
 def bounded(value: float | int | None, unit: str) -> float | None:
     """``value`` as a float if finite and within ``RANGES[unit]``, else None."""
-    if value is None or isinstance(value, bool):
+    kind = type(value)
+    if kind is float:  # every sysfs reading passes here each cycle: the common case first
+        v: float = value  # type: ignore[assignment]
+    elif value is None or kind is bool:
         return None
-    try:
-        v = float(value)
-    except (OverflowError, TypeError, ValueError):
-        return None
-    low, high = RANGES[unit]
-    return v if math.isfinite(v) and low <= v <= high else None
+    else:
+        try:
+            v = float(value)
+        except (OverflowError, TypeError, ValueError):
+            return None
+    low, high = _RANGES[unit]
+    # NaN fails both comparisons; +-inf is outside every range.
+    return v if low <= v <= high and v - v == 0.0 else None
 
 
 def scaled(value: float | int | None, scale: int | float, unit: str) -> float | None:
@@ -101,12 +108,21 @@ def scaled(value: float | int | None, scale: int | float, unit: str) -> float | 
         return None
     try:
         if 0 < scale < 1:
-            v = value / round(1 / scale)
+            inverse = _INVERSES.get(scale)
+            if inverse is None:
+                inverse = _INVERSES[scale] = round(1 / scale)
+            v = value / inverse
         else:
             v = value * scale
     except (OverflowError, TypeError):
         return None
+    if v.__class__ is float:  # what every reading scaled here is: bounded() inline
+        low, high = _RANGES[unit]
+        return v if low <= v <= high and v - v == 0.0 else None
     return bounded(v, unit)
+
+
+_INVERSES: dict[float, int] = {}  # scale below 1 -> its integer inverse (a few constants)
 
 
 def parse_scaled(text: str | bytes | None, scale: int | float, unit: str) -> float | None:
@@ -117,13 +133,17 @@ def parse_scaled(text: str | bytes | None, scale: int | float, unit: str) -> flo
 def ratio_from_percent(percent: float | int | None) -> float | None:
     """0..100 % -> 0..1. Small overshoot (firmware reports up to a few % over) clamps to 1;
     negative, NaN, infinite or more than 110 % is garbage and gives None."""
-    if percent is None or isinstance(percent, bool):
+    kind = type(percent)
+    if kind is float:
+        p: float = percent  # type: ignore[assignment]
+    elif percent is None or kind is bool:
         return None
-    try:
-        p = float(percent)
-    except (OverflowError, TypeError, ValueError):
-        return None
-    if not math.isfinite(p) or p < 0 or p > 110:
+    else:
+        try:
+            p = float(percent)
+        except (OverflowError, TypeError, ValueError):
+            return None
+    if not 0 <= p <= 110:  # NaN fails it too; +-inf is outside
         return None
     return min(p, 100.0) / 100.0
 

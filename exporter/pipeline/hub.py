@@ -14,8 +14,11 @@ driver call is not waited for).
 Failure handling, all here: a backend whose open() fails, whose handle goes bad
 (BackendFailed) or whose sample() raises is closed and reopened with a back-off
 that is carried across opens and reset only after several good cycles; its devices
-stay with ``gpu_up 0``. A watchdog notices a backend that stopped answering (stuck
-inside a driver call, even in its very first sample) and publishes it as stale, so
+stay with ``gpu_up 0``. A backend that cannot open costs nothing between its retries:
+it is not asked every cycle, only on the back-off (capped by its ``retry_interval``)
+and at once when ``reprobe()`` says something appeared (a DRM card added), after
+which its back-off starts from the bottom. A watchdog notices a backend that stopped
+answering (stuck inside a driver call, even in its very first sample) and publishes it as stale, so
 its device series are withdrawn (``gpu_up 0`` stays, also for the devices its open()
 returned when no sample ever completed) while everything else keeps being served. Ages
 are measured on the monotonic clock: an NTP step changes nothing. How a backend's record
@@ -113,6 +116,9 @@ class Hub:
         self._life = threading.Lock()  # start() and stop(): no thread started after a stop
         self._threads: list[threading.Thread] = []
         self._all_attempted = threading.Event()
+        # Per backend: set by reprobe() (and stop()) to end the wait of one that could
+        # not open, so it retries now instead of at its next back-off step.
+        self._probes = {b.name: threading.Event() for b in self.backends}
         self._published = threading.Condition()  # notified after each publish, and on stop
         with self._publish_lock:
             self.snapshot = self._build()
@@ -169,6 +175,8 @@ class Hub:
                 return
             self._stop.set()
             self._wake.set()  # the publisher leaves its wait, and ends
+            for probe in self._probes.values():  # a backend waiting to retry its open ends
+                probe.set()
             self._all_attempted.set()  # a start() waiting for first opens goes on, and ends
             threads = list(self._threads)
         with self._published:
@@ -185,6 +193,13 @@ class Hub:
         self._publisher = t
         t.start()
         self._threads.append(t)
+
+    def reprobe(self) -> None:
+        """Something appeared that may let a backend that could not open open now (the
+        DRM discovery calls it for a card added): each such backend retries at once,
+        its back-off from the bottom. A backend that is up is not disturbed."""
+        for probe in self._probes.values():
+            probe.set()
 
     def collect_once(self) -> Snapshot:
         """Open and sample every backend once, synchronously (``gpu-exporter snapshot``);
@@ -203,7 +218,9 @@ class Hub:
         # its only GPU lost for good) backs off like one that cannot open at all, and
         # starts from the bottom again only after GOOD_CYCLES_TO_RESET good cycles.
         attempt = 0
+        probe = self._probes[backend.name]
         while not self._stop.is_set():
+            probe.clear()  # a reprobe() from now on ends the wait below
             if self._open(backend):
                 good = self._loop(backend, epoch)
                 if self._stop.is_set():
@@ -211,15 +228,19 @@ class Hub:
                 if good >= GOOD_CYCLES_TO_RESET:
                     attempt = 0
                 delay = REOPEN_BACKOFF[min(attempt, len(REOPEN_BACKOFF) - 1)]
-            else:
-                # A backend whose open() is cheap (a cached DRM listing) retries every
-                # cycle, so a hotplugged card is picked up within one interval.
-                delay = REOPEN_BACKOFF[min(attempt, len(REOPEN_BACKOFF) - 1)]
-                retry = backend.capabilities.retry_interval
-                if retry is not None:
-                    delay = min(delay, retry)
+                attempt += 1
+                self.clock.wait(self._stop, delay)
+                continue
+            # Down: retried on the back-off, which a backend whose open() is cheap (a
+            # cached DRM listing, a socket check) caps at its retry_interval, not every
+            # cycle; a card added (reprobe) ends the wait and starts the back-off over.
+            delay = REOPEN_BACKOFF[min(attempt, len(REOPEN_BACKOFF) - 1)]
+            retry = backend.capabilities.retry_interval
+            if retry is not None:
+                delay = min(delay, retry)
             attempt += 1
-            self.clock.wait(self._stop, delay)
+            if self.clock.wait(probe, delay) and not self._stop.is_set():
+                attempt = 0
 
     def _loop(self, backend: Backend, epoch: float) -> int:
         """Sample on the cadence until the handle goes bad; returns the good cycles in a row
@@ -327,7 +348,7 @@ class Hub:
             self._check_attempted()
         # A backend that retries its open() every cycle (no card yet) changes nothing:
         # no new snapshot, so nothing to render.
-        if new != state:
+        if new is not state and new != state:
             self.request_publish()
 
     def _accept(self, name: str, cycle: Cycle, duration: float) -> None:

@@ -25,7 +25,7 @@ import structlog
 
 from exporter.core.config import Config
 from exporter.core.labels import DownReason, ErrorReason
-from exporter.core.model import BackendSample, DeviceInfo, DeviceSample
+from exporter.core.model import BackendSample, DeviceInfo, DeviceSample, copy_with
 from exporter.pipeline.state import DURATION_BUCKETS, BackendState
 from exporter.sources.base import Backend, Cycle
 
@@ -89,7 +89,11 @@ def opened(state: BackendState, gpus: int, now: float) -> BackendState:
 def down(state: BackendState, reason: str, level: str, exc_info: bool = False,
          failing: bool = False) -> BackendState:
     """Its open() failed, its handle went bad or its sample raised: logged once per code
-    (a raised exception once per distinct text: each is its own bug)."""
+    (a raised exception once per distinct text: each is its own bug). The same failure
+    again (a retry that saw what the last one saw) is the same state, built for nothing."""
+    if (state.reason == reason and not state.up and not state.stale and state.attempted
+            and state.failing == (failing or state.failing)):
+        return state
     code = down_code(reason)
     key = reason if code is DownReason.EXCEPTION else code.value
     if state.logged != key:
@@ -119,7 +123,8 @@ def accepted(state: BackendState, sample: BackendSample, now: float,
                     for c, b in zip(state.duration_buckets, DURATION_BUCKETS, strict=True))
     if state.stale:
         log.info("backend answering again", backend=state.name)
-    return replace(
+    # Every backend's every cycle: copy_with, not replace's __init__ over every field.
+    return copy_with(
         state, last=sample, last_success=sample.timestamp, alive_at=now,
         stale=False, errors_total=_added(state.errors_total, sample.errors),
         duration_buckets=buckets, duration_sum=state.duration_sum + duration,
@@ -219,7 +224,9 @@ class KnownGpus:
             if not device.primary:
                 continue  # an augmenting backend never makes a device of its own
             self.register(device.info)
-            if not device.info.parent_key:
+            known = self._seen.get(device.info.key)
+            if not device.info.parent_key and (known is None or known.info != device.info):
+                # (the same device as last cycle, the usual case, builds nothing)
                 self._remember(DeviceSample(info=device.info, source=device.source, up=False))
 
     def went_stale(self, backend: str) -> None:

@@ -69,6 +69,13 @@ class Shared:
                                            hotplug=self.config.sysfs == "/sys")
         return self._discovery
 
+    def on_card_added(self, callback: Callable[[], None]) -> None:
+        """``callback`` runs when a DRM card appears (the Hub's ``reprobe``: its
+        backends that could not open look again at once); nothing where no backend
+        asked for the discovery."""
+        if self._discovery is not None:
+            self._discovery.on_card_added(callback)
+
     def stop(self) -> None:
         if self._discovery is not None:
             self._discovery.stop()

@@ -28,6 +28,12 @@ Attributes are read through ``SysFS`` so fixture roots work. pyudev is used only
 *hear* DRM add/remove events on the real ``/sys`` (its root is fixed there); each
 event triggers ``rescan()`` (a full re-read, which also catches a ``change`` that
 leaves the links as they were).
+
+A backend with no card is not asked every cycle: the collector retries its open() on
+its back-off, capped by ``retry_interval``. So that a new card is not left waiting for
+that, the callbacks given to ``on_card_added`` (the Hub's ``reprobe``) run when a
+udev ``add`` or ``bind`` event arrives and when any re-enumeration (a backend that is
+up noticing the change on its cycle) finds a card it had not seen.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +56,12 @@ log = structlog.get_logger(__name__)
 _CARD_RE = re.compile(r"card\d+")
 _PCI_ADDR_RE = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
-UDEV_POLL = 5.0  # seconds between open() retries of a card-less backend with udev events
+# Longest wait between two open() retries of a backend with no card: where udev events
+# reach us, a card added wakes it at once (on_card_added) and the collector's back-off
+# alone is enough; where none does (a container, --path.sysfs elsewhere), every
+# HOTPLUG_POLL seconds, once the back-off has grown to it.
+UDEV_POLL = 60.0
+HOTPLUG_POLL = 10.0
 INCOMPLETE_RETRIES = 30  # re-reads of a card seen half-written: one per cards() call
 
 
@@ -205,6 +216,7 @@ class DrmDiscovery:
         self._generation = 0
         self._observer: Any = None  # pyudev.MonitorObserver while started
         self.listing_error: str | None = None  # why the last class/drm listing failed
+        self._added: list[Callable[[], None]] = []  # on_card_added callbacks
 
     @property
     def generation(self) -> int:
@@ -231,6 +243,15 @@ class DrmDiscovery:
         if drivers is None:
             return current
         return [c for c in current if c.driver in drivers]
+
+    def on_card_added(self, callback: Callable[[], None]) -> None:
+        """``callback()`` (cheap, never raising: it runs on the thread that noticed) is
+        called when a card appears after the first enumeration, or udev says ``add``."""
+        self._added.append(callback)
+
+    def _card_added(self) -> None:
+        for callback in self._added:
+            callback()
 
     def _changed(self) -> bool:
         return self._cards is None or any(self._incomplete.values()) or \
@@ -271,6 +292,8 @@ class DrmDiscovery:
             self._cards = found
             if before != after:
                 self._generation += 1
+        if not first and any(before.get(name) != card for name, card in after.items()):
+            self._card_added()  # down backends look again now, not at their next retry
         # One log line per card that appears or goes: a state change, not a cycle.
         for name, card in after.items():
             if before.get(name) != card:
@@ -291,13 +314,14 @@ class DrmDiscovery:
         return self._observer is not None
 
     def retry_interval(self, interval: float) -> float:
-        """How often a backend with no card yet should look again.
+        """The longest a backend with no card waits before it looks again (the
+        collector's back-off grows to it: 1, 2, 5, 10 s, ...).
 
-        Every collection interval in a container (no udev events reach it: polling is
-        the only way to see a new card); where udev tells us, every UDEV_POLL seconds
-        is enough, so three idle backends on an NVIDIA-only host cost next to nothing.
+        HOTPLUG_POLL in a container (no udev event reaches it: only looking again sees
+        a new card); where udev tells us, UDEV_POLL (an added card wakes the backend at
+        once), so idle backends on a host without their cards cost next to nothing.
         """
-        return max(interval, UDEV_POLL) if self.watching else interval
+        return max(interval, UDEV_POLL if self.watching else HOTPLUG_POLL)
 
     def start(self) -> None:
         """Also listen for DRM uevents (real /sys only): a re-read on any event. Idempotent."""
@@ -330,9 +354,12 @@ class DrmDiscovery:
             observer.send_stop()
 
     def _on_event(self, device: Any) -> None:
-        if getattr(device, "action", None) not in ("add", "remove", "change", "bind", "unbind"):
+        action = getattr(device, "action", None)
+        if action not in ("add", "remove", "change", "bind", "unbind"):
             return
         try:
             self.rescan()
+            if action in ("add", "bind"):
+                self._card_added()  # also what the listing alone does not show (a PMU)
         except Exception as exc:  # never let the observer thread die
             log.warning("drm rescan failed", reason=str(exc))

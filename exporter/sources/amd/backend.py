@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
@@ -27,7 +26,7 @@ import structlog
 from exporter.core.config import Config
 from exporter.core.fs import AttrReader, driver_version
 from exporter.core.labels import ErrorReason
-from exporter.core.model import DeviceInfo, DeviceSample
+from exporter.core.model import DeviceInfo, DeviceSample, copy_with
 from exporter.sources.amd import SYSFS_SOURCE
 from exporter.sources.base import KERNEL, BackendUnavailable, Capabilities, Cycle
 from exporter.sources.discovery import DrmCard, DrmDiscovery
@@ -73,12 +72,12 @@ class AmdBackend:
         self._ids: AmdgpuIds | None = None  # the marketing-name table, with the first card
         self._driver_version: str | None = None  # read with the first card
         self._pcie: PcieBwReader | None = None  # pcie_bw on its own thread (slow tier)
-        # open() only reads the cached card list: the collector may retry it every cycle.
+        # open() only reads the cached card list: the collector retries it on its back-off.
 
     @property
     def capabilities(self) -> Capabilities:
-        """open() only reads the cached card list: retried every cycle, or less often
-        where udev announces new cards (DrmDiscovery.retry_interval)."""
+        """open() only reads the cached card list: the longest the collector's back-off
+        waits before it retries (DrmDiscovery.retry_interval); a card added wakes it."""
         return Capabilities(retry_interval=self.discovery.retry_interval(self.config.interval))
 
     def open(self) -> Sequence[DeviceInfo]:
@@ -183,7 +182,7 @@ class AmdBackend:
         try:
             sample = read_card(st.card, st.info, errors, st.counters, st.reader, slow)
             rates = self._pcie.rates(st.device_dir) if self._pcie and st.pcie_bw else {}
-            return replace(sample, pcie_throughput_bytes_per_second=rates) if rates else sample
+            return copy_with(sample, pcie_throughput_bytes_per_second=rates) if rates else sample
         except Exception as exc:  # a card torn down mid-read: keep the others going
             errors[ErrorReason.CARD] += 1
             log.debug("amdgpu card read failed", card=st.card.card, reason=str(exc))

@@ -67,10 +67,10 @@ class _Files:
         return self.r.number(self.dir, name, self.errors, 1.0, unit)
 
     def ratio(self, name: str) -> float | None:
-        """A ``*_busy_percent`` file as 0..1."""
-        text = self.text(name)
-        value = units.ratio_from_percent(units.parse_number(text))
-        if value is None and text is not None:
+        """A ``*_busy_percent`` file as 0..1 (a number that is no percentage: ``parse``)."""
+        percent = self.number(name, "count")  # not a number at all: counted there
+        value = units.ratio_from_percent(percent)
+        if value is None and percent is not None:
             self.errors[ErrorReason.PARSE] += 1
         return value
 
@@ -246,23 +246,33 @@ def fill(files: DeviceSample, table: DeviceSample) -> DeviceSample:
     has it first in any field of the group), for two samples of one source and one card,
     without walking every field of both as ``merge_device`` does (a third of an amdgpu
     fast cycle); tests/test_amd.py checks it gives what ``merge_device`` gives. Clocks
-    and engines keep their name order whichever sample gave which key."""
-    owned = {(group, key) for name, group in KEY_GROUPS.items()
-             for key in getattr(files, name) or ()}
+    and engines keep their name order whichever sample gave which key (_from_files
+    writes its own in name order)."""
+    owned: set[tuple[str, str]] | None = None  # built when a grouped field needs it
     changes: dict[str, Any] = {}
-    for name, value in table.present().items():
-        mine = getattr(files, name)
-        if isinstance(value, dict):
+    theirs, ours = table.__dict__, files.__dict__  # the fields, by name (copy_with's rule)
+    for name in _TABLE_FIELDS:  # what the table can hold: not every field of a sample
+        value = theirs[name]
+        if value is None:
+            continue
+        mine = ours[name]
+        if value.__class__ is dict:
+            if not value:
+                continue
             group = KEY_GROUPS.get(name)
+            if group is not None and owned is None:
+                owned = {(g, key) for field_name, g in KEY_GROUPS.items()
+                         for key in getattr(files, field_name) or ()}
             extra = {k: v for k, v in value.items()
-                     if k not in mine and (group is None or (group, k) not in owned)}
+                     if k not in mine and (group is None or (group, k) not in owned)}  # type: ignore[operator]
             if extra:
                 changes[name] = {**mine, **extra}
         elif mine is None:
             changes[name] = value
     for name in ("clocks_hertz", "engine_utilization_ratio"):
-        changes[name] = dict(sorted(changes.get(name, getattr(files, name)).items()))
-    return copy_with(files, **changes)
+        if name in changes:
+            changes[name] = dict(sorted(changes[name].items()))
+    return copy_with(files, **changes) if changes else files
 
 
 def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
@@ -271,7 +281,8 @@ def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
     out: dict[str, dict[Any, float]] = {k: {} for k in (
         "temps", "limits", "power", "caps", "energy", "fans", "freqs", "volts")}
     reader, errors = r.r, r.errors
-    for d in hwmon.hwmon_dirs(r.dir, reader):
+    for chip in hwmon.hwmon_dirs(r.dir, reader):
+        d = os.fspath(chip)  # once, not in each reader below
         raw_temps = hwmon.read_temperatures(d, errors, reader)
         out["temps"].update({_HWMON_SENSORS.get(k, k): v for k, v in raw_temps.items()})
         if slow:
@@ -389,6 +400,13 @@ def _ras_counts(r: _Files) -> dict[str, int]:
         for kind, count in counts.items():
             ecc[kind] = ecc.get(kind, 0) + count
     return ecc
+
+
+# Every field _from_gpu_metrics sets: what fill() looks at (tests/test_amd.py holds fill
+# to the merge's answer on every fixture with a table).
+_TABLE_FIELDS = ("utilization_ratio", "memory_utilization_ratio", "temperatures_celsius",
+                 "power_watts", "energy_joules", "clocks_hertz", "throttle_reasons",
+                 "engine_utilization_ratio", "xgmi_throughput_bytes_per_second", "nvlink_up")
 
 
 def _from_gpu_metrics(info: DeviceInfo, metrics: GpuMetrics,

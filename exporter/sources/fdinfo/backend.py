@@ -13,8 +13,8 @@ Choices (docs/vendors-fdinfo.md has the per-driver detail):
 - No card bound to one of those drivers, nothing to find: ``open()`` says so
   (backend_up 0 with the reason) instead of walking every process's fds, which is
   the whole cost of this backend on an NVIDIA-only host. The check is a listdir of
-  ``class/drm`` (DrmDiscovery), so the collector repeats it every ``capabilities.retry_interval``
-  and a card bound later is picked up.
+  ``class/drm`` (DrmDiscovery), so the collector repeats it on its back-off, at most
+  ``retry_interval`` apart, and at once when a card is added (Hub.reprobe).
 - A scan past ``processes_budget`` stops, counts ``budget``, keeps the last values
   of the clients of the pids it did not reach, and the next scan starts where this
   one stopped (at the fd, inside one process's walk), so on a very busy host every
@@ -209,8 +209,8 @@ class FdinfoBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        """open() only reads the cached card list: retried every cycle, or less often
-        where udev announces new cards (DrmDiscovery.retry_interval)."""
+        """open() only reads the cached card list: the longest the collector's back-off
+        waits before it retries (DrmDiscovery.retry_interval); a card added wakes it."""
         return Capabilities(retry_interval=self.discovery.retry_interval(self._fast_interval))
 
     def open(self) -> Sequence[DeviceInfo]:

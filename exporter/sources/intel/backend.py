@@ -161,9 +161,10 @@ class IntelBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        """open() only reads the cached card list: retried every cycle, or less often
-        where udev announces new cards (DrmDiscovery.retry_interval)."""
-        return Capabilities(retry_interval=self._discovery.retry_interval(self._config.interval))
+        """open() only reads the cached card list: the longest the collector's back-off
+        waits before it retries (DrmDiscovery.retry_interval); a card added wakes it."""
+        return Capabilities(retry_interval=self._discovery.retry_interval(
+            self._config.interval))
 
     def open(self) -> Sequence[DeviceInfo]:
         self._discovery.start()  # udev events on a real /sys (idempotent; shared with amd)
@@ -326,7 +327,7 @@ def _read_xe_gts(
             if top is not None:
                 max_clocks[label] = top
             if label == Clock.GRAPHICS:
-                throttle = _read_reasons(r, f"{gt}/freq0/throttle", "reason_", errors)
+                throttle = _read_reasons(r, f"{gt}/freq0/throttle", "reason_", errors, slow)
     return clocks, max_clocks, throttle, vram
 
 
@@ -349,7 +350,7 @@ def _read_i915_gt(r: AttrReader, card_dir: str, errors: Counter[ErrorReason],
     gt0 = f"{card_dir}/gt/gt0"
     if "gt0" in r.names(f"{card_dir}/gt"):
         base, prefix = gt0, "rps_"
-        throttle = _read_reasons(r, gt0, "throttle_reason_", errors)
+        throttle = _read_reasons(r, gt0, "throttle_reason_", errors, slow)
     else:
         base, prefix, throttle = card_dir, "gt_", {}
     clocks: Clocks = {}
@@ -362,10 +363,20 @@ def _read_i915_gt(r: AttrReader, card_dir: str, errors: Counter[ErrorReason],
     return clocks, max_clocks, throttle
 
 
+# The file beside the reason bits that is their OR (the same PERF_LIMIT_REASONS register
+# under the same mask: xe_gt_throttle.c, i915's intel_gt_sysfs_pm.c), by reason prefix.
+_STATUS = {"reason_": "status", "throttle_reason_": "throttle_reason_status"}
+
+
 def _read_reasons(r: AttrReader, directory: str, prefix: str,
-                  errors: Counter[ErrorReason]) -> dict[str, bool]:
+                  errors: Counter[ErrorReason], slow: bool = True) -> dict[str, bool]:
+    """Every reason bit, mapped. On a fast cycle a ``status`` of 0 says each bit is 0
+    (what an unthrottled GPU reads nearly always): one read instead of eight or nine.
+    Slow cycles read every bit, so a garbage one is still counted (``parse``)."""
     names = r.memo(("reasons", directory, prefix), lambda: sorted(
         n for n in r.names(directory) if n.startswith(prefix)))
+    if not slow and r.number(directory, _STATUS[prefix], None) == 0:
+        return map_throttle_reasons({name.removeprefix(prefix): 0 for name in names})
     bits: dict[str, int] = {}
     for name in names:
         value = r.number(directory, name, errors)

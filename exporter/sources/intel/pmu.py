@@ -48,7 +48,7 @@ from exporter.core.config import Config
 from exporter.core.labels import ErrorReason
 from exporter.core.model import DeviceInfo, DeviceSample, pci_uuid
 from exporter.sources.base import KERNEL, BackendUnavailable, Capabilities, Cycle
-from exporter.sources.discovery import DrmCard, DrmDiscovery
+from exporter.sources.discovery import UDEV_POLL, DrmCard, DrmDiscovery
 
 if TYPE_CHECKING:
     from exporter.sources.kernel import perf
@@ -105,7 +105,12 @@ class PmuBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        """open() reads a cached card list and a few sysfs files: retried like intel's."""
+        """open() reads a cached card list and a few sysfs files: retried like intel's.
+        Once it found cards whose PMU did not open (no PMU on this kernel, no events),
+        only a card or driver that comes changes that, and a card added wakes the
+        backend at once (Hub.reprobe): every UDEV_POLL is then enough."""
+        if self._unopened is not None:
+            return Capabilities(retry_interval=max(self._config.interval, UDEV_POLL))
         return Capabilities(retry_interval=self._discovery.retry_interval(self._config.interval))
 
     def _seen(self, cards: Sequence[DrmCard]) -> object:
@@ -133,8 +138,9 @@ class PmuBackend:
 
         pmus = read_pmus(Path(self._config.sysfs))
         if not pmus:
-            raise BackendUnavailable(
-                f"no i915/xe PMU under {self._config.sysfs}/bus/event_source/devices")
+            reason = f"no i915/xe PMU under {self._config.sysfs}/bus/event_source/devices"
+            self._unopened = (seen, reason)
+            raise BackendUnavailable(reason)
         errors: Counter[ErrorReason] = Counter()
         reasons = {}
         try:

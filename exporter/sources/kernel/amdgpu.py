@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from exporter.core import units
 from exporter.core.labels import Severity
@@ -38,7 +39,15 @@ def parse_pp_dpm(text: str | None) -> tuple[list[DpmLevel], int]:
 
     A line that is not a level at all is skipped silently (the kernel prints headers on
     some ASICs); a level whose clock, rate or width is not plausible is dropped and counted.
+    A table reads the same until its ``*`` moves (a few texts per card), and the sclk or
+    mclk table is read every fast cycle where hwmon has no such clock: the texts seen
+    last are remembered (the levels are never changed by a caller).
     """
+    return _parse_pp_dpm(text)
+
+
+@lru_cache(maxsize=64)
+def _parse_pp_dpm(text: str | None) -> tuple[list[DpmLevel], int]:
     levels: list[DpmLevel] = []
     bad = 0
     for line in (text or "").splitlines():

@@ -28,6 +28,7 @@ from types import MappingProxyType
 
 from exporter.core import units
 from exporter.core.labels import ThrottleReason
+from exporter.core.model import copy_with
 from exporter.sources.kernel.amdgpu_gpu_metrics_layouts import LAYOUTS, Layout, Nested
 
 # Independent throttle bits (SMU_THROTTLER_*_BIT in amdgpu_smu.h), grouped into the
@@ -80,6 +81,11 @@ APU_THROTTLERS: Mapping[str, str] = MappingProxyType(
 # (MI300's and the APU's share only ``prochot``, grouped alike).
 RESIDENCY_THROTTLERS: Mapping[str, str] = MappingProxyType({**MI300_THROTTLERS,
                                                             **APU_THROTTLERS})
+_RESIDENCY = tuple((name, f"{name}_residency_acc") for name in MI300_THROTTLERS)
+_APU_RESIDENCY = tuple((name, f"throttle_residency_{name}") for name in APU_THROTTLERS)
+# reason -> the mask of its bits in indep_throttle_status (read every cycle)
+_THROTTLE_MASKS = tuple((reason, sum(1 << bit for bit in bits))
+                        for reason, bits in THROTTLE_GROUPS.items())
 
 RawValue = int | tuple[int | None, ...] | None
 
@@ -125,14 +131,16 @@ class GpuMetrics:
         exporter.sources.amd.card for their deltas)."""
         status = self.indep_throttle_status
         if status is not None:
-            return {reason: any(status >> bit & 1 for bit in bits)
-                    for reason, bits in THROTTLE_GROUPS.items()}
+            return {reason: status & mask != 0 for reason, mask in _THROTTLE_MASKS}
         if (self.format_revision, self.content_revision) in ((1, 4), (1, 5)) and \
                 self.throttle_status is not None:
             active = {MI300_THROTTLERS[name] for bit, name in enumerate(MI300_THROTTLERS)
                       if self.throttle_status >> bit & 1}
             return {reason: reason in active for reason in _MI300_REASONS}
         return {}
+
+
+_BLANK = GpuMetrics(format_revision=0, content_revision=0, structure_size=0)
 
 
 def _kind_size(code: str | Nested) -> tuple[int, int]:
@@ -212,7 +220,9 @@ def decode_raw(data: bytes) -> tuple[int, int, int, dict[str, RawValue]]:
                 v = flat[start]
                 out[name] = None if v == unset else v
             else:
-                out[name] = tuple(None if v == unset else v for v in flat[start:start + count])
+                values = flat[start:start + count]
+                out[name] = tuple(None if v == unset else v for v in values) \
+                    if unset in values else values
         return fmt_rev, content_rev, size, out
     for name, offset, fmt, count, end, unset in plan:
         if end > limit:
@@ -261,13 +271,15 @@ class _Reader:
         self.raw = raw
         self.dropped = 0
 
+    # Each is called a few dozen times a cycle per card: one dict look-up and a type
+    # test each, no helper calls on the way.
     def num(self, name: str) -> int | None:
         value = self.raw.get(name)
-        return value if isinstance(value, int) else None
+        return value if value.__class__ is int else None
 
     def values(self, name: str) -> tuple[int | None, ...]:
         value = self.raw.get(name)
-        return value if isinstance(value, tuple) else ()
+        return value if value.__class__ is tuple else ()
 
     def keep(self, value: float | None, raw: int | None) -> float | None:
         if value is None and raw is not None:
@@ -275,19 +287,33 @@ class _Reader:
         return value
 
     def scaled(self, name: str, scale: float, unit: str) -> float | None:
-        raw = self.num(name)
-        return self.keep(units.scaled(raw, scale, unit), raw)
+        raw = self.raw.get(name)
+        if raw.__class__ is not int:
+            return None
+        value = units.scaled(raw, scale, unit)
+        if value is None:
+            self.dropped += 1
+        return value
 
     def ratio(self, name: str, scale: float) -> float | None:
-        raw = self.num(name)
-        return self.keep(units.ratio_from_percent(units.scaled(raw, scale, "count")), raw)
+        raw = self.raw.get(name)
+        if raw.__class__ is not int:
+            return None
+        value = units.ratio_from_percent(units.scaled(raw, scale, "count"))
+        if value is None:
+            self.dropped += 1
+        return value
 
     def first(self, name: str, scale: float, unit: str) -> float | None:
         """A scalar field, or the first filled element of an array one (``current_gfxclk[8]``
         on v1.4+, one per XCD)."""
-        raw = self.num(name)
+        raw = self.raw.get(name)
         if raw is None:
-            raw = next((v for v in self.values(name) if v is not None), None)
+            return None
+        if raw.__class__ is tuple:
+            raw = next((v for v in raw if v is not None), None)
+        elif raw.__class__ is not int:
+            return None
         return self.keep(units.scaled(raw, scale, unit), raw)
 
     def mean_ratio(self, name: str) -> float | None:
@@ -339,14 +365,21 @@ def parse_gpu_metrics(data: bytes) -> GpuMetrics:
                         activity_scale)
         power = r.scaled("average_socket_power", 0.001 if apu else 1, "watts")
     speed = r.scaled("pcie_link_speed", 0.1, "count")
-    link_status = r.values("xgmi_link_status")
+    # XGMI is a field of MI300's tables (v1.4+) only; the throttler residencies are MI300's
+    # (v1.6+) and the APU table v3.0's.
+    link_status = r.values("xgmi_link_status") if mi300 else ()
     if fmt_rev == 3:
-        residency = {name: v for name in APU_THROTTLERS
-                     if (v := r.num(f"throttle_residency_{name}")) is not None}
+        residency = {name: v for name, field_name in _APU_RESIDENCY
+                     if (v := r.num(field_name)) is not None}
+    elif mi300:
+        residency = {name: v for name, field_name in _RESIDENCY
+                     if (v := r.num(field_name)) is not None}
     else:
-        residency = {name: v for name in MI300_THROTTLERS
-                     if (v := r.num(f"{name}_residency_acc")) is not None}
-    return GpuMetrics(
+        residency = {}
+    # Every field given: built like core.model.copy_with builds a sample, without the
+    # frozen __init__'s setattr per field (a fifth of this function, every fast cycle).
+    return copy_with(
+        _BLANK,
         format_revision=fmt_rev,
         content_revision=content_rev,
         structure_size=size,
@@ -362,8 +395,8 @@ def parse_gpu_metrics(data: bytes) -> GpuMetrics:
         fan_rpm=None if apu else r.scaled("current_fan_speed", 1, "rpm"),
         pcie_link_width=units.parse_link_width(str(r.num("pcie_link_width"))),
         pcie_link_speed_gts=speed,
-        xgmi_read_bytes=r.per_link("xgmi_read_data_acc", 1000, "bytes"),
-        xgmi_write_bytes=r.per_link("xgmi_write_data_acc", 1000, "bytes"),
+        xgmi_read_bytes=r.per_link("xgmi_read_data_acc", 1000, "bytes") if mi300 else {},
+        xgmi_write_bytes=r.per_link("xgmi_write_data_acc", 1000, "bytes") if mi300 else {},
         xgmi_link_up={str(i): bool(v) for i, v in enumerate(link_status) if v is not None},
         system_clock_ns=r.num("system_clock_counter"),
         throttle_residency=residency,
