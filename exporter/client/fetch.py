@@ -18,6 +18,8 @@ import socket
 import ssl
 import threading
 
+from exporter.core import untrusted_file
+from exporter.core.secret import Secret
 from exporter.core.units import printable
 
 MAX_REPLY = 64 << 20  # bytes: /snapshot of a large node is a few MiB
@@ -73,7 +75,8 @@ def redact_url(address: str) -> str:
     return f"{scheme}{sep}{userinfo.partition(':')[0]}:***@{host}"
 
 
-def _snapshot_url(address: str, endpoint: str = "/snapshot") -> tuple[str, str | None, str | None]:
+def _snapshot_url(address: str, endpoint: str = "/snapshot"
+                  ) -> tuple[str, str | None, Secret]:
     """(the ``endpoint`` URL without credentials, user, password); ValueError when bad."""
     import urllib.parse
 
@@ -88,7 +91,7 @@ def _snapshot_url(address: str, endpoint: str = "/snapshot") -> tuple[str, str |
     path = parts.path.rstrip("/")
     target = urllib.parse.urlunsplit((parts.scheme, netloc, f"{path}{endpoint}", "", ""))
     user = urllib.parse.unquote(parts.username) if parts.username is not None else None
-    return target, user, urllib.parse.unquote(parts.password or "")
+    return target, user, Secret(urllib.parse.unquote(parts.password or ""))
 
 
 def _context(https: bool, ca_file: str | None, insecure: bool,
@@ -97,6 +100,8 @@ def _context(https: bool, ca_file: str | None, insecure: bool,
     ``insecure``. None: plain HTTP."""
     if not (https or ca_file or insecure):
         return None
+    if ca_file:  # ssl opens it itself: a FIFO would hold that open() for good
+        untrusted_file.check(ca_file, untrusted_file.PEM)
     context = ssl.create_default_context(cafile=ca_file)
     if insecure:
         context.check_hostname = False
@@ -139,7 +144,7 @@ def fetch_snapshot(address: str, timeout: float = 10.0, ca_file: str | None = No
         parts = urllib.parse.urlsplit(target)
         host, port, path = parts.hostname or "", parts.port, parts.path + query[1] + query[2]
         if user is not None:
-            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            token = base64.b64encode(f"{user}:{password.reveal()}".encode()).decode()
             headers["Authorization"] = f"Basic {token}"
         if parts.scheme == "https":
             conn = http.client.HTTPSConnection(

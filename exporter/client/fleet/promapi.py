@@ -12,7 +12,10 @@ The connection options mirror Prometheus' own ``http_config`` (what promtool rea
 ``authorization`` (``type``, ``credentials``, ``credentials_file``; the older
 ``bearer_token``/``bearer_token_file``), ``tls_config`` (``ca_file``, ``cert_file``,
 ``key_file``, ``server_name``, ``insecure_skip_verify``). Secret files are read at each
-request, as Prometheus does, so a rotated token is picked up.
+request, as Prometheus does, so a rotated token is picked up, through
+exporter.core.untrusted_file (a FIFO is refused, not waited on); a password or token is a
+``Secret`` from the moment it is read, and a control character in one is an error that
+does not show it.
 """
 
 from __future__ import annotations
@@ -27,17 +30,19 @@ import time
 import urllib.parse
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exporter import __version__
 from exporter.client.fetch import redact_url
+from exporter.core import untrusted_file
+from exporter.core.config import load_yaml
+from exporter.core.secret import Secret, SecretError, control_character, header_value
 
 DEFAULT_TIMEOUT = 30.0  # seconds for one exchange, connection to last byte
 DEFAULT_MAX_BYTES = 64 << 20  # one reply, inflated
 DEFAULT_MAX_SERIES = 20_000  # one answer
-SECRET_FILE_MAX = 64 << 10
 _CHUNK = 64 << 10
 
 
@@ -48,7 +53,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class BasicAuth:
     username: str = ""
-    password: str = field(default="", repr=False)
+    password: Secret = Secret("")
     password_file: str = ""
 
 
@@ -57,7 +62,7 @@ class Authorization:
     """``Authorization: <type> <credentials>``; Prometheus' default type is Bearer."""
 
     type: str = "Bearer"
-    credentials: str = field(default="", repr=False)
+    credentials: Secret = Secret("")
     credentials_file: str = ""
 
 
@@ -91,6 +96,8 @@ class HTTPClientConfig:
                                   "credentials_file")
             if not a.type or any(c.isspace() for c in a.type):
                 raise ConfigError("authorization: type must be one word (Bearer)")
+            if (bad := control_character(a.credentials.reveal())) is not None:
+                raise ConfigError(f"authorization: the credentials contain {bad}")
         tls = self.tls_config
         if bool(tls.cert_file) != bool(tls.key_file):
             raise ConfigError("tls_config: cert_file and key_file go together")
@@ -128,6 +135,9 @@ def http_config_from_mapping(data: Mapping[str, Any]) -> HTTPClientConfig:
             if not isinstance(value, want):
                 raise ConfigError(f"{name}.{key}: must be a {want.__name__}")
         sections[name] = dict(section)
+    for name, key in (("basic_auth", "password"), ("authorization", "credentials")):
+        if key in sections.get(name, {}):
+            sections[name][key] = Secret(sections[name][key])
     authorization = None
     if "authorization" in sections:
         authorization = Authorization(**sections["authorization"])
@@ -140,7 +150,7 @@ def http_config_from_mapping(data: Mapping[str, Any]) -> HTTPClientConfig:
         if authorization is not None:
             raise ConfigError("at most one of authorization, bearer_token and "
                               "bearer_token_file")
-        authorization = (Authorization(credentials=value) if key == "bearer_token"
+        authorization = (Authorization(credentials=Secret(value)) if key == "bearer_token"
                          else Authorization(credentials_file=value))
     config = HTTPClientConfig(
         basic_auth=BasicAuth(**sections["basic_auth"]) if "basic_auth" in sections else None,
@@ -151,24 +161,27 @@ def http_config_from_mapping(data: Mapping[str, Any]) -> HTTPClientConfig:
 
 
 def load_http_config(path: str | Path) -> HTTPClientConfig:
-    """Read an ``http_config`` YAML file (ConfigError when unreadable or invalid)."""
-    import yaml
-
+    """Read an ``http_config`` YAML file (ConfigError when unreadable or invalid; the
+    message names the file and the fault, never a line of it: it holds passwords)."""
     try:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: {e}") from None
+        data = load_yaml(str(path)) or {}
+    except (OSError, ValueError) as e:  # UnreadableFile names the file and the rule
+        raise ConfigError(str(e)) from None
     return http_config_from_mapping(data)
 
 
-def _secret(path: str) -> str:
-    """A secret file's first 64 KiB, surrounding whitespace trimmed (Prometheus trims)."""
-    with open(path, "rb") as f:
-        return f.read(SECRET_FILE_MAX).decode("utf-8", "replace").strip()
+def _secret(path: str) -> Secret:
+    """A secret file (at most untrusted_file.SECRET's 64 KiB, a regular file), surrounding
+    whitespace trimmed as Prometheus does."""
+    return Secret(untrusted_file.read_text(path, untrusted_file.SECRET, "replace").strip())
 
 
 def _ssl_context(tls: TLSConfig) -> ssl.SSLContext:
+    """ssl opens the CA, certificate and key files itself: each is checked first as
+    untrusted_file reads them (a FIFO would hold ssl's open() for good)."""
+    for path in (tls.ca_file, tls.cert_file, tls.key_file):
+        if path:
+            untrusted_file.check(path, untrusted_file.PEM)
     context = ssl.create_default_context(cafile=tls.ca_file or None)
     if tls.cert_file:
         context.load_cert_chain(tls.cert_file, tls.key_file)
@@ -325,7 +338,7 @@ class PrometheusAPI:
                 raise ConfigError("credentials in the URL and in the HTTP configuration")
             config = HTTPClientConfig(
                 basic_auth=BasicAuth(urllib.parse.unquote(parts.username),
-                                     urllib.parse.unquote(parts.password or "")),
+                                     Secret(urllib.parse.unquote(parts.password or ""))),
                 tls_config=config.tls_config)
         self.config = config
         self.https = parts.scheme == "https"
@@ -376,15 +389,23 @@ class PrometheusAPI:
             auth = self.config.basic_auth
             if auth is not None:
                 password = _secret(auth.password_file) if auth.password_file else auth.password
-                token = base64.b64encode(f"{auth.username}:{password}".encode()).decode()
-                headers["Authorization"] = f"Basic {token}"
+                token = base64.b64encode(
+                    f"{auth.username}:{password.reveal()}".encode()).decode()
+                headers["Authorization"] = header_value("basic_auth", "Basic", token)
             bearer = self.config.authorization
             if bearer is not None:
                 credentials = (_secret(bearer.credentials_file) if bearer.credentials_file
                                else bearer.credentials)
-                headers["Authorization"] = f"{bearer.type} {credentials}"
+                headers["Authorization"] = header_value(
+                    "the credentials" + (f" of {bearer.credentials_file}"
+                                         if bearer.credentials_file else ""),
+                    bearer.type, credentials)
+        except untrusted_file.UnreadableFile as e:
+            raise _Failed(f"secret file: {e}") from None
         except OSError as e:
-            raise _Failed(f"secret file: {e.strerror or e}") from None
+            raise _Failed(f"secret file: {e.strerror or type(e).__name__}") from None
+        except SecretError as e:
+            raise _Failed(str(e)) from None
         return headers
 
     def _connection(self, deadline: float) -> http.client.HTTPConnection:
