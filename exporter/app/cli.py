@@ -28,6 +28,7 @@ from exporter.app.flags import (
     build_parser,
     build_top_parser,
     command_of,
+    ignored_variables,
     load_args,
 )
 from exporter.core.config import Config, ConfigError
@@ -158,6 +159,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from exporter.core import logs
 
     logs.configure(config.log_level, config.log_format)
+    if ignored := ignored_variables(environ):  # said once, never silently skipped
+        import structlog
+
+        structlog.get_logger(__name__).info(
+            "environment: Kubernetes Service-link variables ignored",
+            variables=ignored)
     if command == "snapshot":
         _quiet_backend_down()
     from exporter.output.render.selection import load_selection
