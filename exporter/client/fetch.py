@@ -66,6 +66,41 @@ class UnixHTTPConnection(http.client.HTTPConnection):
             raise
 
 
+# OpenSSL's X509_V_ERR_* codes (x509_vfy.h) that ssl.SSLCertVerificationError.verify_code
+# holds, by the fault a user can act on.
+_SELF_SIGNED = {18, 19}  # DEPTH_ZERO_SELF_SIGNED_CERT, SELF_SIGNED_CERT_IN_CHAIN
+_EXPIRED = {10}  # CERT_HAS_EXPIRED
+_NOT_YET_VALID = {9}  # CERT_NOT_YET_VALID
+_WRONG_HOST = {62, 64}  # HOSTNAME_MISMATCH, IP_ADDRESS_MISMATCH
+_UNKNOWN_CA = {2, 20, 21}  # UNABLE_TO_GET_ISSUER_CERT(_LOCALLY), UNABLE_TO_VERIFY_LEAF_SIGNATURE
+
+
+def certificate_fault(error: ssl.SSLError, host: str) -> str:
+    """A TLS failure in the words that say which flag helps: a self-signed, expired or
+    not yet valid certificate, one for another host, one from a CA this machine does not
+    trust; else OpenSSL's reason. One line, without "CERTIFICATE_VERIFY_FAILED" alone."""
+    if not isinstance(error, ssl.SSLCertVerificationError):
+        return f"TLS: {error.reason or error}"
+    code = error.verify_code
+    if code in _SELF_SIGNED:
+        return ("TLS: the server's certificate is self-signed: give it (or the CA that "
+                "signed it) with --tls.ca-file, or skip the check with "
+                "--tls.insecure-skip-verify")
+    if code in _EXPIRED:
+        return ("TLS: the server's certificate has expired: renew it on the server "
+                "(--tls.insecure-skip-verify skips the check)")
+    if code in _NOT_YET_VALID:
+        return ("TLS: the server's certificate is not valid yet: check this machine's "
+                "clock (--tls.insecure-skip-verify skips the check)")
+    if code in _WRONG_HOST:
+        return (f"TLS: the server's certificate is not for {host}: connect by a name it "
+                "holds, or give that name with --tls.server-name")
+    if code in _UNKNOWN_CA:
+        return ("TLS: the server's certificate is signed by a CA this machine does not "
+                "trust: give that CA with --tls.ca-file")
+    return f"TLS: {error.verify_message or error.reason or error}"
+
+
 def redact_url(address: str) -> str:
     """``address`` with the password of any ``user:password@`` replaced by ``***``."""
     scheme, sep, rest = address.rpartition("://")

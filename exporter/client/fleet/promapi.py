@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter import __version__
-from exporter.client.fetch import redact_url
+from exporter.client.fetch import certificate_fault, redact_url
 from exporter.core import untrusted_file
 from exporter.core.config import load_yaml
 from exporter.core.secret import Secret, SecretError, control_character, header_value
@@ -563,7 +563,8 @@ class PrometheusAPI:
                                   "credentials")
                 return response.status, self._read(response, deadline, reading)
             except ssl.SSLError as e:
-                raise _Failed(f"TLS: {e.reason or e}") from None
+                raise _Failed(certificate_fault(e, self.config.tls_config.server_name
+                                                or self.host)) from None
             except TimeoutError:
                 raise _Failed(f"no answer from {self.display} within {self.timeout:g} s") \
                     from None
