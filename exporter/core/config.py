@@ -349,7 +349,10 @@ def yaml_problem(e: Exception) -> str:
     if isinstance(e, yaml.MarkedYAMLError):
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        return f"{e.problem or e.context or 'malformed'}{where}"
+        # The problem quotes a tag or an alias whole ("the tag '!hunter2'"): a password
+        # that starts with ! or * is one. A quoted character ('%') says what to fix.
+        problem = re.sub(r"'[^']{3,}'", "(not shown)", e.problem or e.context or "malformed")
+        return f"{problem}{where}"
     if isinstance(e, RecursionError):
         return "nested too deeply"
     return str(e) if type(e) is yaml.YAMLError else type(e).__name__  # the bounds' own

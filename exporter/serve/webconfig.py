@@ -53,6 +53,7 @@ from typing import Any
 
 import structlog
 
+from exporter.core import untrusted_file
 from exporter.core.config import ConfigError, load_yaml_mapping, parse_bool, parse_duration
 from exporter.serve.middleware import OPEN_PATHS
 
@@ -255,8 +256,10 @@ def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
         if value is None:
             return None
         full = os.path.join(base, str(value))
-        if not os.path.isfile(full):
-            raise ConfigError(key, f"tls_server_config.{name}: no such file {full}")
+        try:  # ssl opens it itself: a FIFO there would hold that open() for good
+            untrusted_file.check(full, untrusted_file.PEM)
+        except OSError as e:
+            raise ConfigError(key, f"tls_server_config.{name}: {e}") from None
         return full
 
     for inline, file_key in (("cert", "cert_file"), ("key", "key_file"),
