@@ -90,7 +90,9 @@ def test_inline_credentials_with_a_line_break_are_refused_at_load(tmp_path: Path
     f"basic_auth:\n  username: ops\n  password: '{TOKEN}\n",  # an unclosed quote
     f"authorization:\n\tcredentials: {TOKEN}\n",  # a tab
     f"bearer_token: [{TOKEN}\n",  # an unclosed flow sequence
-], ids=["colon", "quote", "tab", "flow"])
+    f"basic_auth:\n  username: ops\n  password: !{TOKEN}'\n",  # a tag, quoted whole
+    f"bearer_token: *{TOKEN}\n",  # an alias, quoted whole
+], ids=["colon", "quote", "tab", "flow", "tag", "alias"])
 def test_a_malformed_http_config_is_named_without_its_lines(tmp_path: Path, text: str) -> None:
     """PyYAML's message quotes the line it stopped at: the password's line, on stderr."""
     path = tmp_path / "http.yml"

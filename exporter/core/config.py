@@ -349,9 +349,11 @@ def yaml_problem(e: Exception) -> str:
     if isinstance(e, yaml.MarkedYAMLError):
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        # The problem quotes a tag or an alias whole ("the tag '!hunter2'"): a password
-        # that starts with ! or * is one. A quoted character ('%') says what to fix.
-        problem = re.sub(r"'[^']{3,}'", "(not shown)", e.problem or e.context or "malformed")
+        # The problem quotes a tag or an alias whole ("the tag '!hunter2'", in either
+        # quotes): a password that starts with ! or * is one. A quoted character ('%')
+        # says what to fix and is kept.
+        problem = re.sub(r"(['\"]).{3,}\1", "(not shown)", e.problem or e.context or "malformed",
+                         flags=re.DOTALL)
         return f"{problem}{where}"
     if isinstance(e, RecursionError):
         return "nested too deeply"
