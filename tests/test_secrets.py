@@ -176,3 +176,14 @@ def test_no_output_of_the_secret_paths_holds_the_secret(tmp_path: Path,
     shown += [captured.out, captured.err]
     assert all(TOKEN not in s for s in shown), [s for s in shown if TOKEN in s]
     assert any(REDACTED in s for s in shown)  # the client's repr: the type at work
+
+
+@pytest.mark.parametrize("value", [f"Authorization=Bearer {TOKEN},novalue",
+                                   f"x-tenant={TOKEN}\nX-Evil: 1", f"a={TOKEN},=b"])
+def test_an_otlp_header_error_does_not_show_the_values(value: str) -> None:
+    """--otlp.headers usually holds an Authorization header: the error quoted it whole."""
+    with pytest.raises(core_config.ConfigError) as e:
+        core_config.parse_headers("otlp.headers", value)
+    assert TOKEN not in str(e.value)
+    headers = core_config.parse_headers("otlp.headers", f"Authorization=Bearer {TOKEN}")
+    assert TOKEN not in repr(headers) and headers[0][1].reveal() == f"Bearer {TOKEN}"

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from exporter.core import untrusted_file
+from exporter.core.secret import Secret, control_character
 
 # Collector switch defaults and old switch names come from the backend table.
 # Old collector switch names that still work: --collector.processes is --collector.fdinfo.
@@ -103,7 +104,7 @@ class Config:
     otlp_endpoint: str | None = None
     otlp_interval: float = 15.0
     otlp_timeout: float | None = None
-    otlp_headers: tuple[tuple[str, str], ...] | None = None
+    otlp_headers: tuple[tuple[str, Secret], ...] | None = None
     otlp_ca_file: str | None = None
     otlp_only: bool = False
 
@@ -330,14 +331,20 @@ def parse_url(key: str, value: object) -> str:
     return text
 
 
-def parse_headers(key: str, value: object) -> tuple[tuple[str, str], ...]:
-    """``k=v,k2=v2``, the form of OTEL_EXPORTER_OTLP_HEADERS; names are HTTP tokens."""
+def parse_headers(key: str, value: object) -> tuple[tuple[str, Secret], ...]:
+    """``k=v,k2=v2``, the form of OTEL_EXPORTER_OTLP_HEADERS; names are HTTP tokens. The
+    values are Secrets (an Authorization header is the common one): an error names the
+    pair, never a value, and a control character in one is refused."""
     headers = []
-    for item in str(value).split(","):
+    for n, item in enumerate(str(value).split(","), 1):
         name, sep, v = item.partition("=")
         if not sep or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name.strip()):
-            raise ConfigError(key, f"not name=value pairs separated by commas: {value!r}")
-        headers.append((name.strip(), v.strip()))
+            raise ConfigError(key, f"not name=value pairs separated by commas (pair {n} "
+                                   "is not one)")
+        bad = control_character(v.strip())
+        if bad is not None:
+            raise ConfigError(key, f"the value of {name.strip()} contains {bad}")
+        headers.append((name.strip(), Secret(v.strip())))
     return tuple(headers)
 
 

@@ -48,6 +48,12 @@ class Secret:
     def __format__(self, spec: str) -> str:
         return format(REDACTED, spec)
 
+    def __copy__(self) -> Secret:
+        return self  # immutable
+
+    def __deepcopy__(self, memo: Any) -> Secret:
+        return self
+
     def __reduce__(self) -> Any:  # a pickled secret would be readable: refused
         raise TypeError("a Secret is not pickled")
 
