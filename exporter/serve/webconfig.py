@@ -138,7 +138,7 @@ class WebConfig:
     cert_file: str | None = None
     key_file: str | None = None
     cert_pem: str | None = None  # inline (cert:), loaded from memory, never written out
-    key_pem: str | None = None  # inline (key:)
+    key_pem: str | None = field(default=None, repr=False)  # inline (key:): a private key
     client_ca_file: str | None = None
     client_ca: str | None = None  # inline PEM
     client_auth_type: str = "NoClientCert"
@@ -149,7 +149,7 @@ class WebConfig:
     prefer_server_ciphers: bool = True
     groups: tuple[str, ...] = GO_CURVES  # key exchange groups, OpenSSL names, in order
     headers: Mapping[str, str] = field(default_factory=dict)
-    basic_auth_users: Mapping[str, bytes] = field(default_factory=dict)
+    basic_auth_users: Mapping[str, bytes] = field(default_factory=dict, repr=False)
     rate_interval: float = 0.0  # seconds between requests; 0 = no limit
     rate_burst: int = 0
     warnings: tuple[str, ...] = ()  # said once at start
