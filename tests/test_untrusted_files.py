@@ -127,6 +127,16 @@ def test_check_refuses_a_fifo_without_waiting(tmp_path: Path) -> None:
     assert done.wait(2)
 
 
+def test_an_otlp_ca_file_that_is_a_fifo_is_one_line_at_start(tmp_path: Path) -> None:
+    from tests.test_cli import cli, one_line_error
+
+    fifo = tmp_path / "ca.pem"
+    os.mkfifo(fifo)
+    one_line_error(cli("--otlp.endpoint", "https://127.0.0.1:4318", "--otlp.ca-file",
+                       str(fifo), "--path.sysfs", str(tmp_path), "--path.procfs",
+                       str(tmp_path)), f"--otlp.ca-file: {fifo}: a FIFO")
+
+
 # ------------------------------------------------------------ the only way in
 
 # Modules that read by path and why they may: the kernel's own files (sysfs, procfs,
