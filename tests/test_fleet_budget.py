@@ -159,3 +159,11 @@ def test_four_queries_at_once_share_the_budget() -> None:
     assert len(answers) == 4 and api.budget.bytes == 0
     assert all("in flight" in e or "larger than" in e for e in errors)
     assert max(seen) <= 1 << 20  # never more in flight than the budget
+
+
+def test_history_keeps_no_more_points_than_it_asked_for() -> None:
+    from exporter.client.fleet.nodes import load_history
+
+    with serving(answering(_points(5000))) as s:
+        history = load_history(PrometheusAPI(s.url), points=120)
+    assert history.error is None and [len(p) for p in history.series.values()] == [120]
