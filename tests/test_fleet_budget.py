@@ -13,13 +13,13 @@ import zlib
 
 import pytest
 
+from exporter.client.fetch import json_values
 from exporter.client.fleet.promapi import (
     DEFAULT_MAX_VALUES,
     PrometheusAPI,
     ReplyBudget,
     _Failed,
     _Reading,
-    json_values,
     parse_reply,
 )
 from tests.test_fleet_client import OK, Reply, answering, serving
@@ -167,3 +167,31 @@ def test_history_keeps_no_more_points_than_it_asked_for() -> None:
     with serving(answering(_points(5000))) as s:
         history = load_history(PrometheusAPI(s.url), points=120)
     assert history.error is None and [len(p) for p in history.series.values()] == [120]
+
+
+def test_top_of_one_daemon_refuses_a_reply_of_too_many_values() -> None:
+    """The one-daemon view reads /api/v1/history the same way: 15 MiB of ``{}`` (under its
+    16 MiB) would be 5 million dicts."""
+    from exporter.client.top.command import _poller
+    from exporter.client.top.model import Model, describe
+    from tests import hostile
+
+    posted: list[tuple[str, object]] = []
+
+    class Once:
+        stopped = False
+
+        def post(self, kind: str, payload: object) -> None:
+            posted.append((kind, payload))
+            self.stopped = True
+
+        def wait(self, seconds: float) -> None:
+            pass
+
+    with hostile.serving(hostile.reply(b"[" + b"{}," * (5 << 20) + b"{}]")) as server:
+        _, peak = _peak(lambda: _poller(server.url, None, False, Model(),
+                                        Once()))  # type: ignore[arg-type]
+    (kind, error), = posted
+    assert kind == "error" and isinstance(error, BaseException)
+    assert "JSON values, over the 1,000,000" in describe(error)
+    assert peak < 40  # the reply's bytes, never its decoded dicts

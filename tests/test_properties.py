@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from exporter.app.flags import KEYS, env_name, load_config, read_config_file
 from exporter.app.lastrun import parse_record
 from exporter.attribution.kubernetes.cdi import MAX_SPEC_DEVICES, SpecTooLarge, parse_spec
+from exporter.client.fetch import json_values
 from exporter.client.fleet.flags import connect
 from exporter.client.fleet.promapi import (
     ConfigError as HTTPConfigError,
@@ -30,7 +31,6 @@ from exporter.client.fleet.promapi import (
 from exporter.client.fleet.promapi import (
     HTTPClientConfig,
     http_config_from_mapping,
-    json_values,
     load_http_config,
     parse_reply,
 )

@@ -101,6 +101,16 @@ def certificate_fault(error: ssl.SSLError, host: str) -> str:
     return f"TLS: {error.verify_message or error.reason or error}"
 
 
+def json_values(body: bytes | bytearray) -> int:
+    """An upper bound on the JSON values ``body`` decodes to, counted without decoding:
+    every value but the first follows a ``[``, ``,`` or ``:``, and a ``{`` is counted
+    too (an object costs more than a value). Bytes inside strings count as well, which
+    only overestimates. A decoded value costs at most about 100 bytes (a one-key dict):
+    this bounds a reply's decoded size before it exists (16 MiB of ``{}`` is 5.6 million
+    dicts, 1 GB)."""
+    return (body.count(b"[") + body.count(b",") + body.count(b":") + body.count(b"{") + 1)
+
+
 def redact_url(address: str) -> str:
     """``address`` with the password of any ``user:password@`` replaced by ``***``."""
     scheme, sep, rest = address.rpartition("://")

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter import __version__
-from exporter.client.fetch import certificate_fault, redact_url
+from exporter.client.fetch import certificate_fault, json_values, redact_url
 from exporter.core import untrusted_file
 from exporter.core.config import load_yaml
 from exporter.core.secret import Secret, SecretError, control_character, header_value
@@ -265,19 +265,11 @@ def _labels(raw: Any) -> dict[str, str] | None:
     return raw
 
 
-def json_values(body: bytes | bytearray) -> int:
-    """An upper bound on the JSON values ``body`` decodes to, counted without decoding:
-    every value but the first follows a ``[``, ``,`` or ``:``, and a ``{`` is counted
-    too (an object costs more than a value). Bytes inside strings count as well, which
-    only overestimates. A decoded value costs at most about 100 bytes (a one-key dict):
-    this bounds a reply's decoded size before it exists."""
-    return (body.count(b"[") + body.count(b",") + body.count(b":") + body.count(b"{") + 1)
-
-
 def parse_reply(expr: str, body: bytes | bytearray, max_series: int = DEFAULT_MAX_SERIES,
                 status: int = 200, max_values: int = DEFAULT_MAX_VALUES) -> Answer:
     """A Prometheus API reply -> Answer. Never raises. A reply of more than
-    ``max_values`` JSON values (json_values) is refused before it is decoded."""
+    ``max_values`` JSON values (exporter.client.fetch.json_values) is refused before it
+    is decoded."""
     values = json_values(body)
     if values > max_values:
         return Answer(expr, error=f"reply of about {values:,} JSON values, over the "
