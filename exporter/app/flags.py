@@ -514,7 +514,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     """A ``GPU_EXPORTER_*`` variable that names no key is a typo: an error, as in the file.
     The kubelet's Service-link variables (``is_service_link``) are not typos: skipped. A
     variable named as a flag's plus a link suffix whose value is not the link's exact form
-    is a flag's variable gone wrong (``..._FILE_NAME``, ``..._ADDRESS_PORT``): said so."""
+    is a flag's variable gone wrong (``..._ADDRESS_PORT=:9445``): said so."""
     known = _known_variables()
     for name in sorted(environ):
         if name.startswith(ENV_PREFIX) and name not in known:

@@ -362,6 +362,9 @@ def yaml_problem(e: Exception) -> str:
         problem = re.sub(r"(['\"]).{3,}\1", "(not shown)", e.problem or e.context or "malformed",
                          flags=re.DOTALL)
         return f"{problem}{where}"
+    if isinstance(e, yaml.reader.ReaderError):  # a control character: its code, its place
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        return f"a character YAML does not allow (U+{code:04X}) at character {e.position}"
     if isinstance(e, RecursionError):
         return "nested too deeply"
     return str(e) if type(e) is yaml.YAMLError else type(e).__name__  # the bounds' own
