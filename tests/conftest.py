@@ -12,9 +12,10 @@ array (``_no_nvml_array_overrun``).
 goldens (tests/test_golden.py) first, since the others compare with them.
 
 Hypothesis (the property tests of every parser of untrusted input) runs under one of two
-profiles: ``fast`` by default (a few seconds a test, the fast lane), ``ci`` where
-``HYPOTHESIS_PROFILE=ci`` (.ci/run sets it: many more examples, no deadline per example,
-as CI machines are shared). No example database is written into the checkout.
+profiles: ``fast`` by default (60 examples a test, for the fast lane), ``ci`` where
+``HYPOTHESIS_PROFILE=ci`` (.ci/run sets it: 1,000 examples; CI runs every test in one run,
+not the fast lane). No deadline per example (machines are shared) and no example database
+written into the checkout.
 """
 
 from __future__ import annotations
@@ -36,12 +37,6 @@ from tests.fakes import fake_nvml
 from tests.image_build import built_image  # noqa: F401  (the image, built once per run)
 
 TESTS = Path(__file__).resolve().parent
-
-settings.register_profile("fast", max_examples=60, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("ci", max_examples=1000, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 # What starts a process: the harness (tests/daemon.py's running, test_server's run_cli),
 # subprocess, and the tools the end-to-end tests run.
 STARTS = re.compile(r"\b(?:running|run_cli|Popen|subprocess\.(?:run|call|check_call|"
@@ -130,3 +125,11 @@ def _no_nvml_array_overrun(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if request.node.get_closest_marker("overrun_expected") is None:
         assert fake_nvml.OVERRUNS[start:] == [], "the NVML driver model looked past an array"
+
+
+# Hypothesis' profiles (the docstring says which runs which).
+settings.register_profile("fast", max_examples=60, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=1000, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
