@@ -255,6 +255,24 @@ def test_the_environment_is_a_config_or_one_config_error(values: dict[str, str])
         pass
 
 
+@given(st.lists(st.tuples(st.sampled_from([k for k in FLAG_KEYS if not k.endswith("file")
+                                            and "path" not in k]),
+                          st.text(max_size=20)), max_size=3))
+def test_flags_are_a_config_a_config_error_or_argparses_exit_2(pairs: list[tuple[str, str]]
+                                                               ) -> None:
+    import contextlib
+    import io
+
+    argv = [f"--{key}={value}" for key, value in pairs]
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            load_config(argv, {})
+        except ConfigError:
+            pass
+        except SystemExit as e:  # argparse: a switch given a value, a malformed flag
+            assert e.code == 2
+
+
 @given(st.dictionaries(st.sampled_from([*FLAG_KEYS, "collector", "unknown.key"]),
                        st.one_of(JSON, st.text(max_size=20)), max_size=3))
 def test_a_config_file_is_keys_or_one_config_error(data: dict[str, Any]) -> None:
