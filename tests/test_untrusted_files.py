@@ -148,11 +148,13 @@ KERNEL_READERS = {
     "sources/fdinfo/scan.py": "/proc/<pid>/fd and fdinfo (the kernel's)",
     "sources/kernel/perf.py": "perf_event_open, not a file",
 }
-# Calls that open a file by name: open(), os.open(), Path.open/read_text/read_bytes.
-OPENERS = {"open", "read_text", "read_bytes"}
+ENCODINGS = {"utf-8", "utf8", "ascii", "latin-1"}
 
 
 def _openers(tree: ast.AST) -> list[tuple[int, str]]:
+    """Calls that open a file by its name for reading: ``open()``, ``os.open``/``io.open``
+    (not with O_WRONLY or O_CREAT: a file we write), and pathlib's ``read_text`` /
+    ``read_bytes`` (no argument but an encoding; SysFS/ProcFS's take the path's parts)."""
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
@@ -160,22 +162,20 @@ def _openers(tree: ast.AST) -> list[tuple[int, str]]:
         func = node.func
         if isinstance(func, ast.Name) and func.id == "open":
             found.append((node.lineno, "open"))
-        elif isinstance(func, ast.Attribute) and func.attr in OPENERS:
-            owner = func.value
-            if isinstance(owner, ast.Name) and owner.id in ("os", "io", "builtins"):
-                if func.attr == "open" and _writes(node):
-                    continue
-                found.append((node.lineno, f"{owner.id}.{func.attr}"))
-            elif func.attr in ("read_text", "read_bytes") and not node.args[:1] and \
-                    not isinstance(owner, ast.Name) or (
-                        func.attr in ("read_text", "read_bytes") and isinstance(owner, ast.Call)
-                        and isinstance(owner.func, ast.Name) and owner.func.id == "Path"):
-                found.append((node.lineno, f"Path.{func.attr}"))
+        elif not isinstance(func, ast.Attribute):
+            continue
+        elif func.attr == "open" and isinstance(func.value, ast.Name) and \
+                func.value.id in ("os", "io") and not _writes(node):
+            found.append((node.lineno, f"{func.value.id}.open"))
+        elif func.attr in ("read_text", "read_bytes") and all(
+                isinstance(a, ast.Constant) and a.value in ENCODINGS for a in node.args):
+            found.append((node.lineno, f"Path.{func.attr}"))
     return found
 
 
 def _writes(node: ast.Call) -> bool:
-    """An os.open whose flags name O_WRONLY or O_CREAT: a file we write, not read."""
+    """An os.open whose flags name O_WRONLY or O_CREAT (a file we write, not read), or of
+    os.devnull."""
     flags = ast.unparse(node.args[1]) if len(node.args) > 1 else ""
     return "O_WRONLY" in flags or "O_CREAT" in flags or "devnull" in ast.unparse(node.args[0])
 
@@ -196,5 +196,7 @@ def test_no_module_opens_an_untrusted_path_itself() -> None:
 
 def test_the_scan_finds_what_it_is_meant_to() -> None:
     tree = ast.parse("open(p)\nos.open(p, os.O_RDONLY)\nPath(p).read_text()\n"
-                     "os.open(p, os.O_WRONLY | os.O_CREAT)\n")
-    assert [c for _, c in _openers(tree)] == ["open", "os.open", "Path.read_text"]
+                     "path.read_bytes()\nos.open(p, os.O_WRONLY | os.O_CREAT)\n"
+                     "proc.read_bytes(pid, 'stat')\n")
+    assert sorted(c for _, c in _openers(tree)) == ["Path.read_bytes", "Path.read_text",
+                                                   "open", "os.open"]
