@@ -163,7 +163,7 @@ def _section(data: Mapping[str, Any], name: str, allowed: set[str], key: str) ->
     section = data.get(name) or {}
     if not isinstance(section, dict):
         raise ConfigError(key, f"{name} must be a mapping")
-    unknown = sorted(set(section) - allowed)
+    unknown = sorted(str(k) for k in set(section) - allowed)  # keys of any YAML type
     if unknown:
         raise ConfigError(key, f"unknown key {name}.{unknown[0]}")
     return section
@@ -239,7 +239,7 @@ def _headers(key: str, headers: Any) -> dict[str, str]:
 
 def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
     data = load_yaml_mapping(key, path)
-    unknown = sorted(set(data) - TOP_KEYS)
+    unknown = sorted(str(k) for k in set(data) - TOP_KEYS)  # keys of any YAML type
     if unknown:
         raise ConfigError(key, f"unknown key {unknown[0]} in {path}")
     tls = _section(data, "tls_server_config", TLS_KEYS, key)
