@@ -9,6 +9,12 @@ array (``_no_nvml_array_overrun``).
 
 ``UPDATE_GOLDEN=1 python -m pytest -m golden`` rewrites every golden output: the plain
 goldens (tests/test_golden.py) first, since the others compare with them.
+
+Hypothesis (the property tests of every parser of untrusted input) runs under one of two
+profiles: ``fast`` by default (60 examples a test, for the fast lane), ``ci`` where
+``HYPOTHESIS_PROFILE=ci`` (.ci/run sets it: 1,000 examples; CI runs every test in one run,
+not the fast lane). No deadline per example (machines are shared) and no example database
+written into the checkout.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.fakes import fake_nvml
 from tests.image_build import built_image  # noqa: F401  (the image, built once per run)
@@ -61,3 +68,11 @@ def _no_nvml_array_overrun(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if request.node.get_closest_marker("overrun_expected") is None:
         assert fake_nvml.OVERRUNS[start:] == [], "the NVML driver model looked past an array"
+
+
+# Hypothesis' profiles (the docstring says which runs which).
+settings.register_profile("fast", max_examples=60, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=1000, deadline=None, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))

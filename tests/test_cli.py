@@ -93,7 +93,7 @@ def test_a_bad_certificate_key_ca_or_tls_setting_is_one_line(tmp_path: Path, web
 def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     config = tmp_path / "config.yml"
     config.write_bytes(b"collector:\n  interval: \xff\xfe2s\n")
-    one_line_error(cli("--config.file", str(config)), "is not UTF-8 text")
+    one_line_error(cli("--config.file", str(config)), ": not UTF-8 text (invalid start byte")
 
 
 @pytest.mark.slow

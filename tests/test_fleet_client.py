@@ -40,6 +40,7 @@ from exporter.client.fleet.promapi import (
     load_http_config,
     parse_reply,
 )
+from exporter.core.secret import Secret
 
 
 def vector(*series: tuple[dict[str, str], str]) -> bytes:
@@ -382,7 +383,7 @@ def test_bad_urls_are_refused() -> None:
             PrometheusAPI(url)
     with pytest.raises(ConfigError, match="credentials in the URL"):
         PrometheusAPI("http://a:b@prom:9090", HTTPClientConfig(
-            authorization=Authorization(credentials="t")))
+            authorization=Authorization(credentials=Secret("t"))))
 
 
 # ---------------------------------------------------------------- the fleet over it

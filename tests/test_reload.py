@@ -362,7 +362,7 @@ def test_a_fifo_given_at_start_is_one_line(tmp_path: Path) -> None:
             (["--config.file", str(fifo)], f"config.file: cannot read {fifo}: a FIFO"),
             (["--web.config.file", str(fifo)], f"web.config.file: cannot read {fifo}: a FIFO"),
             (["--metric-names", "dcgm", "--dcgm.counters", str(fifo), "snapshot"],
-             "--dcgm.counters: [Errno 22] a FIFO; a regular file is needed")):
+             f"--dcgm.counters: {fifo}: a FIFO; a regular file is needed")):
         result = subprocess.run([sys.executable, "-m", "exporter.app.cli", *argv, *empty],
                                 cwd=REPO, env=daemon_env(None), capture_output=True, text=True,
                                 timeout=20)

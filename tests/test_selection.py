@@ -94,7 +94,7 @@ def test_dcgm_counters_serve_only_the_fields_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "needle"), [
     (["--dcgm.counters", str(COUNTERS)], "--dcgm.counters needs --metric-names dcgm, dcgm4.9"),
     (["--metric-names", "dcgm", "--dcgm.counters", "/nonexistent/counters.csv"],
-     "--dcgm.counters: [Errno 2]"),
+     "--dcgm.counters: /nonexistent/counters.csv: No such file or directory"),
     (["--collector.metrics.include", "gpu_("], "--collector.metrics.include: not a regular"),
 ])
 def test_a_bad_selection_exits_2_in_one_line(tmp_path: Path, args: list[str],

@@ -15,8 +15,17 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from exporter.app.flags import COLLECTOR_KEYS, KEYS, env_name, is_service_link, load_config
+from exporter.app.flags import (
+    COLLECTOR_KEYS,
+    KEYS,
+    env_name,
+    ignored_variables,
+    is_service_link,
+    load_config,
+)
 from tests.daemon import running, values_of
 from tests.kubelet import service_env
 from tests.test_cli import cli, one_line_error
@@ -101,3 +110,81 @@ def test_the_daemon_starts_and_serves_under_the_kubelets_variables(tmp_path: Pat
     no_gpu = ["--path.sysfs", str(tmp_path), "--path.procfs", str(tmp_path)]
     with running(no_gpu, tmp_path, env=env) as daemon:
         assert values_of(daemon.get().text, "gpu_exporter_up") == [1.0]
+        (line,) = daemon.records("environment: Kubernetes Service-link variables ignored")
+    assert line["variables"] == sorted(n for n in env if n.startswith("GPU_EXPORTER_"))
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    # Docker's legacy links: a kubelet never sets them, and a typo looked like one.
+    ("GPU_EXPORTER_WEB_CONFIG_FILE_NAME", "/etc/gpu-exporter/web.yml"),
+    ("GPU_EXPORTER_NAME", "/gpu-exporter"),
+    ("GPU_EXPORTER_ENV_FOO", "bar"),
+    ("GPU_EXPORTER_WEB_CONFIG_FILE_ENV_X", "1"),
+])
+def test_docker_legacy_link_shapes_are_errors(name: str, value: str) -> None:
+    """GPU_EXPORTER_WEB_CONFIG_FILE_NAME=<web config with basic auth> gave a daemon serving
+    /metrics with 200 and no auth, and nothing in its log."""
+    one_line_error(cli(env={name: value}), f"{name}: unknown variable")
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("GPU_EXPORTER_WEB_LISTEN_ADDRESS_PORT", ":9445"),
+    ("GPU_EXPORTER_WEB_CONFIG_FILE_SERVICE_PORT", "09445"),  # a leading zero: not Go's Itoa
+    ("GPU_EXPORTER_WEB_CONFIG_FILE_SERVICE_HOST", "/etc/web.yml"),
+    ("GPU_EXPORTER_LOG_LEVEL_PORT_80_TCP", "tcp://10.0.0.1:81"),  # the port of the name
+    ("GPU_EXPORTER_LOG_LEVEL_PORT_80_TCP_PROTO", "udp"),
+])
+def test_a_flags_name_plus_a_link_suffix_must_hold_the_links_exact_value(name: str,
+                                                                         value: str) -> None:
+    one_line_error(cli(env={name: value}), "with the suffix _")
+
+
+@pytest.mark.parametrize("value", [
+    "999.1.1.1", "10.0.0", "fe80::1%eth0", "10.0.0.1 ", "x",
+])
+def test_a_service_host_is_an_ip_address(value: str) -> None:
+    assert not is_service_link("GPU_EXPORTER_SERVICE_HOST", value)
+
+
+@pytest.mark.parametrize("value", [
+    "tcp://10.0.0.1:99999", "tcp://10.0.0.1:0", "tcp://fd00::1:80", "tcp://[10.0.0.1]:80",
+    "http://10.0.0.1:80", "TCP://10.0.0.1:80", "tcp://10.0.0.1:080", "tcp://10.0.0.1",
+])
+def test_a_port_url_is_exactly_what_the_kubelet_writes(value: str) -> None:
+    assert not is_service_link("GPU_EXPORTER_PORT", value)
+    assert is_service_link("GPU_EXPORTER_PORT", "tcp://[fd00::1]:80")
+
+
+def test_the_ignored_variables_are_named() -> None:
+    env = {**kubelet_service_env("gpu-exporter", "10.96.0.10", [(9445, "metrics", "TCP")]),
+           "GPU_EXPORTER_LOG_LEVEL": "debug", "OTHER_SERVICE_HOST": "10.0.0.1"}
+    assert ignored_variables(env) == sorted(n for n in env if n.startswith("GPU_EXPORTER_")
+                                            and n != "GPU_EXPORTER_LOG_LEVEL")
+    assert load_config([], env).log_level == "debug"
+
+
+_SERVICE_NAME = st.from_regex(r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)
+_IP = st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)).map(str)
+_PORTS = st.lists(st.tuples(st.integers(1, 65535),
+                            st.from_regex(r"[a-z]([a-z0-9-]{0,10}[a-z0-9])?", fullmatch=True),
+                            st.sampled_from(["TCP", "UDP", "SCTP"])),
+                  min_size=1, max_size=4, unique_by=lambda p: (p[0], p[2]))
+
+
+@given(_SERVICE_NAME, _IP, _PORTS)
+def test_every_variable_the_kubelet_writes_is_a_link(service: str, ip: str,
+                                                     ports: list[Port]) -> None:
+    env = kubelet_service_env("gpu-exporter-" + service, ip, ports)
+    assert all(is_service_link(name, value) for name, value in env.items()), env
+    assert ignored_variables(env) == sorted(env)
+
+
+@given(st.from_regex(r"GPU_EXPORTER_[A-Z0-9_]{0,40}", fullmatch=True), st.text(max_size=60))
+def test_the_environment_check_never_raises_anything_but_a_config_error(name: str,
+                                                                        value: str) -> None:
+    from exporter.core.config import ConfigError
+
+    try:
+        load_config([], {name: value})
+    except ConfigError as e:
+        assert str(e).startswith(name) or name in str(e)

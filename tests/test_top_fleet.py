@@ -450,7 +450,7 @@ def test_the_defaults_are_the_clients() -> None:
     (["top", "--prometheus", "http://p", "--prometheus.timeout", "1h"],
      "--prometheus.timeout: must be between 1s and 300s"),
     (["top", "--prometheus", "https://p", "--tls.ca-file", "/no/such/ca.pem"],
-     "--tls.ca-file: /no/such/ca.pem: no such file"),
+     "--tls.ca-file: /no/such/ca.pem: No such file or directory"),
     (["top", "--prometheus", "http://p"], "top needs a terminal"),  # all good but the tty
 ])
 def test_top_prometheus_bad_input_is_one_line_and_exit_2(

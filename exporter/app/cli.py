@@ -28,6 +28,7 @@ from exporter.app.flags import (
     build_parser,
     build_top_parser,
     command_of,
+    ignored_variables,
     load_args,
 )
 from exporter.core.config import Config, ConfigError
@@ -57,7 +58,9 @@ def unknown_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | 
 def missing_paths(config: Config) -> str | None:
     """A --path.sysfs or --path.procfs given that is not a directory: a forgotten
     container mount would otherwise look like a machine without GPUs. The defaults are
-    not checked (a Mac has no /sys; the Apple backend does not read it)."""
+    not checked (a Mac has no /sys; the Apple backend does not read it). An
+    --otlp.ca-file that is not a file untrusted_file would read (a FIFO would hold the
+    push thread in the TLS library's open() for good)."""
     defaults = Config()
     for key, path, default in (("path.sysfs", config.sysfs, defaults.sysfs),
                                ("path.procfs", config.procfs, defaults.procfs)):
@@ -65,6 +68,13 @@ def missing_paths(config: Config) -> str | None:
             what = "does not exist" if not os.path.lexists(path) else "is not a directory"
             return (f"--{key}: {path} {what} (in a container: is the host's "
                     f"/{key.split('.')[1].removesuffix('fs')} mounted there?)")
+    if config.otlp_ca_file is not None:
+        from exporter.core import untrusted_file
+
+        try:
+            untrusted_file.check(config.otlp_ca_file, untrusted_file.PEM)
+        except OSError as e:
+            return f"--otlp.ca-file: {e}"
     return None
 
 
@@ -158,6 +168,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from exporter.core import logs
 
     logs.configure(config.log_level, config.log_format)
+    if ignored := ignored_variables(environ):  # said once, never silently skipped
+        import structlog
+
+        structlog.get_logger(__name__).info(
+            "environment: Kubernetes Service-link variables ignored",
+            variables=ignored)
     if command == "snapshot":
         _quiet_backend_down()
     from exporter.output.render.selection import load_selection

@@ -424,46 +424,109 @@ ENV_PREFIX = "GPU_EXPORTER_"
 
 
 # The variables a kubelet gives every container for every Service of its namespace
-# (kubernetes pkg/kubelet/envvars/envvars.go, FromServices: the Service name upper-cased
-# with "-" as "_", then SERVICE_HOST, SERVICE_PORT, SERVICE_PORT_<port name>, and the
-# Docker-link set PORT, PORT_<port>_<PROTO>, ..._PROTO, ..._PORT, ..._ADDR), and the
-# legacy Docker links (<ALIAS>_NAME, <ALIAS>_ENV_<VAR>). A Service named like ours (the
-# chart's and the manifests' own) gives GPU_EXPORTER_SERVICE_HOST, GPU_EXPORTER_PORT, ...
-# These name no flag: they are told apart by their shape, name and value together.
-_IP = r"(?:[0-9.]+|\[?[0-9A-Fa-f:.]+\]?)"
-_PROTOCOL = r"(?:tcp|udp|sctp)"
-_LINK_SHAPES = (
-    (re.compile(r"_SERVICE_HOST"), re.compile(_IP)),
-    (re.compile(r"_SERVICE_PORT(?:_[A-Z0-9_]+)?"), re.compile(r"[0-9]{1,5}")),
-    (re.compile(r"_PORT"), re.compile(rf"{_PROTOCOL}://{_IP}:[0-9]{{1,5}}")),
-    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)"),
-     re.compile(rf"{_PROTOCOL}://{_IP}:[0-9]{{1,5}}")),
-    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_PROTO"), re.compile(_PROTOCOL)),
-    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_PORT"), re.compile(r"[0-9]{1,5}")),
-    (re.compile(r"_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_ADDR"), re.compile(_IP)),
-    (re.compile(r"_NAME"), re.compile(r"/.*")),
-    (re.compile(r"_ENV_[A-Za-z0-9_]+"), re.compile(r".*", re.DOTALL)),
-)
+# (kubernetes pkg/kubelet/envvars/envvars.go, FromServices): the Service name upper-cased
+# with "-" as "_", then SERVICE_HOST (the cluster IP), SERVICE_PORT (the first port),
+# SERVICE_PORT_<port name>, and the Docker-link set (makeLinkVariables) PORT (the first
+# port's URL), PORT_<port>_<PROTO> (its URL), ..._PROTO, ..._PORT and ..._ADDR. A Service
+# named like ours (the chart's and the manifests' own) gives GPU_EXPORTER_SERVICE_HOST,
+# GPU_EXPORTER_PORT, ... These name no flag: they are told apart by name and value
+# together, each value in the exact form the kubelet writes (Docker's own legacy links,
+# <ALIAS>_NAME and <ALIAS>_ENV_<VAR>, are never set by a kubelet: not skipped).
+_LINK_PREFIX = re.compile(r"[A-Z][A-Z0-9_]*")  # a Service name (DNS-1035), as a variable
+_LINK_SUFFIX = re.compile(
+    r"_(?:(?P<host>SERVICE_HOST)|SERVICE_PORT(?:_[A-Z0-9_]+)?|(?P<url>PORT)"
+    r"|PORT_(?P<port>[1-9][0-9]{0,4})_(?P<proto>TCP|UDP|SCTP)(?:_(?P<field>PROTO|PORT|ADDR))?)")
+
+
+def _cluster_ip(text: str) -> bool:
+    """An IPv4 or IPv6 address as a Service's ``spec.clusterIP`` holds it."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return "%" not in text  # a zone (fe80::1%eth0) is never a cluster IP
+
+
+def _port(text: str) -> bool:
+    return re.fullmatch(r"[1-9][0-9]{0,4}", text) is not None and int(text) <= 65535
+
+
+def _link_url(text: str, port: str | None = None, proto: str | None = None) -> bool:
+    """``<proto>://<ip>:<port>`` as Go's net.JoinHostPort writes it (IPv6 in brackets)."""
+    match = re.fullmatch(r"(tcp|udp|sctp)://(?:\[([0-9a-fA-F:.]+)\]|([0-9.]+)):([0-9]+)", text)
+    if match is None or not _port(match[4]) or (port is not None and match[4] != port):
+        return False
+    if proto is not None and match[1] != proto.lower():
+        return False
+    ip = match[2] or match[3]
+    return _cluster_ip(ip) and (":" in ip) == (match[2] is not None)
+
+
+def _link_suffixes(name: str) -> list[re.Match[str]]:
+    """Every way ``name`` reads as a Service name plus a link suffix (a Service may be
+    named ``x-port`` or ``x-service``: each split is tried)."""
+    out = []
+    for i, c in enumerate(name):
+        if c == "_" and _LINK_PREFIX.fullmatch(name[:i]):
+            match = _LINK_SUFFIX.fullmatch(name, i)
+            if match is not None:
+                out.append(match)
+    return out
 
 
 def is_service_link(name: str, value: str) -> bool:
-    """Whether ``name=value`` is a variable the kubelet or Docker sets for a Service or a
-    linked container (never a flag: no flag's variable has these shapes)."""
-    for suffix, shape in _LINK_SHAPES:
-        match = re.fullmatch(rf"[A-Z0-9_]*?({suffix.pattern})", name)
-        if match and match.start(1) > 0 and shape.fullmatch(value):
-            return True
-    return False
+    """Whether ``name=value`` is a variable the kubelet sets for a Service: its name's
+    shape and its value's exact form (never a flag: no flag's variable has these names)."""
+    return any(_link_value(match, value) for match in _link_suffixes(name))
+
+
+def _link_value(match: re.Match[str], value: str) -> bool:
+    if match["host"]:
+        return _cluster_ip(value)
+    if match["url"]:
+        return _link_url(value)
+    port, proto, field = match["port"], match["proto"], match["field"]
+    if port is None:  # SERVICE_PORT, SERVICE_PORT_<name>
+        return _port(value)
+    if field is None:
+        return _link_url(value, port, proto)
+    if field == "PROTO":
+        return value == proto.lower()
+    if field == "PORT":
+        return value == port
+    return _cluster_ip(value)
+
+
+def _known_variables() -> dict[str, str]:
+    """Every variable that names a key -> the key."""
+    return {env_name(key): key for key in (*KEYS, *COLLECTOR_KEYS, "config.file")}
+
+
+def ignored_variables(environ: Mapping[str, str]) -> list[str]:
+    """The ``GPU_EXPORTER_*`` variables skipped as the kubelet's Service links, sorted:
+    the daemon names them in one line at start."""
+    known = _known_variables()
+    return [name for name in sorted(environ) if name.startswith(ENV_PREFIX)
+            and name not in known and is_service_link(name, environ[name])]
 
 
 def _check_environment(environ: Mapping[str, str]) -> None:
     """A ``GPU_EXPORTER_*`` variable that names no key is a typo: an error, as in the file.
-    The kubelet's Service-link variables (``is_service_link``) are not typos: skipped."""
-    known = {env_name(key) for key in (*KEYS, *COLLECTOR_KEYS, "config.file")}
+    The kubelet's Service-link variables (``is_service_link``) are not typos: skipped. A
+    variable named as a flag's plus a link suffix whose value is not the link's exact form
+    is a flag's variable gone wrong (``..._ADDRESS_PORT=:9445``): said so."""
+    known = _known_variables()
     for name in sorted(environ):
         if name.startswith(ENV_PREFIX) and name not in known:
             if is_service_link(name, environ[name]):
                 continue
+            var = max((v for v in known if name.startswith(v + "_")), key=len, default=None)
+            if var is not None and _link_suffixes(name):
+                raise ConfigError(name, f"unknown variable: {var} (--{known[var]}) with the "
+                                  f"suffix {name.removeprefix(var)} of a Kubernetes Service "
+                                  "link, but its value is not that link's")
             switch = ENV_PREFIX + name.removeprefix(ENV_PREFIX + "NO_")
             if name.startswith(ENV_PREFIX + "NO_") and switch in known:
                 # --no-collector.x is a command-line form only: a variable holds a value.

@@ -26,11 +26,11 @@ over the old name, which replaces a planted symlink or FIFO instead of following
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import json
 import math
 import os
-import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,6 +40,8 @@ from typing import IO, Any
 
 import structlog
 
+from exporter.core import untrusted_file
+
 log = structlog.get_logger("exporter.app.lastrun")
 
 RUN_FILE = "run.json"
@@ -48,7 +50,9 @@ WINDOW_S = 3600.0
 KEEP_STARTS = 64
 MAX_READ = 64 * 1024  # of either file: a state file is never trusted to be small
 # Opened without following a symlink (ELOOP) and without waiting for a FIFO's writer.
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+RUN_KIND = untrusted_file.Kind("state file", MAX_READ, follow=False)
+# faulthandler writes every thread's stack: its first MAX_READ bytes are kept of a longer one
+CRASH_KIND = untrusted_file.Kind("state file", 1 << 20, follow=False)
 
 
 @dataclass(frozen=True)
@@ -70,32 +74,14 @@ def state_dir(flag: str | None, environ: Any) -> str | None:
     return systemd or None
 
 
-def read_state_file(path: Path) -> tuple[bytes, str]:
-    """(the file's first ``MAX_READ`` bytes plus one, why it was not read): a missing file
-    is (b"", ""); a symlink, FIFO, socket, device or directory is (b"", the reason)."""
+def read_state_file(path: Path, kind: untrusted_file.Kind = RUN_KIND) -> tuple[bytes, str]:
+    """(the file's bytes, why it was not read): a missing file is (b"", ""); a symlink,
+    FIFO, socket, device, directory or a file over ``kind``'s size is (b"", the reason).
+    Read by exporter.core.untrusted_file, links not followed."""
     try:
-        fd = os.open(path, _READ_FLAGS)
-    except FileNotFoundError:
-        return b"", ""
-    except OSError as e:  # ELOOP: a symlink; ENXIO: a socket; EACCES, ...
-        return b"", "symlink" if os.path.islink(path) else (e.strerror or str(e))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            return b"", "not a regular file"
-        chunks: list[bytes] = []
-        left = MAX_READ + 1
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks), ""
-    except OSError as e:
-        return b"", e.strerror or str(e)
-    finally:
-        os.close(fd)
+        return untrusted_file.read(path, kind), ""
+    except untrusted_file.UnreadableFile as e:
+        return b"", "" if e.errno == errno.ENOENT else e.reason
 
 
 def _number(value: Any) -> bool:
@@ -215,7 +201,8 @@ class RunRecord:
 
     def _read(self, name: str) -> bytes:
         """A state file's bytes, or b"" and one warning when it is not a regular file."""
-        raw, why = read_state_file(self.dir / name)
+        raw, why = read_state_file(self.dir / name,
+                                   CRASH_KIND if name == CRASH_FILE else RUN_KIND)
         if why:
             log.warning("state file ignored", path=str(self.dir / name), reason=why)
         return raw[:MAX_READ] if name == CRASH_FILE else raw

@@ -34,7 +34,8 @@ from types import MappingProxyType
 
 import structlog
 
-from exporter.core.config import Config, open_regular
+from exporter.core import untrusted_file
+from exporter.core.config import Config
 from exporter.core.fieldspec import MetricSpec, Otlp
 from exporter.core.joins import Row
 from exporter.core.labels import ErrorReason
@@ -49,6 +50,7 @@ SPEC = MetricSpec("gpu_slurm_job_info",
                   otlp=Otlp("gpu.slurm.job", "{info}", labels={"job": "gpu.slurm.job.id"}))
 FAMILY, DOC = SPEC.name, SPEC.help
 MAX_FILE_BYTES = 64 * 1024
+SLURM_FILE = untrusted_file.Kind("Slurm job file", MAX_FILE_BYTES)
 MAX_JOB_CHARS = 128
 # Jobs served per GPU: 8 GPUs x 64 = 512 series at most. A GPU shared by time-slicing
 # or MPS carries a few jobs; more than 64 means a prolog that never cleans up.
@@ -151,8 +153,8 @@ class SlurmBackend:
         if st.st_size > MAX_FILE_BYTES:
             return stamp, None
         try:
-            with open_regular(path, errors="replace") as f:  # never waits on a FIFO
-                return stamp, capped(parse_jobs(f.read(MAX_FILE_BYTES)))
+            return stamp, capped(parse_jobs(untrusted_file.read_text(  # never waits on a FIFO
+                path, SLURM_FILE, errors="replace")))
         except OSError:
             return stamp, None
 

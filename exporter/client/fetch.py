@@ -18,6 +18,8 @@ import socket
 import ssl
 import threading
 
+from exporter.core import untrusted_file
+from exporter.core.secret import Secret
 from exporter.core.units import printable
 
 MAX_REPLY = 64 << 20  # bytes: /snapshot of a large node is a few MiB
@@ -64,6 +66,51 @@ class UnixHTTPConnection(http.client.HTTPConnection):
             raise
 
 
+# OpenSSL's X509_V_ERR_* codes (x509_vfy.h) that ssl.SSLCertVerificationError.verify_code
+# holds, by the fault a user can act on.
+_SELF_SIGNED = {18, 19}  # DEPTH_ZERO_SELF_SIGNED_CERT, SELF_SIGNED_CERT_IN_CHAIN
+_EXPIRED = {10}  # CERT_HAS_EXPIRED
+_NOT_YET_VALID = {9}  # CERT_NOT_YET_VALID
+_WRONG_HOST = {62, 64}  # HOSTNAME_MISMATCH, IP_ADDRESS_MISMATCH
+_UNKNOWN_CA = {2, 20, 21}  # UNABLE_TO_GET_ISSUER_CERT(_LOCALLY), UNABLE_TO_VERIFY_LEAF_SIGNATURE
+
+
+def certificate_fault(error: ssl.SSLError, host: str) -> str:
+    """A TLS failure in the words that say which flag helps: a self-signed, expired or
+    not yet valid certificate, one for another host, one from a CA this machine does not
+    trust; else OpenSSL's reason. One line, without "CERTIFICATE_VERIFY_FAILED" alone."""
+    if not isinstance(error, ssl.SSLCertVerificationError):
+        return f"TLS: {error.reason or error}"
+    code = error.verify_code
+    if code in _SELF_SIGNED:
+        return ("TLS: the server's certificate is self-signed: give it (or the CA that "
+                "signed it) with --tls.ca-file, or skip the check with "
+                "--tls.insecure-skip-verify")
+    if code in _EXPIRED:
+        return ("TLS: the server's certificate has expired: renew it on the server "
+                "(--tls.insecure-skip-verify skips the check)")
+    if code in _NOT_YET_VALID:
+        return ("TLS: the server's certificate is not valid yet: check this machine's "
+                "clock (--tls.insecure-skip-verify skips the check)")
+    if code in _WRONG_HOST:
+        return (f"TLS: the server's certificate is not for {host}: connect by a name it "
+                "holds, or give that name with --tls.server-name")
+    if code in _UNKNOWN_CA:
+        return ("TLS: the server's certificate is signed by a CA this machine does not "
+                "trust: give that CA with --tls.ca-file")
+    return f"TLS: {error.verify_message or error.reason or error}"
+
+
+def json_values(body: bytes | bytearray) -> int:
+    """An upper bound on the JSON values ``body`` decodes to, counted without decoding:
+    every value but the first follows a ``[``, ``,`` or ``:``, and a ``{`` is counted
+    too (an object costs more than a value). Bytes inside strings count as well, which
+    only overestimates. A decoded value costs at most about 100 bytes (a one-key dict):
+    this bounds a reply's decoded size before it exists (16 MiB of ``{}`` is 5.6 million
+    dicts, 1 GB)."""
+    return (body.count(b"[") + body.count(b",") + body.count(b":") + body.count(b"{") + 1)
+
+
 def redact_url(address: str) -> str:
     """``address`` with the password of any ``user:password@`` replaced by ``***``."""
     scheme, sep, rest = address.rpartition("://")
@@ -73,7 +120,8 @@ def redact_url(address: str) -> str:
     return f"{scheme}{sep}{userinfo.partition(':')[0]}:***@{host}"
 
 
-def _snapshot_url(address: str, endpoint: str = "/snapshot") -> tuple[str, str | None, str | None]:
+def _snapshot_url(address: str, endpoint: str = "/snapshot"
+                  ) -> tuple[str, str | None, Secret]:
     """(the ``endpoint`` URL without credentials, user, password); ValueError when bad."""
     import urllib.parse
 
@@ -88,7 +136,7 @@ def _snapshot_url(address: str, endpoint: str = "/snapshot") -> tuple[str, str |
     path = parts.path.rstrip("/")
     target = urllib.parse.urlunsplit((parts.scheme, netloc, f"{path}{endpoint}", "", ""))
     user = urllib.parse.unquote(parts.username) if parts.username is not None else None
-    return target, user, urllib.parse.unquote(parts.password or "")
+    return target, user, Secret(urllib.parse.unquote(parts.password or ""))
 
 
 def _context(https: bool, ca_file: str | None, insecure: bool,
@@ -97,6 +145,8 @@ def _context(https: bool, ca_file: str | None, insecure: bool,
     ``insecure``. None: plain HTTP."""
     if not (https or ca_file or insecure):
         return None
+    if ca_file:  # ssl opens it itself: a FIFO would hold that open() for good
+        untrusted_file.check(ca_file, untrusted_file.PEM)
     context = ssl.create_default_context(cafile=ca_file)
     if insecure:
         context.check_hostname = False
@@ -139,7 +189,7 @@ def fetch_snapshot(address: str, timeout: float = 10.0, ca_file: str | None = No
         parts = urllib.parse.urlsplit(target)
         host, port, path = parts.hostname or "", parts.port, parts.path + query[1] + query[2]
         if user is not None:
-            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            token = base64.b64encode(f"{user}:{password.reveal()}".encode()).decode()
             headers["Authorization"] = f"Basic {token}"
         if parts.scheme == "https":
             conn = http.client.HTTPSConnection(

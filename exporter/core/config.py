@@ -6,14 +6,16 @@ of the program trusts the Config it is handed.
 
 from __future__ import annotations
 
-import errno
 import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
+
+from exporter.core import untrusted_file
+from exporter.core.secret import Secret, control_character
 
 # Collector switch defaults and old switch names come from the backend table.
 # Old collector switch names that still work: --collector.processes is --collector.fdinfo.
@@ -121,7 +123,7 @@ class Config:
     otlp_endpoint: str | None = None
     otlp_interval: float = 15.0
     otlp_timeout: float | None = None
-    otlp_headers: tuple[tuple[str, str], ...] | None = None
+    otlp_headers: tuple[tuple[str, Secret], ...] | None = None
     otlp_ca_file: str | None = None
     otlp_only: bool = False
 
@@ -353,52 +355,66 @@ def parse_url(key: str, value: object) -> str:
     return text
 
 
-def parse_headers(key: str, value: object) -> tuple[tuple[str, str], ...]:
-    """``k=v,k2=v2``, the form of OTEL_EXPORTER_OTLP_HEADERS; names are HTTP tokens."""
+def parse_headers(key: str, value: object) -> tuple[tuple[str, Secret], ...]:
+    """``k=v,k2=v2``, the form of OTEL_EXPORTER_OTLP_HEADERS; names are HTTP tokens. The
+    values are Secrets (an Authorization header is the common one): an error names the
+    pair, never a value, and a control character in one is refused."""
     headers = []
-    for item in str(value).split(","):
+    for n, item in enumerate(str(value).split(","), 1):
         name, sep, v = item.partition("=")
         if not sep or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name.strip()):
-            raise ConfigError(key, f"not name=value pairs separated by commas: {value!r}")
-        headers.append((name.strip(), v.strip()))
+            raise ConfigError(key, f"not name=value pairs separated by commas (pair {n} "
+                                   "is not one)")
+        bad = control_character(v.strip())
+        if bad is not None:
+            raise ConfigError(key, f"the value of {name.strip()} contains {bad}")
+        headers.append((name.strip(), Secret(v.strip())))
     return tuple(headers)
 
 
-def open_regular(path: str, errors: str = "strict") -> TextIO:
-    """A configuration file opened for reading as UTF-8 text, never blocking: a FIFO (or
-    a device, a socket) at the path would hold open() or read() forever, and a reload
-    thread with it; only a regular file is read (OSError otherwise, with the reason)."""
-    import os
-    import stat
+def yaml_problem(e: Exception) -> str:
+    """A YAML error in one line, without the text of the file: PyYAML's own message
+    quotes the lines around the fault, which may hold a password or a key."""
+    import yaml
 
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        # The problem quotes a tag or an alias whole ("the tag '!hunter2'", in either
+        # quotes): a password that starts with ! or * is one. A quoted character ('%')
+        # says what to fix and is kept.
+        problem = re.sub(r"(['\"]).{3,}\1", "(not shown)", e.problem or e.context or "malformed",
+                         flags=re.DOTALL)
+        return f"{problem}{where}"
+    if isinstance(e, yaml.reader.ReaderError):  # a control character: its code, its place
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        return f"a character YAML does not allow (U+{code:04X}) at character {e.position}"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e) if type(e) is yaml.YAMLError else type(e).__name__  # the bounds' own
+
+
+def load_yaml(path: str, kind: untrusted_file.Kind = untrusted_file.CONFIG) -> Any:
+    """A YAML file read under ``kind``'s rules (exporter.core.untrusted_file) and parsed
+    with nesting and aliases bounded; OSError (the file, untrusted_file's rules) or
+    ValueError (``<path> is not valid YAML: ...``, never the file's text)."""
+    import yaml  # only when a file is given: keeps the daemon's resident size down
+
+    text = untrusted_file.read_text(path, kind)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a FIFO" if stat.S_ISFIFO(mode) else \
-                "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-            raise OSError(errno.EINVAL, f"{kind}; a regular file is needed")
-        return open(fd, encoding="utf-8", errors=errors, closefd=True)
-    except BaseException:
-        os.close(fd)
-        raise
+        return yaml.load(text, Loader=_bounded_loader())  # noqa: S506 (a SafeLoader)
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ValueError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
 
 
 def load_yaml_mapping(key: str, path: str) -> dict[str, Any]:
     """A YAML file that must hold a mapping; any problem is a ConfigError naming ``key``."""
-    import yaml  # only when a file is given: keeps the daemon's resident size down
-
     try:
-        with open_regular(path) as f:
-            data = yaml.load(f, Loader=_bounded_loader()) or {}  # noqa: S506 (a SafeLoader)
+        data = load_yaml(path) or {}
     except OSError as e:
-        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(key, f"{path} is not UTF-8 text: {e.reason} at byte {e.start}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(key, f"{path} is not valid YAML: {e}") from None
-    except RecursionError:
-        raise ConfigError(key, f"{path} is not valid YAML: nested too deeply") from None
+        raise ConfigError(key, f"cannot read {e}") from None
+    except ValueError as e:
+        raise ConfigError(key, str(e)) from None
     if not isinstance(data, dict):
         raise ConfigError(key, f"{path} must be a YAML mapping")
     return data

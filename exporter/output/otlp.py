@@ -296,7 +296,8 @@ class Pusher:
         self.session = PushSession(ca_file=config.otlp_ca_file is not None)
         self.exporter = OTLPMetricExporter(
             endpoint=self.endpoint, certificate_file=config.otlp_ca_file,
-            headers=dict(config.otlp_headers) if config.otlp_headers else None,
+            headers={name: value.reveal() for name, value in config.otlp_headers}
+            if config.otlp_headers else None,
             timeout=config.otlp_timeout,
             session=self.session)
         # The SDK's timeout: the flag, else OTEL_EXPORTER_OTLP_(METRICS_)TIMEOUT, else 10 s.

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import errno
 import json
-import math
 import os
 import signal
 import socket
@@ -56,6 +55,7 @@ from exporter.serve.middleware import (
     PasswordChecker,
     RateLimitMiddleware,
 )
+from exporter.serve.untrusted import param_count, param_number
 from exporter.serve.view import MAX_ROWS
 from exporter.serve.webconfig import WebConfig, tls_context
 
@@ -211,20 +211,19 @@ def build_app(config: Config, hub: Hub, renderer: Renderer, web: WebConfig | Non
         return HTMLResponse(body, headers={"Content-Security-Policy": _csp(installed)})
 
     async def history_json(request: Request) -> Response:
-        try:  # a unix time; anything else is the client's mistake, said as such
-            since = float(request.query_params.get("since", "0"))
-        except ValueError:
-            since = math.nan
-        if not math.isfinite(since):
+        # A unix time and a row count per GPU; anything else is the client's mistake,
+        # said as such (exporter.serve.untrusted: never an exception, never a 500).
+        since = param_number(request.query_params.get("since"), 0.0)
+        if since is None:
             return PlainTextResponse("since: not a number of seconds since the epoch\n",
                                      status_code=400)
-        rows = request.query_params.get("processes", str(MAX_ROWS))  # per GPU
-        if not rows.isdigit() or int(rows) > MAX_ROWS:
+        rows = param_count(request.query_params.get("processes"), MAX_ROWS, MAX_ROWS)
+        if rows is None:
             return PlainTextResponse(f"processes: a number of rows, 0 to {MAX_ROWS}\n",
                                      status_code=400)
         otlp = telemetry.otlp_status()
         body = await off_loop(request, renderer.pages, lambda: json.dumps(
-            history.as_json(since, otlp=otlp, rows=int(rows)), separators=(",", ":")).encode())
+            history.as_json(since, otlp=otlp, rows=rows), separators=(",", ":")).encode())
         if isinstance(body, Response):
             return body
         return Response(body, media_type="application/json",

@@ -1,11 +1,13 @@
-"""Reading JSON from the other end, which may be anything: each reader returns the value
-it asks for, or its "no data" (None, an empty string or mapping), and never raises;
-every string comes back printable (units.printable) and bounded. exporter.serve.view
-decodes the live view with these."""
+"""Reading what the other end sends, which may be anything: JSON values and a request's
+query parameters. Each reader returns the value it asks for, or its "no data" (None, an
+empty string or mapping), and never raises; every string comes back printable
+(units.printable) and bounded. exporter.serve.view decodes the live view with these, the
+server its query parameters."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -13,6 +15,8 @@ from exporter.core.labels import Vocabulary
 from exporter.core.units import printable
 
 MAX_TEXT = 512  # characters of any one string read back (a health reason is the longest)
+MAX_PARAM = 64  # characters of a numeric query parameter: a number needs far fewer
+_COUNT = re.compile(r"[0-9]{1,9}")  # ASCII digits: "²" is a digit to str.isdigit, not to int
 
 E = TypeVar("E", bound=Vocabulary)
 
@@ -72,3 +76,28 @@ T = TypeVar("T")
 
 def each(read: Callable[[Any], T | None], value: Any, limit: int) -> tuple[T, ...]:
     return tuple(x for x in (read(v) for v in items(value)[:limit]) if x is not None)
+
+
+def param_count(raw: str | None, default: int, high: int) -> int | None:
+    """A query parameter that is a whole number from 0 to ``high`` in ASCII digits;
+    ``default`` when absent; None (the client's mistake: a 400) otherwise."""
+    if raw is None:
+        return default
+    if not _COUNT.fullmatch(raw):
+        return None
+    value = int(raw)
+    return value if value <= high else None
+
+
+def param_number(raw: str | None, default: float) -> float | None:
+    """A query parameter that is a finite number (``since``: a unix time); ``default``
+    when absent; None otherwise (NaN, infinite, too long, not a number)."""
+    if raw is None:
+        return default
+    if len(raw) > MAX_PARAM:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None

@@ -53,6 +53,7 @@ from typing import Any
 
 import structlog
 
+from exporter.core import untrusted_file
 from exporter.core.config import ConfigError, load_yaml_mapping, parse_bool, parse_duration
 from exporter.serve.middleware import OPEN_PATHS
 
@@ -137,7 +138,7 @@ class WebConfig:
     cert_file: str | None = None
     key_file: str | None = None
     cert_pem: str | None = None  # inline (cert:), loaded from memory, never written out
-    key_pem: str | None = None  # inline (key:)
+    key_pem: str | None = field(default=None, repr=False)  # inline (key:): a private key
     client_ca_file: str | None = None
     client_ca: str | None = None  # inline PEM
     client_auth_type: str = "NoClientCert"
@@ -148,7 +149,7 @@ class WebConfig:
     prefer_server_ciphers: bool = True
     groups: tuple[str, ...] = GO_CURVES  # key exchange groups, OpenSSL names, in order
     headers: Mapping[str, str] = field(default_factory=dict)
-    basic_auth_users: Mapping[str, bytes] = field(default_factory=dict)
+    basic_auth_users: Mapping[str, bytes] = field(default_factory=dict, repr=False)
     rate_interval: float = 0.0  # seconds between requests; 0 = no limit
     rate_burst: int = 0
     warnings: tuple[str, ...] = ()  # said once at start
@@ -162,7 +163,7 @@ def _section(data: Mapping[str, Any], name: str, allowed: set[str], key: str) ->
     section = data.get(name) or {}
     if not isinstance(section, dict):
         raise ConfigError(key, f"{name} must be a mapping")
-    unknown = sorted(set(section) - allowed)
+    unknown = sorted(str(k) for k in set(section) - allowed)  # keys of any YAML type
     if unknown:
         raise ConfigError(key, f"unknown key {name}.{unknown[0]}")
     return section
@@ -238,7 +239,7 @@ def _headers(key: str, headers: Any) -> dict[str, str]:
 
 def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
     data = load_yaml_mapping(key, path)
-    unknown = sorted(set(data) - TOP_KEYS)
+    unknown = sorted(str(k) for k in set(data) - TOP_KEYS)  # keys of any YAML type
     if unknown:
         raise ConfigError(key, f"unknown key {unknown[0]} in {path}")
     tls = _section(data, "tls_server_config", TLS_KEYS, key)
@@ -255,8 +256,10 @@ def load_web_config(path: str, key: str = "web.config.file") -> WebConfig:
         if value is None:
             return None
         full = os.path.join(base, str(value))
-        if not os.path.isfile(full):
-            raise ConfigError(key, f"tls_server_config.{name}: no such file {full}")
+        try:  # ssl opens it itself: a FIFO there would hold that open() for good
+            untrusted_file.check(full, untrusted_file.PEM)
+        except OSError as e:
+            raise ConfigError(key, f"tls_server_config.{name}: {e}") from None
         return full
 
     for inline, file_key in (("cert", "cert_file"), ("key", "key_file"),

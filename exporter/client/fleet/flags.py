@@ -6,12 +6,12 @@ is refused before the terminal is touched."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from exporter.core import untrusted_file
 from exporter.core.config import (
     ConfigError,
     MetricNames,
@@ -85,13 +85,15 @@ def connect(url: str, flags: Mapping[str, str], ca_file: str | None = None,
             server_name=flags.get("tls.server-name") or tls.server_name,
             ca_file=ca_file or tls.ca_file,
             insecure_skip_verify=insecure or tls.insecure_skip_verify)
-        for flag, path in (("tls.ca-file", tls.ca_file), ("tls.cert-file", tls.cert_file),
-                           ("tls.key-file", tls.key_file),
-                           ("prometheus.bearer-token-file", flags.get(
-                               "prometheus.bearer-token-file", ""))):
-            if path and not os.path.isfile(path):
+        for flag, path, kind in (
+                ("tls.ca-file", tls.ca_file, untrusted_file.PEM),
+                ("tls.cert-file", tls.cert_file, untrusted_file.PEM),
+                ("tls.key-file", tls.key_file, untrusted_file.PEM),
+                ("prometheus.bearer-token-file", flags.get("prometheus.bearer-token-file", ""),
+                 untrusted_file.SECRET)):
+            if path:
                 key = flag
-                raise ValueError(f"{path}: no such file")
+                untrusted_file.check(path, kind)  # a FIFO, a device, a huge file: refused
         config = dataclasses.replace(config, tls_config=tls)
         key = "prometheus"
         api = PrometheusAPI(url, config, timeout=timeout, max_series=max_series)

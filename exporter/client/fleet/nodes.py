@@ -428,6 +428,6 @@ def load_history(api: PrometheusAPI, node: str | None = None,
         key = r.labels.get(label, "")
         if node is not None and (r.labels.get("GPU_I_ID") or "") and dcgm:
             key = f"{key}/{r.labels['GPU_I_ID']}"
-        if key:
-            series[key] = r.points
+        if key:  # no more points than asked for are kept (a server may send millions)
+            series[key] = r.points[-points:]
     return History(node=node, series=series, error=answer.error, truncated=answer.truncated)

@@ -1,18 +1,26 @@
 """A small client of the Prometheus HTTP API (``/api/v1/query``, ``/api/v1/query_range``),
 on the standard library, for ``gpu-exporter top --prometheus``.
 
-Answers are bounded: a byte cap on the reply (gzip included: the inflated size counts),
-a deadline for the whole exchange (not only per socket read), the ``limit`` and
-``timeout`` parameters sent with each query (servers that do not know ``limit`` ignore
-it) and a series cap applied here in any case. Nothing here raises on a bad reply: an
-``Answer`` carries the series, or the reason there are none.
+Answers are bounded, so that ``top --prometheus`` stays small whatever the server sends
+(bench/fleet_memory.py measures it): one ``ReplyBudget`` per client, shared by the
+queries in flight, caps the bytes of the replies being read (gzip included: the inflated
+size counts), the JSON values of the reply being decoded (counted on the bytes before
+``json.loads``: 16 MiB of ``{}`` is 5.6 million dicts) and the bytes the answers kept
+alive hold (given back as each Answer is dropped); replies are decoded one at a time,
+each held once. Also a deadline for the whole exchange (not only per socket read), the ``limit``
+and ``timeout`` parameters sent with each query (servers that do not know ``limit``
+ignore it) and a series cap applied here in any case. Nothing here raises on a bad
+reply: an ``Answer`` carries the series, or the reason there are none.
 
 The connection options mirror Prometheus' own ``http_config`` (what promtool reads with
 ``--http.config.file``): ``basic_auth`` (``username``, ``password``, ``password_file``),
 ``authorization`` (``type``, ``credentials``, ``credentials_file``; the older
 ``bearer_token``/``bearer_token_file``), ``tls_config`` (``ca_file``, ``cert_file``,
 ``key_file``, ``server_name``, ``insecure_skip_verify``). Secret files are read at each
-request, as Prometheus does, so a rotated token is picked up.
+request, as Prometheus does, so a rotated token is picked up, through
+exporter.core.untrusted_file (a FIFO is refused, not waited on); a password or token is a
+``Secret`` from the moment it is read, and a control character in one is an error that
+does not show it.
 """
 
 from __future__ import annotations
@@ -23,21 +31,31 @@ import http.client
 import json
 import math
 import ssl
+import threading
 import time
 import urllib.parse
+import weakref
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from exporter import __version__
-from exporter.client.fetch import redact_url
+from exporter.client.fetch import certificate_fault, json_values, redact_url
+from exporter.core import untrusted_file
+from exporter.core.config import load_yaml
+from exporter.core.secret import Secret, SecretError, control_character, header_value
 
 DEFAULT_TIMEOUT = 30.0  # seconds for one exchange, connection to last byte
-DEFAULT_MAX_BYTES = 64 << 20  # one reply, inflated
+DEFAULT_MAX_BYTES = 16 << 20  # the replies being read, inflated, together
+DEFAULT_MAX_VALUES = 400_000  # JSON values of the reply being decoded (20k series; ~40 MB)
+DEFAULT_MAX_HELD = 40 << 20  # bytes the answers alive hold (a fleet load's ~13 answers)
+# What a kept series costs, for Answer.held: the objects (a Series, its dict, a float)
+# and per label pair its two strings and dict entry, plus their text; a point is a tuple
+# of two floats. Measured with tracemalloc on CPython 3.11, rounded up.
+_SERIES_COST, _LABEL_COST, _POINT_COST = 400, 120, 110
 DEFAULT_MAX_SERIES = 20_000  # one answer
-SECRET_FILE_MAX = 64 << 10
 _CHUNK = 64 << 10
 
 
@@ -48,7 +66,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class BasicAuth:
     username: str = ""
-    password: str = field(default="", repr=False)
+    password: Secret = Secret("")
     password_file: str = ""
 
 
@@ -57,7 +75,7 @@ class Authorization:
     """``Authorization: <type> <credentials>``; Prometheus' default type is Bearer."""
 
     type: str = "Bearer"
-    credentials: str = field(default="", repr=False)
+    credentials: Secret = Secret("")
     credentials_file: str = ""
 
 
@@ -91,6 +109,8 @@ class HTTPClientConfig:
                                   "credentials_file")
             if not a.type or any(c.isspace() for c in a.type):
                 raise ConfigError("authorization: type must be one word (Bearer)")
+            if (bad := control_character(a.credentials.reveal())) is not None:
+                raise ConfigError(f"authorization: the credentials contain {bad}")
         tls = self.tls_config
         if bool(tls.cert_file) != bool(tls.key_file):
             raise ConfigError("tls_config: cert_file and key_file go together")
@@ -128,6 +148,9 @@ def http_config_from_mapping(data: Mapping[str, Any]) -> HTTPClientConfig:
             if not isinstance(value, want):
                 raise ConfigError(f"{name}.{key}: must be a {want.__name__}")
         sections[name] = dict(section)
+    for name, key in (("basic_auth", "password"), ("authorization", "credentials")):
+        if key in sections.get(name, {}):
+            sections[name][key] = Secret(sections[name][key])
     authorization = None
     if "authorization" in sections:
         authorization = Authorization(**sections["authorization"])
@@ -140,7 +163,7 @@ def http_config_from_mapping(data: Mapping[str, Any]) -> HTTPClientConfig:
         if authorization is not None:
             raise ConfigError("at most one of authorization, bearer_token and "
                               "bearer_token_file")
-        authorization = (Authorization(credentials=value) if key == "bearer_token"
+        authorization = (Authorization(credentials=Secret(value)) if key == "bearer_token"
                          else Authorization(credentials_file=value))
     config = HTTPClientConfig(
         basic_auth=BasicAuth(**sections["basic_auth"]) if "basic_auth" in sections else None,
@@ -151,24 +174,27 @@ def http_config_from_mapping(data: Mapping[str, Any]) -> HTTPClientConfig:
 
 
 def load_http_config(path: str | Path) -> HTTPClientConfig:
-    """Read an ``http_config`` YAML file (ConfigError when unreadable or invalid)."""
-    import yaml
-
+    """Read an ``http_config`` YAML file (ConfigError when unreadable or invalid; the
+    message names the file and the fault, never a line of it: it holds passwords)."""
     try:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: {e}") from None
+        data = load_yaml(str(path)) or {}
+    except (OSError, ValueError) as e:  # UnreadableFile names the file and the rule
+        raise ConfigError(str(e)) from None
     return http_config_from_mapping(data)
 
 
-def _secret(path: str) -> str:
-    """A secret file's first 64 KiB, surrounding whitespace trimmed (Prometheus trims)."""
-    with open(path, "rb") as f:
-        return f.read(SECRET_FILE_MAX).decode("utf-8", "replace").strip()
+def _secret(path: str) -> Secret:
+    """A secret file (at most untrusted_file.SECRET's 64 KiB, a regular file), surrounding
+    whitespace trimmed as Prometheus does."""
+    return Secret(untrusted_file.read_text(path, untrusted_file.SECRET, "replace").strip())
 
 
 def _ssl_context(tls: TLSConfig) -> ssl.SSLContext:
+    """ssl opens the CA, certificate and key files itself: each is checked first as
+    untrusted_file reads them (a FIFO would hold ssl's open() for good)."""
+    for path in (tls.ca_file, tls.cert_file, tls.key_file):
+        if path:
+            untrusted_file.check(path, untrusted_file.PEM)
     context = ssl.create_default_context(cafile=tls.ca_file or None)
     if tls.cert_file:
         context.load_cert_chain(tls.cert_file, tls.key_file)
@@ -213,6 +239,7 @@ class Answer:
     warnings: tuple[str, ...] = ()
     seconds: float = 0.0
     bytes: int = 0
+    held: int = 0  # about how many bytes its series hold (labels' text and objects)
 
     @property
     def ok(self) -> bool:
@@ -238,9 +265,16 @@ def _labels(raw: Any) -> dict[str, str] | None:
     return raw
 
 
-def parse_reply(expr: str, body: bytes, max_series: int = DEFAULT_MAX_SERIES,
-                status: int = 200) -> Answer:
-    """A Prometheus API reply -> Answer. Never raises."""
+def parse_reply(expr: str, body: bytes | bytearray, max_series: int = DEFAULT_MAX_SERIES,
+                status: int = 200, max_values: int = DEFAULT_MAX_VALUES) -> Answer:
+    """A Prometheus API reply -> Answer. Never raises. A reply of more than
+    ``max_values`` JSON values (exporter.client.fetch.json_values) is refused before it
+    is decoded."""
+    values = json_values(body)
+    if values > max_values:
+        return Answer(expr, error=f"reply of about {values:,} JSON values, over the "
+                      f"{max_values:,} one reply may hold: narrow the query (a selector)",
+                      bytes=len(body))
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError):
@@ -267,6 +301,7 @@ def parse_reply(expr: str, body: bytes, max_series: int = DEFAULT_MAX_SERIES,
         return Answer(expr, error=f"unexpected result type {str(kind)[:20]}", bytes=len(body))
     truncated = len(result) > max_series
     dropped = 0
+    held = 0
     series: list[Series] = []
     ranges: list[RangeSeries] = []
     for item in result[:max_series]:
@@ -280,6 +315,7 @@ def parse_reply(expr: str, body: bytes, max_series: int = DEFAULT_MAX_SERIES,
                 dropped += 1
                 continue
             series.append(Series(labels, v))
+            held += _labels_cost(labels)
             continue
         raw_points = item.get("values")
         if not isinstance(raw_points, list):
@@ -293,8 +329,13 @@ def parse_reply(expr: str, body: bytes, max_series: int = DEFAULT_MAX_SERIES,
                 continue
             points.append((float(raw[0]), v))
         ranges.append(RangeSeries(labels, tuple(points)))
+        held += _labels_cost(labels) + _POINT_COST * len(points)
     return Answer(expr, series=tuple(series), ranges=tuple(ranges), truncated=truncated,
-                  dropped=dropped, warnings=warnings, bytes=len(body))
+                  dropped=dropped, warnings=warnings, bytes=len(body), held=held)
+
+
+def _labels_cost(labels: Mapping[str, str]) -> int:
+    return _SERIES_COST + sum(_LABEL_COST + len(k) + len(v) for k, v in labels.items())
 
 
 # ---------------------------------------------------------------- transport
@@ -302,6 +343,67 @@ def parse_reply(expr: str, body: bytes, max_series: int = DEFAULT_MAX_SERIES,
 
 class _Failed(Exception):
     """A transport failure, with the message a view may show."""
+
+
+class ReplyBudget:
+    """What the replies and answers of one client may hold at once, shared by the
+    queries in flight: ``max_bytes`` of replies being read, ``max_values`` JSON values
+    for the one reply being decoded (``decoding``: one at a time, json.loads is bound by
+    the interpreter lock anyway), ``max_held`` bytes the answers alive hold (Answer.held,
+    given back as each answer is dropped)."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_values: int = DEFAULT_MAX_VALUES,
+                 max_held: int = DEFAULT_MAX_HELD) -> None:
+        self.max_bytes, self.max_values, self.max_held = max_bytes, max_values, max_held
+        self.bytes = 0
+        self.held = 0
+        self.decoding = threading.Lock()
+        self._lock = threading.Lock()
+
+    def take_bytes(self, n: int) -> bool:
+        with self._lock:
+            if self.bytes + n > self.max_bytes:
+                return False
+            self.bytes += n
+            return True
+
+    def give_bytes(self, n: int) -> None:
+        with self._lock:
+            self.bytes = max(0, self.bytes - n)
+
+    def take_held(self, n: int) -> bool:
+        with self._lock:
+            if self.held + n > self.max_held:
+                return False
+            self.held += n
+            return True
+
+    def give_held(self, n: int) -> None:
+        with self._lock:
+            self.held = max(0, self.held - n)
+
+
+class _Reading:
+    """The bytes one reply has taken from the budget (given back when it is decoded)."""
+
+    def __init__(self, budget: ReplyBudget) -> None:
+        self.budget = budget
+        self.taken = 0
+
+    def take(self, n: int) -> None:
+        if not self.budget.take_bytes(n):
+            mib = self.budget.max_bytes / (1 << 20)
+            if self.taken + n > self.budget.max_bytes:
+                raise _Failed(f"reply larger than {mib:g} MiB: narrow the query (a "
+                              "selector)")
+            raise _Failed(f"the replies in flight hold more than {mib:g} MiB together: "
+                          "narrow the queries (a selector)")
+        self.taken += n
+
+    def close(self) -> None:
+        self.budget.give_bytes(self.taken)
+        self.taken = 0
 
 
 class PrometheusAPI:
@@ -312,7 +414,8 @@ class PrometheusAPI:
 
     def __init__(self, url: str, http_config: HTTPClientConfig | None = None,
                  timeout: float = DEFAULT_TIMEOUT, max_bytes: int = DEFAULT_MAX_BYTES,
-                 max_series: int = DEFAULT_MAX_SERIES) -> None:
+                 max_series: int = DEFAULT_MAX_SERIES,
+                 budget: ReplyBudget | None = None) -> None:
         config = http_config or HTTPClientConfig()
         config.validate()
         address = url if "://" in url else f"http://{url}"
@@ -325,7 +428,7 @@ class PrometheusAPI:
                 raise ConfigError("credentials in the URL and in the HTTP configuration")
             config = HTTPClientConfig(
                 basic_auth=BasicAuth(urllib.parse.unquote(parts.username),
-                                     urllib.parse.unquote(parts.password or "")),
+                                     Secret(urllib.parse.unquote(parts.password or ""))),
                 tls_config=config.tls_config)
         self.config = config
         self.https = parts.scheme == "https"
@@ -336,6 +439,7 @@ class PrometheusAPI:
             (parts.scheme, parts.netloc.rpartition("@")[2], self.prefix, "", "")))
         self.timeout = timeout
         self.max_bytes = max_bytes
+        self.budget = budget or ReplyBudget(max_bytes)
         self.max_series = max_series
         self._context = _ssl_context(config.tls_config) if self.https else None
 
@@ -360,14 +464,28 @@ class PrometheusAPI:
         params = {**params, "timeout": f"{max(int(self.timeout), 1)}s",
                   "limit": str(self.max_series + 1)}
         started = time.monotonic()
+        budget = self.budget
+        reading = _Reading(budget)
         try:
-            status, body = self._exchange(endpoint, params, started + self.timeout)
+            status, body = self._exchange(endpoint, params, started + self.timeout, reading)
+            size = len(body)
+            with budget.decoding:  # one decode at a time, the reply's bytes held once
+                answer = parse_reply(expr, body, self.max_series, status, budget.max_values)
+            del body
         except _Failed as e:
             return Answer(expr, error=str(e), seconds=time.monotonic() - started)
-        answer = parse_reply(expr, body, self.max_series, status)
+        finally:
+            reading.close()
         if answer.ok and status != 200:  # a success body under an error status
-            answer = Answer(expr, error=f"HTTP {status}", bytes=len(body))
-        return dataclasses.replace(answer, seconds=time.monotonic() - started)
+            answer = Answer(expr, error=f"HTTP {status}", bytes=size)
+        elif answer.held and not budget.take_held(answer.held):
+            mib = budget.max_held / (1 << 20)
+            answer = Answer(expr, error=f"the answers kept would hold more than {mib:g} MiB "
+                            "together: narrow the queries (a selector)", bytes=size)
+        answer = dataclasses.replace(answer, seconds=time.monotonic() - started)
+        if answer.held:  # given back when the answer is dropped
+            weakref.finalize(answer, budget.give_held, answer.held)
+        return answer
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "Accept-Encoding": "gzip",
@@ -376,15 +494,21 @@ class PrometheusAPI:
             auth = self.config.basic_auth
             if auth is not None:
                 password = _secret(auth.password_file) if auth.password_file else auth.password
-                token = base64.b64encode(f"{auth.username}:{password}".encode()).decode()
-                headers["Authorization"] = f"Basic {token}"
+                token = base64.b64encode(
+                    f"{auth.username}:{password.reveal()}".encode()).decode()
+                headers["Authorization"] = header_value("basic_auth", "Basic", token)
             bearer = self.config.authorization
             if bearer is not None:
                 credentials = (_secret(bearer.credentials_file) if bearer.credentials_file
                                else bearer.credentials)
-                headers["Authorization"] = f"{bearer.type} {credentials}"
-        except OSError as e:
-            raise _Failed(f"secret file: {e.strerror or e}") from None
+                headers["Authorization"] = header_value(
+                    "the credentials" + (f" of {bearer.credentials_file}"
+                                         if bearer.credentials_file else ""),
+                    bearer.type, credentials)
+        except untrusted_file.UnreadableFile as e:  # names the file and the rule only
+            raise _Failed(f"secret file: {e}") from None
+        except SecretError as e:
+            raise _Failed(str(e)) from None
         return headers
 
     def _connection(self, deadline: float) -> http.client.HTTPConnection:
@@ -405,8 +529,8 @@ class PrometheusAPI:
             conn.connect = connect  # type: ignore[method-assign]
         return conn
 
-    def _exchange(self, endpoint: str, params: dict[str, str],
-                  deadline: float) -> tuple[int, bytes]:
+    def _exchange(self, endpoint: str, params: dict[str, str], deadline: float,
+                  reading: _Reading) -> tuple[int, bytearray]:
         body = urllib.parse.urlencode(params)
         headers = self._headers()
         path = self.prefix + endpoint
@@ -427,9 +551,10 @@ class PrometheusAPI:
                 if response.status in (401, 403):
                     raise _Failed(f"HTTP {response.status} {response.reason[:60]}: check the "
                                   "credentials")
-                return response.status, self._read(response, deadline)
+                return response.status, self._read(response, deadline, reading)
             except ssl.SSLError as e:
-                raise _Failed(f"TLS: {e.reason or e}") from None
+                raise _Failed(certificate_fault(e, self.config.tls_config.server_name
+                                                or self.host)) from None
             except TimeoutError:
                 raise _Failed(f"no answer from {self.display} within {self.timeout:g} s") \
                     from None
@@ -439,7 +564,9 @@ class PrometheusAPI:
                 conn.close()
         raise _Failed("HTTP 405: the server takes neither POST nor GET")
 
-    def _read(self, response: http.client.HTTPResponse, deadline: float) -> bytes:
+    def _read(self, response: http.client.HTTPResponse, deadline: float,
+              reading: _Reading) -> bytearray:
+        """The body, each chunk (inflated) taken from the budget before it is kept."""
         gzipped = response.getheader("Content-Encoding", "").strip().lower() == "gzip"
         inflate = zlib.decompressobj(16 + zlib.MAX_WBITS) if gzipped else None
         sock = getattr(getattr(response.fp, "raw", None), "_sock", None)
@@ -451,20 +578,23 @@ class PrometheusAPI:
                               f"{self.timeout:g} s")
             if sock is not None:  # each read waits at most until the deadline
                 sock.settimeout(left)
-            chunk = response.read1(_CHUNK)
-            if not chunk:
-                if inflate is not None:
-                    out += inflate.flush()
-                    if len(out) > self.max_bytes:
-                        raise _Failed(f"reply larger than {self.max_bytes >> 20} MiB")
-                break
-            if inflate is not None:
+            raw = response.read1(_CHUNK)
+            if inflate is None:
+                reading.take(len(raw))
+                out += raw
+            else:
+                # Inflated a chunk at a time, each taken from the budget before it is
+                # kept: a bomb is inflated no further than the budget's room.
                 try:
-                    chunk = inflate.decompress(chunk, self.max_bytes + 1 - len(out))
+                    data = inflate.decompress(raw, _CHUNK) if raw else inflate.flush()
+                    while True:
+                        reading.take(len(data))
+                        out += data
+                        if not inflate.unconsumed_tail:
+                            break
+                        data = inflate.decompress(inflate.unconsumed_tail, _CHUNK)
                 except zlib.error:
                     raise _Failed("reply is not valid gzip") from None
-            out += chunk
-            if len(out) > self.max_bytes:
-                raise _Failed(f"reply larger than {self.max_bytes >> 20} MiB: narrow the "
-                              "query (a selector) or raise the cap")
-        return bytes(out)
+            if not raw:
+                break
+        return out

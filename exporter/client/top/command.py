@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import time
 
-from exporter.client.fetch import fetch_snapshot, redact_url
+from exporter.client.fetch import ReplyTooLarge, fetch_snapshot, json_values, redact_url
 from exporter.client.terminal import HangUp as HangUp
 from exporter.client.terminal import Screen, Wakeup, run
 from exporter.client.terminal import _keys as _keys
@@ -51,6 +51,9 @@ from exporter.core.units import printable
 from exporter.serve.untrusted import number
 
 MAX_REPLY = 16 << 20  # bytes of one /api/v1/history reply: 8 GPUs' full history is ~0.3 MiB
+# JSON values of one reply, counted before it is decoded: 64 GPUs' full history is about
+# 500,000; a million one-key objects would be ~100 MB.
+MAX_VALUES = 1_000_000
 
 
 def deadline(interval: float) -> float:
@@ -68,9 +71,13 @@ def _poller(source: str, ca_file: str | None, insecure: bool, model: Model,
         since = model.since
         endpoint = "/api/v1/history" + (f"?since={since!r}" if since else "")
         try:
-            reply = json.loads(fetch_snapshot(source, timeout=deadline(interval),
-                                              ca_file=ca_file, insecure=insecure,
-                                              endpoint=endpoint, max_bytes=MAX_REPLY))
+            body = fetch_snapshot(source, timeout=deadline(interval), ca_file=ca_file,
+                                  insecure=insecure, endpoint=endpoint, max_bytes=MAX_REPLY)
+            if (values := json_values(body)) > MAX_VALUES:
+                raise ReplyTooLarge(f"reply of about {values:,} JSON values, over the "
+                                    f"{MAX_VALUES:,} top reads")
+            reply = json.loads(body)
+            del body
             wakeup.post("reply", reply)
             got = number(reply.get("interval")) if isinstance(reply, dict) else None
             interval = got if got is not None and 0.1 <= got <= 3600 else 1.0

@@ -123,11 +123,12 @@ def load_selection(include: str | None, exclude: str | None, metric_names: Metri
                          "both-dcgm4.9")
     import structlog
 
-    from exporter.core.config import open_regular
+    from exporter.core import untrusted_file
     from exporter.output.dcgm import parse_counters
 
-    with open_regular(counters_file, errors="replace") as f:  # a FIFO: refused, not waited on
-        counters = parse_counters(f.read(1 << 20))  # dcgm-exporter's own is 5 KiB
+    # A FIFO is refused, not waited on; dcgm-exporter's own file is 5 KiB.
+    counters = parse_counters(untrusted_file.read_text(counters_file, untrusted_file.LIST,
+                                                       errors="replace"))
     if counters.unknown or counters.malformed:
         structlog.get_logger(__name__).warning(
             "dcgm counters: fields not served", file=counters_file,

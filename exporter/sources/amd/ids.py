@@ -32,8 +32,7 @@ from pathlib import Path
 
 import structlog
 
-from exporter.core import units
-from exporter.core.fs import read_bytes
+from exporter.core import units, untrusted_file
 
 log = structlog.get_logger(__name__)
 
@@ -99,8 +98,12 @@ def lookup_paths(sysfs_root: str, flag: str | None,
 
 
 def _read(path: Path, limit: int) -> str | None:
-    raw = read_bytes(path)
-    return None if raw is None or len(raw) > limit else raw.decode("utf-8", "replace")
+    """The file as text (exporter.core.untrusted_file: a regular file of at most
+    ``limit`` bytes), None where it cannot be read so."""
+    try:
+        return untrusted_file.read_text(path, untrusted_file.Kind("ids file", limit), "replace")
+    except OSError:
+        return None
 
 
 class AmdgpuIds:
