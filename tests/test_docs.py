@@ -47,9 +47,15 @@ def golden_families() -> set[str]:
     return out
 
 
+def bench_flags() -> set[str]:
+    """The flags of the bench scripts (docs/performance.md quotes their commands)."""
+    return {flag for path in sorted((ROOT / "bench").glob("*.py"))
+            for flag in re.findall(r'add_argument\(\s*"--([a-z0-9-]+)"', path.read_text())}
+
+
 @pytest.mark.slow
 def test_every_flag_the_docs_name_is_a_flag_the_cli_accepts() -> None:
-    known = cli_flags() | cli_flags("top") | OTHER_TOOLS
+    known = cli_flags() | cli_flags("top") | OTHER_TOOLS | bench_flags()
     unknown = []
     for path in DOCS:
         for flag in flags_in(exporter_text(path)):
