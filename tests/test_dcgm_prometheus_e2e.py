@@ -233,7 +233,8 @@ def test_every_field_an_alert_queries_returns_data(alert: str, prometheus: str) 
             assert result, f"{alert}: {name} returns no data"
 
 
-def test_alert_rules_load_and_evaluate(prometheus: str) -> None:
+def evaluated_rules(prometheus: str) -> list[dict[str, Any]]:
+    """The rules Prometheus loaded, once each has been evaluated (10 s at most)."""
     deadline = time.monotonic() + 10
     rules: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
@@ -243,6 +244,11 @@ def test_alert_rules_load_and_evaluate(prometheus: str) -> None:
         if rules and all(not r["lastEvaluation"].startswith("0001") for r in rules):
             break
         time.sleep(0.5)
+    return rules
+
+
+def test_alert_rules_load_and_evaluate(prometheus: str) -> None:
+    rules = evaluated_rules(prometheus)
     assert {r["name"] for r in rules} == {a["alert"] for a in REFERENCES["alerts"]}
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 

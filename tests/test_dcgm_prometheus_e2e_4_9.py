@@ -39,6 +39,7 @@ from tests.test_dcgm_prometheus_e2e import (
     RX7800XT_VRAM_MIB,
     dashboard_promql,
     dcgm_names,
+    evaluated_rules,
     extra_args,
     extra_env,
     label_values,
@@ -148,15 +149,7 @@ def test_every_field_an_alert_queries_returns_data(alert: str, prometheus: str) 
 
 
 def test_alert_rules_load_and_evaluate(prometheus: str) -> None:
-    deadline = time.monotonic() + 10
-    rules: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        status, body = get(f"{prometheus}/api/v1/rules")
-        assert status == 200
-        rules = [r for g in json.loads(body)["data"]["groups"] for r in g["rules"]]
-        if rules and all(not r["lastEvaluation"].startswith("0001") for r in rules):
-            break
-        time.sleep(0.5)
+    rules = evaluated_rules(prometheus)
     assert {r["name"] for r in rules} == {a["alert"] for a in ALERTS}
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 

@@ -6,16 +6,12 @@ driver version and the host name. Prints each compared pair. Skipped without a G
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
-from tests.hardware.test_nvidia_h100 import REPO, free_port, scrape, smi, value
+from tests.hardware.harness import exporter, scrape, smi, value
 
 # dcgm4.9 name -> (our family, its labels, factor from ours to the dcgm4.9 unit)
 PAIRS = {
@@ -32,26 +28,8 @@ PAIRS = {
 
 @pytest.fixture
 def daemon() -> Iterator[int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter.app.cli", "--web.listen-address", f"127.0.0.1:{port}",
-         "--metric-names", "both-dcgm4.9"],
-        cwd=REPO, env={**os.environ, "NODE_NAME": "hw-node", "PYTHONPATH": os.pathsep.join(
-            [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("the exporter did not become ready") from None
-                time.sleep(0.2)
+    with exporter("--metric-names", "both-dcgm4.9", env={"NODE_NAME": "hw-node"}) as port:
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_the_4_9_names_are_the_exporters_values_in_the_new_units(daemon: int) -> None:

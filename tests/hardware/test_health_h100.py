@@ -9,14 +9,9 @@ GPU setting. Prints the verdict, the reasons and what nvidia-smi says, so they c
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,44 +20,14 @@ from exporter.core.config import Config
 from exporter.pipeline.health import HEALTHY
 from exporter.sources.nvidia.backend import NvidiaBackend
 from exporter.sources.nvidia.health import RECOVERY_ACTIONS, RECOVERY_FIELD
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get(port: int, path: str) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-        body: bytes = r.read()
-    return body.decode()
+from tests.hardware.harness import exporter, get
 
 
 @pytest.fixture
 def daemon() -> Iterator[int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter.app.cli", "--web.listen-address", f"127.0.0.1:{port}",
-         "--collector.slow-interval", "2s"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2).status \
-                        == 200:
-                    break
-            except OSError:
-                time.sleep(0.2)
+    with exporter("--collector.slow-interval", "2s") as port:
         time.sleep(3)  # a slow cycle or two: recovery action, ECC, remap state
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.mark.slow

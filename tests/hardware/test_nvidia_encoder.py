@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from tests.hardware.test_nvidia_h100 import SLOW_INTERVAL, daemon, scrape, smi, value
+from tests.hardware.harness import scrape, smi, value
+from tests.hardware.test_nvidia_h100 import SLOW_INTERVAL, daemon
 
 __all__ = ["daemon"]  # the fixture, imported for the test below
 

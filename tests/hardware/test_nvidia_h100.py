@@ -9,22 +9,18 @@ so they can be quoted. Skipped without a GPU (see conftest.py).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.sources.nvidia.device import COUNTERS_EVERY
+from tests.hardware.harness import exporter, scrape, smi, value
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 HOLD_BYTES = 6 * (1 << 30)
 SLOW_INTERVAL = 2.0
@@ -42,60 +38,10 @@ while time.time() < end:
     torch.cuda.synchronize()
 """
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def scrape(port: int) -> Samples:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    want = set(labels.items())
-    found = [v for (n, ls), v in samples.items() if n == name and want <= ls]
-    assert len(found) == 1, f"{name}{labels}: {len(found)} series"
-    return found[0]
-
-
-def smi(*args: str) -> list[list[str]]:
-    out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=True, timeout=30).stdout
-    return [[c.strip() for c in line.split(",")] for line in out.strip().splitlines() if line]
-
-
 @pytest.fixture
 def daemon() -> Iterator[int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter.app.cli", "--web.listen-address", f"127.0.0.1:{port}",
-         "--collector.slow-interval", f"{SLOW_INTERVAL}s"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
-    try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError("the exporter did not become ready") from None
-                time.sleep(0.2)
+    with exporter("--collector.slow-interval", f"{SLOW_INTERVAL}s") as port:
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_exported_values_agree_with_nvidia_smi(daemon: int) -> None:

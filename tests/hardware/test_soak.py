@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.hardware.test_nvidia_h100 import REPO, Samples, free_port, scrape, smi
+from tests.hardware.harness import REPO, Samples, free_port, scrape, smi
 from tests.hardware.test_nvidia_nvlink_health import per_gpu, smi_text
 
 SOAK_S = float(os.environ.get("SOAK_SECONDS", "0"))
