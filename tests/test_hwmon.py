@@ -174,3 +174,23 @@ def test_the_budget_is_sized_after_the_open_file_limit_is_raised() -> None:
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         FD_BUDGET.resize(before)
+
+
+def test_numbers_reads_a_plan_as_number_reads_each_file(tmp_path: Path) -> None:
+    """AttrReader.numbers (a card's fast plan in one loop) gives number()'s values and
+    errors and keeps the same descriptors."""
+    files = {"temp1_input": "40000\n", "temp2_input": "N/A\n", "temp3_input": "hot\n",
+             "temp5_input": "0x10\n", "temp7_input": "18446744073709551615\n",
+             "temp8_input": "99999999999999\n"}
+    d = chip(tmp_path, files)
+    (d / "temp4_input").mkdir()  # listed but unreadable: read error
+    names = sorted([*files, "temp4_input"])
+    one, errors_one = AttrReader(), Counter[str]()
+    want = [one.number(str(d), n, errors_one, 0.001, "celsius") for n in names]
+    many, errors_many = AttrReader(), Counter[str]()
+    assert many.numbers([(f"{d}/{n}", 0.001, "celsius") for n in names],
+                        errors_many) == want == [40.0, None, None, None, 0.016, None, None]
+    assert errors_many == errors_one == {"read": 1, "parse": 3}
+    assert many.kept == one.kept == len(files)
+    one.close()
+    many.close()

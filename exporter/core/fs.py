@@ -18,7 +18,7 @@ import os
 import resource
 import threading
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -304,14 +304,18 @@ class AttrReader:
                 _count(errors, ErrorReason.READ)
                 self._drop(path)
                 return None
+        return self._open_read(path, errors, size, keep)
+
+    def _open_read(self, path: str, errors: Counter[ErrorReason] | None, size: int,
+                   keep: bool) -> bytes | None:
+        """Open ``path`` (kept where the budgets allow and ``keep``) and read it."""
         kept = False
+        fd: int | None = None
         try:
-            if fd is None:
-                fd = os.open(path, OPEN_FLAGS)
-                if (keep and self.keep and len(self._fds) < FDS_PER_READER
-                        and FD_BUDGET.take()):
-                    self._fds[path] = fd
-                    kept = True
+            fd = os.open(path, OPEN_FLAGS)
+            if keep and self.keep and len(self._fds) < FDS_PER_READER and FD_BUDGET.take():
+                self._fds[path] = fd
+                kept = True
             data = os.pread(fd, size, 0)
         except OSError:
             _count(errors, ErrorReason.READ)
@@ -323,6 +327,40 @@ class AttrReader:
         if not kept:
             _close(fd)
         return data
+
+    def numbers(self, plan: Sequence[tuple[str, float, str]],
+                errors: Counter[ErrorReason] | None) -> list[float | None]:
+        """``number()`` of each ``(path, scale, unit)`` of ``plan``, in one loop: what a
+        card's fast cycle reads, its paths found once per layout by the caller (each
+        one a file its directory lists, ``f"{directory}/{name}"``). Same descriptors,
+        same errors and the same values as ``number()`` file by file, without its
+        per-file listing check, path building and calls."""
+        fds, pread = self._fds, os.pread
+        out: list[float | None] = []
+        for path, scale, unit in plan:
+            fd = fds.get(path)
+            if fd is None:
+                raw = self._open_read(path, errors, PAGE, True)
+            else:
+                try:
+                    raw = pread(fd, PAGE, 0)
+                except OSError:
+                    _count(errors, ErrorReason.READ)
+                    self._drop(path)
+                    raw = None
+            if raw is None:
+                out.append(None)
+                continue
+            digits = raw.strip()
+            if digits.isdigit() and len(digits) <= _MAX_DIGITS:  # number()'s fast path
+                as_int = int(digits)
+                value = None if as_int == _U64_MAX else _scaled(as_int, scale, unit)
+                if value is None:
+                    _count(errors, ErrorReason.PARSE)
+                out.append(value)
+            else:
+                out.append(_parse_number(raw, errors, scale, unit))
+        return out
 
     def text(self, directory: str, name: str, errors: Counter[ErrorReason] | None,
              keep: bool = True) -> str | None:
@@ -341,14 +379,10 @@ class AttrReader:
             # The common case, a plain decimal: units bounds it without the text path.
             as_int = int(digits)
             value = None if as_int == _U64_MAX else _scaled(as_int, scale, unit)
-        else:
-            text = clean_text(raw)
-            if text is None:
-                return None
-            value = None if text == U64_TEXT else units.parse_scaled(text, scale, unit)
-        if value is None:
-            _count(errors, ErrorReason.PARSE)
-        return value
+            if value is None:
+                _count(errors, ErrorReason.PARSE)
+            return value
+        return _parse_number(raw, errors, scale, unit)
 
     def link_speed(self, directory: str, name: str,
                    errors: Counter[ErrorReason] | None) -> int | None:
@@ -380,6 +414,19 @@ class AttrReader:
     def kept(self) -> int:
         """How many descriptors this reader holds open now."""
         return len(self._fds)
+
+
+def _parse_number(raw: bytes, errors: Counter[ErrorReason] | None, scale: float,
+                  unit: str) -> float | None:
+    """An attribute that is not a plain decimal: the text path (hex, a sign, a
+    fraction, ``N/A``, NUL padding); garbage and the u64 "no value" count as ``parse``."""
+    text = clean_text(raw)
+    if text is None:
+        return None
+    value = None if text == U64_TEXT else units.parse_scaled(text, scale, unit)
+    if value is None:
+        _count(errors, ErrorReason.PARSE)
+    return value
 
 
 def _count(errors: Counter[ErrorReason] | None, reason: ErrorReason) -> None:

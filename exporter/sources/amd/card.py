@@ -68,11 +68,7 @@ class _Files:
 
     def ratio(self, name: str) -> float | None:
         """A ``*_busy_percent`` file as 0..1 (a number that is no percentage: ``parse``)."""
-        percent = self.number(name, "count")  # not a number at all: counted there
-        value = units.ratio_from_percent(percent)
-        if value is None and percent is not None:
-            self.errors[ErrorReason.PARSE] += 1
-        return value
+        return _ratio(self.number(name, "count"), self.errors)  # not a number: counted there
 
     def dpm(self, name: str) -> list[DpmLevel]:
         if name not in self._dpm:
@@ -300,11 +296,91 @@ def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
     return out
 
 
+# The text attributes a fast cycle reads: (name, unit); "ratio" is a *_busy_percent.
+_FAST_FILES = (("gpu_busy_percent", "ratio"), ("mem_busy_percent", "ratio"),
+               ("vcn_busy_percent", "ratio"), ("mem_info_vram_used", "bytes"),
+               ("mem_info_gtt_used", "bytes"))
+_FAST_KINDS = ("temps", "power", "energy", "freqs", "volts")
+
+
+@dataclass(frozen=True)
+class _FastPlan:
+    """What a fast cycle reads, found once per layout (``AttrReader.memo``: until the
+    card's layout is listed again): every file as ``(path, scale, unit)`` for
+    ``AttrReader.numbers`` and where each value goes, so a cycle is one loop."""
+
+    reads: list[tuple[str, float, str]]
+    # reads[i] for i < len(hwmon): (index of its kind in _FAST_KINDS, label); the first
+    # channel of a label wins, as in the hwmon readers.
+    hwmon: list[tuple[int, str]]
+    files: dict[str, int]  # text attribute -> its index in reads (listed ones only)
+    chip: str | None  # the one hwmon chip (its fans); None where there is none
+
+
+def _fast_plan(r: _Files) -> _FastPlan | None:
+    """The card's plan; None where its hwmon layout is not one chip whose temperature
+    labels stay distinct once renamed (_HWMON_SENSORS): those keep _hwmon_values' way
+    of joining chips (the last chip's value wins a label, the first channel within one)."""
+    chips = hwmon.hwmon_dirs(r.dir, r.r)
+    if len(chips) > 1:
+        return None
+    channels = hwmon.channel_files(chips[0], r.r) if chips else []
+    temps = {label for kind, label, *_ in channels if kind == "temps"}
+    if len({_HWMON_SENSORS.get(k, k) for k in temps}) != len(temps):
+        return None
+    reads = [(path, scale, unit) for _, _, path, scale, unit in channels]
+    plan = [(_FAST_KINDS.index(kind), _HWMON_SENSORS.get(label, label) if kind == "temps"
+             else label) for kind, label, *_ in channels]
+    files: dict[str, int] = {}
+    listed = r.r.names(r.dir)
+    for name, unit in _FAST_FILES:
+        if name in listed:
+            files[name] = len(reads)
+            reads.append((f"{r.dir}/{name}", 1.0, "count" if unit == "ratio" else unit))
+    return _FastPlan(reads, plan, files, os.fspath(chips[0]) if chips else None)
+
+
+def _ratio(percent: float | None, errors: Counter[ErrorReason]) -> float | None:
+    """A ``*_busy_percent`` value as 0..1 (a number that is no percentage: ``parse``)."""
+    value = units.ratio_from_percent(percent)
+    if value is None and percent is not None:
+        errors[ErrorReason.PARSE] += 1
+    return value
+
+
 def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
                 counters: CardCounters, slow: bool) -> DeviceSample:
-    """What the card's text attributes and hwmon chips say."""
+    """What the card's text attributes and hwmon chips say: a fast cycle by the card's
+    _FastPlan where it has one, else (and on slow cycles) file by file."""
     slow = slow or counters.slow is None
-    hw = _hwmon_values(r, slow, counters.fan_max)
+    plan = None if slow else r.r.memo(("amd-fast", r.dir), lambda: _fast_plan(r))
+    if plan is None:
+        hw = _hwmon_values(r, slow, counters.fan_max)
+        util = r.ratio("gpu_busy_percent")
+        mem_util = r.ratio("mem_busy_percent")
+        video = r.ratio("vcn_busy_percent")
+        vram_used = r.number("mem_info_vram_used", "bytes")
+        gtt_used = r.number("mem_info_gtt_used", "bytes")
+    else:
+        values = r.r.numbers(plan.reads, r.errors)
+        kinds: list[dict[Any, float]] = [{}, {}, {}, {}, {}]
+        for (kind, label), value in zip(plan.hwmon, values, strict=False):  # the files follow
+            if value is not None:
+                into = kinds[kind]
+                if label not in into:
+                    into[label] = value
+        temps, power, energy, freqs, volts = kinds
+        fans = {} if plan.chip is None else hwmon.read_fan_ratios(
+            plan.chip, r.errors, r.r, maxima=counters.fan_max, refresh=False)
+        hw = {"temps": temps, "power": power, "energy": energy, "fans": fans,
+              "freqs": freqs, "volts": volts}
+        at = plan.files.get
+        util = _ratio(None if (i := at("gpu_busy_percent")) is None else values[i], r.errors)
+        mem_util = _ratio(None if (i := at("mem_busy_percent")) is None else values[i],
+                          r.errors)
+        video = _ratio(None if (i := at("vcn_busy_percent")) is None else values[i], r.errors)
+        vram_used = None if (i := at("mem_info_vram_used")) is None else values[i]
+        gtt_used = None if (i := at("mem_info_gtt_used")) is None else values[i]
     clocks: dict[str, float] = {}
     for clock, label, table in (("graphics", "sclk", "pp_dpm_sclk"),
                                 ("memory", "mclk", "pp_dpm_mclk")):
@@ -339,14 +415,8 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
     limits = counters.slow
     assert limits is not None
 
-    util = r.ratio("gpu_busy_percent")
-    mem_util = r.ratio("mem_busy_percent")
-    video = r.ratio("vcn_busy_percent")
-
     vram_total = limits.vram_total
-    vram_used = r.number("mem_info_vram_used", "bytes")
     gtt_total = limits.gtt_total
-    gtt_used = r.number("mem_info_gtt_used", "bytes")
     if is_apu(metrics, list(hw["volts"])):
         # The "VRAM" of an APU is a carve-out of system RAM: report it with GTT as
         # shared memory, and no device-local memory, rather than pretend it is VRAM.

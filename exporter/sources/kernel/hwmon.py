@@ -146,6 +146,28 @@ def read_energy(hwmon_dir: HwmonDir, errors: ErrorCounter | None = None,
     return _read_channels(hwmon_dir, "energy", "input", 1e-6, "joules", errors, reader)
 
 
+# What read_temperatures, read_power, read_energy, read_frequencies and read_voltages
+# read: (kind, prefix, suffix, scale, unit), power's averages before its inputs.
+FAST_CHANNELS = (("temps", "temp", "input", 0.001, "celsius"),
+                 ("power", "power", "average", 1e-6, "watts"),
+                 ("power", "power", "input", 1e-6, "watts"),
+                 ("energy", "energy", "input", 1e-6, "joules"),
+                 ("freqs", "freq", "input", 1.0, "hertz"),
+                 ("volts", "in", "input", 0.001, "volts"))
+
+
+def channel_files(hwmon_dir: HwmonDir, reader: AttrReader
+                  ) -> list[tuple[str, str, str, float, str]]:
+    """``(kind, label, path, scale, unit)`` of every channel of FAST_CHANNELS, in the
+    order those readers read them (per kind: by channel number, so the first channel of a
+    label wins, as there): a card's plan of its hot reads, built once per layout and
+    read with ``AttrReader.numbers``."""
+    d = os.fspath(hwmon_dir)
+    return [(kind, label, f"{d}/{filename}", scale, unit)
+            for kind, prefix, suffix, scale, unit in FAST_CHANNELS
+            for label, filename in _labelled(reader, d, prefix, suffix)]
+
+
 def energy_labels(hwmon_dir: HwmonDir, reader: AttrReader | None = None) -> list[str]:
     """The labels of the chip's energyN_input channels (which exist, not their values)."""
     r = reader or AttrReader(keep=False)
