@@ -14,6 +14,7 @@ from exporter.core.fs import (
     MAX_KEPT_FDS,
     AttrReader,
     kept_fd_limit,
+    planned,
     raise_open_files_limit,
 )
 from exporter.sources.kernel import hwmon
@@ -188,7 +189,7 @@ def test_numbers_reads_a_plan_as_number_reads_each_file(tmp_path: Path) -> None:
     one, errors_one = AttrReader(), Counter[str]()
     want = [one.number(str(d), n, errors_one, 0.001, "celsius") for n in names]
     many, errors_many = AttrReader(), Counter[str]()
-    assert many.numbers([(f"{d}/{n}", 0.001, "celsius") for n in names],
+    assert many.numbers([planned(f"{d}/{n}", 0.001, "celsius") for n in names],
                         errors_many) == want == [40.0, None, None, None, 0.016, None, None]
     assert errors_many == errors_one == {"read": 1, "parse": 3}
     assert many.kept == one.kept == len(files)

@@ -211,6 +211,15 @@ U64_TEXT = str(units.U64_MAX)  # 2^64-1: a u64 attribute's "no value", never a r
 _MAX_DIGITS, _U64_MAX, _scaled = units.MAX_DIGITS, units.U64_MAX, units.scaled
 
 
+# One file of a plan for AttrReader.numbers: path, scale, unit, units.scaling(scale, unit).
+Planned = tuple[str, float, str, int, float, float, float]
+
+
+def planned(path: str, scale: float, unit: str) -> Planned:
+    """A plan entry: ``path`` read as ``number(..., scale, unit)`` would read it."""
+    return (path, scale, unit, *units.scaling(scale, unit))
+
+
 class AttrReader:
     """One card's sysfs attributes: layout listed once, values re-read with ``pread``.
 
@@ -328,16 +337,16 @@ class AttrReader:
             _close(fd)
         return data
 
-    def numbers(self, plan: Sequence[tuple[str, float, str]],
+    def numbers(self, plan: Sequence[Planned],
                 errors: Counter[ErrorReason] | None) -> list[float | None]:
-        """``number()`` of each ``(path, scale, unit)`` of ``plan``, in one loop: what a
-        card's fast cycle reads, its paths found once per layout by the caller (each
-        one a file its directory lists, ``f"{directory}/{name}"``). Same descriptors,
-        same errors and the same values as ``number()`` file by file, without its
-        per-file listing check, path building and calls."""
+        """``number()`` of each file of ``plan`` (``planned()`` entries), in one loop:
+        what a card's fast cycle reads, its paths found once per layout by the caller
+        (each one a file its directory lists). The same descriptors, errors and values
+        as ``number()`` file by file, without its per-file listing check, path building,
+        calls and look-ups of the unit's range."""
         fds, pread = self._fds, os.pread
         out: list[float | None] = []
-        for path, scale, unit in plan:
+        for path, scale, unit, divisor, multiplier, low, high in plan:
             fd = fds.get(path)
             if fd is None:
                 raw = self._open_read(path, errors, PAGE, True)
@@ -354,10 +363,12 @@ class AttrReader:
             digits = raw.strip()
             if digits.isdigit() and len(digits) <= _MAX_DIGITS:  # number()'s fast path
                 as_int = int(digits)
-                value = None if as_int == _U64_MAX else _scaled(as_int, scale, unit)
-                if value is None:
-                    _count(errors, ErrorReason.PARSE)
-                out.append(value)
+                v = as_int / divisor if divisor else as_int * multiplier
+                if low <= v <= high and as_int != _U64_MAX:  # finite: at most 20 digits
+                    out.append(v)
+                    continue
+                _count(errors, ErrorReason.PARSE)
+                out.append(None)
             else:
                 out.append(_parse_number(raw, errors, scale, unit))
         return out

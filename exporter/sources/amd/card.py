@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.core import units
-from exporter.core.fs import AttrReader, SysFS
+from exporter.core.fs import AttrReader, Planned, SysFS, planned
 from exporter.core.labels import ErrorReason
 from exporter.core.model import KEY_GROUPS, DeviceInfo, DeviceSample, copy_with, pci_uuid
 from exporter.sources.amd import SYSFS_SOURCE as SOURCE
@@ -306,10 +306,10 @@ _FAST_KINDS = ("temps", "power", "energy", "freqs", "volts")
 @dataclass(frozen=True)
 class _FastPlan:
     """What a fast cycle reads, found once per layout (``AttrReader.memo``: until the
-    card's layout is listed again): every file as ``(path, scale, unit)`` for
+    card's layout is listed again): every file as a ``planned`` entry for
     ``AttrReader.numbers`` and where each value goes, so a cycle is one loop."""
 
-    reads: list[tuple[str, float, str]]
+    reads: list[Planned]
     # reads[i] for i < len(hwmon): (index of its kind in _FAST_KINDS, label); the first
     # channel of a label wins, as in the hwmon readers.
     hwmon: list[tuple[int, str]]
@@ -328,7 +328,7 @@ def _fast_plan(r: _Files) -> _FastPlan | None:
     temps = {label for kind, label, *_ in channels if kind == "temps"}
     if len({_HWMON_SENSORS.get(k, k) for k in temps}) != len(temps):
         return None
-    reads = [(path, scale, unit) for _, _, path, scale, unit in channels]
+    reads = [planned(path, scale, unit) for _, _, path, scale, unit in channels]
     plan = [(_FAST_KINDS.index(kind), _HWMON_SENSORS.get(label, label) if kind == "temps"
              else label) for kind, label, *_ in channels]
     files: dict[str, int] = {}
@@ -336,7 +336,7 @@ def _fast_plan(r: _Files) -> _FastPlan | None:
     for name, unit in _FAST_FILES:
         if name in listed:
             files[name] = len(reads)
-            reads.append((f"{r.dir}/{name}", 1.0, "count" if unit == "ratio" else unit))
+            reads.append(planned(f"{r.dir}/{name}", 1.0, "count" if unit == "ratio" else unit))
     return _FastPlan(reads, plan, files, os.fspath(chips[0]) if chips else None)
 
 
