@@ -191,6 +191,8 @@ class CardCounters:
         self.slow: _Slow | None = None  # the slow tier's values, kept between slow cycles
 
     def xgmi_rates(self, metrics: GpuMetrics) -> dict[tuple[str, str], float]:
+        if not (metrics.xgmi_read_bytes or metrics.xgmi_write_bytes or self.xgmi.known):
+            return {}  # a table without XGMI (all but MI300's), nothing to forget
         # "read" data arrived over the link (rx), "write" data left through it (tx).
         counters = {**{(link, "rx"): v for link, v in metrics.xgmi_read_bytes.items()},
                     **{(link, "tx"): v for link, v in metrics.xgmi_write_bytes.items()}}
@@ -313,7 +315,7 @@ class _FastPlan:
     # reads[i] for i < len(hwmon): (index of its kind in _FAST_KINDS, label); the first
     # channel of a label wins, as in the hwmon readers.
     hwmon: list[tuple[int, str]]
-    files: dict[str, int]  # text attribute -> its index in reads (listed ones only)
+    files: tuple[int | None, ...]  # each of _FAST_FILES' index in reads, None: not listed
     chip: str | None  # the one hwmon chip (its fans); None where there is none
 
 
@@ -331,13 +333,13 @@ def _fast_plan(r: _Files) -> _FastPlan | None:
     reads = [planned(path, scale, unit) for _, _, path, scale, unit in channels]
     plan = [(_FAST_KINDS.index(kind), _HWMON_SENSORS.get(label, label) if kind == "temps"
              else label) for kind, label, *_ in channels]
-    files: dict[str, int] = {}
+    files: list[int | None] = []
     listed = r.r.names(r.dir)
     for name, unit in _FAST_FILES:
+        files.append(len(reads) if name in listed else None)
         if name in listed:
-            files[name] = len(reads)
             reads.append(planned(f"{r.dir}/{name}", 1.0, "count" if unit == "ratio" else unit))
-    return _FastPlan(reads, plan, files, os.fspath(chips[0]) if chips else None)
+    return _FastPlan(reads, plan, tuple(files), os.fspath(chips[0]) if chips else None)
 
 
 def _ratio(percent: float | None, errors: Counter[ErrorReason]) -> float | None:
@@ -374,13 +376,10 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
             plan.chip, r.errors, r.r, maxima=counters.fan_max, refresh=False)
         hw = {"temps": temps, "power": power, "energy": energy, "fans": fans,
               "freqs": freqs, "volts": volts}
-        at = plan.files.get
-        util = _ratio(None if (i := at("gpu_busy_percent")) is None else values[i], r.errors)
-        mem_util = _ratio(None if (i := at("mem_busy_percent")) is None else values[i],
-                          r.errors)
-        video = _ratio(None if (i := at("vcn_busy_percent")) is None else values[i], r.errors)
-        vram_used = None if (i := at("mem_info_vram_used")) is None else values[i]
-        gtt_used = None if (i := at("mem_info_gtt_used")) is None else values[i]
+        util, mem_util, video, vram_used, gtt_used = (
+            None if i is None else values[i] for i in plan.files)
+        util, mem_util, video = (_ratio(util, r.errors), _ratio(mem_util, r.errors),
+                                 _ratio(video, r.errors))
     clocks: dict[str, float] = {}
     for clock, label, table in (("graphics", "sclk", "pp_dpm_sclk"),
                                 ("memory", "mclk", "pp_dpm_mclk")):
