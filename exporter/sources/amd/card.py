@@ -255,8 +255,8 @@ def fill(files: DeviceSample, table: DeviceSample) -> DeviceSample:
             continue
         mine = ours[name]
         if value.__class__ is dict:
-            if not value:
-                continue
+            if not value or value.keys() <= mine.keys():
+                continue  # nothing the files do not say (the temperatures, the clocks)
             group = KEY_GROUPS.get(name)
             if group is not None and owned is None:
                 owned = {(g, key) for field_name, g in KEY_GROUPS.items()
