@@ -312,11 +312,12 @@ class _FastPlan:
     ``AttrReader.numbers`` and where each value goes, so a cycle is one loop."""
 
     reads: list[Planned]
-    # reads[i] for i < len(hwmon): (index of its kind in _FAST_KINDS, label); the first
+    # reads[i] for i < len(channels): (index of its kind in _FAST_KINDS, label); the first
     # channel of a label wins, as in the hwmon readers.
-    hwmon: list[tuple[int, str]]
+    channels: list[tuple[int, str]]
     files: tuple[int | None, ...]  # each of _FAST_FILES' index in reads, None: not listed
-    chip: str | None  # the one hwmon chip (its fans); None where there is none
+    fans: hwmon.FanPlan | None  # the one hwmon chip's fans; None where there is no chip
+    duties: slice  # their pwm duty cycles in reads
 
 
 def _fast_plan(r: _Files) -> _FastPlan | None:
@@ -333,13 +334,17 @@ def _fast_plan(r: _Files) -> _FastPlan | None:
     reads = [planned(path, scale, unit) for _, _, path, scale, unit in channels]
     plan = [(_FAST_KINDS.index(kind), _HWMON_SENSORS.get(label, label) if kind == "temps"
              else label) for kind, label, *_ in channels]
+    fans = hwmon.fan_plan(chips[0], r.r) if chips else None
+    start = len(reads)
+    reads += [duty for _, duty, _ in fans[0]] if fans else []
+    duties = slice(start, len(reads))
     files: list[int | None] = []
     listed = r.r.names(r.dir)
     for name, unit in _FAST_FILES:
         files.append(len(reads) if name in listed else None)
         if name in listed:
             reads.append(planned(f"{r.dir}/{name}", 1.0, "count" if unit == "ratio" else unit))
-    return _FastPlan(reads, plan, tuple(files), os.fspath(chips[0]) if chips else None)
+    return _FastPlan(reads, plan, tuple(files), fans, duties)
 
 
 def _ratio(percent: float | None, errors: Counter[ErrorReason]) -> float | None:
@@ -366,14 +371,14 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
     else:
         values = r.r.numbers(plan.reads, r.errors)
         kinds: list[dict[Any, float]] = [{}, {}, {}, {}, {}]
-        for (kind, label), value in zip(plan.hwmon, values, strict=False):  # the files follow
+        for (kind, label), value in zip(plan.channels, values, strict=False):  # the files follow
             if value is not None:
                 into = kinds[kind]
                 if label not in into:
                     into[label] = value
         temps, power, energy, freqs, volts = kinds
-        fans = {} if plan.chip is None else hwmon.read_fan_ratios(
-            plan.chip, r.errors, r.r, maxima=counters.fan_max, refresh=False)
+        fans = {} if plan.fans is None else hwmon.fan_ratios(
+            plan.fans, values[plan.duties], r.errors, r.r, counters.fan_max, refresh=False)
         hw = {"temps": temps, "power": power, "energy": energy, "fans": fans,
               "freqs": freqs, "volts": volts}
         util, mem_util, video, vram_used, gtt_used = (
