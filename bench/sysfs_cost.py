@@ -21,6 +21,8 @@ NVML is absent, so the ``nvidia`` backend is down: what such a machine runs. The
    (``merged_view``) and the publish (the subscribers: renderer, history). Against
    it, a bare loop that ``os.pread``s exactly the files one fast cycle read (found
    with an audit hook on ``open`` and a wrapper of ``os.pread``) on kept descriptors.
+   For an AMD card, each part of the cycle (AMD_PARTS) measured in the cycle as it
+   runs: the cycle with that part replaced by the results it gave, the difference.
 2. The idle daemon on the machine at each of ``--intervals``, no scrapes, its /proc an
    empty tree: each thread's CPU from /proc/<pid>/task/*/schedstat (nanoseconds) over
    ``--windows`` windows of ``--window`` seconds, the medians, % of one core; per
