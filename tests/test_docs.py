@@ -36,8 +36,7 @@ OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "ta
                             "costs", "machines", "duration", "nvml", "repeat", "links",
                             "calls-json", "daemon", "json", "latency", "repo", "unread",
                             "ab", "skip-before", "seconds", "top", "profile", "before",
-                            "intervals", "cycles", "no-cards", "window", "windows",
-                            "warmup"}
+                            "intervals", "cycles", "no-cards", "windows"}
 
 
 def golden_families() -> set[str]:
