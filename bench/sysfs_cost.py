@@ -21,6 +21,8 @@ NVML is absent, so the ``nvidia`` backend is down: what such a machine runs. The
    (``merged_view``) and the publish (the subscribers: renderer, history). Against
    it, a bare loop that ``os.pread``s exactly the files one fast cycle read (found
    with an audit hook on ``open`` and a wrapper of ``os.pread``) on kept descriptors.
+   For an AMD card, each part of the cycle (AMD_PARTS) measured in the cycle as it
+   runs: the cycle with that part replaced by the results it gave, the difference.
 2. The idle daemon on the machine at each of ``--intervals``, no scrapes, its /proc an
    empty tree: each thread's CPU from /proc/<pid>/task/*/schedstat (nanoseconds) over
    ``--windows`` windows of ``--window`` seconds, the medians, % of one core; per
@@ -249,12 +251,69 @@ def card_cost(name: str, machine: Path, cycles: int, top: int) -> float:
                   f"{max(cycle - sample, 0):.1f}; merge {merged:.1f}; publish "
                   f"(subscribers) {max(publish - merged, 0):.1f}; bare pread loop "
                   f"{floor:.1f} us ({sample / floor:.0f}x)")
+            if kind == "amd":
+                whole = cpu_us(lambda: backend.sample(False), cycles)
+                print(f"    in the cycle (median {whole:.1f} us; each part replaced by the "
+                      "results it gave, the difference): " + ", ".join(
+                          f"{label} {whole - rest:.1f} us"
+                          for label, rest in amd_parts(backend, cycles)))
             shares = profile_parts(lambda: backend.sample(False), max(cycles // 4, 100), top)
             print("    sample by part (cProfile shares x the median): " + ", ".join(
                 f"{p} {shares[p] * sample:.1f} us" for p in PARTS))
             return sample
         finally:
             daemon.stop(timeout=0)
+
+
+# What an amdgpu fast cycle is made of: (label, module, owner of the function, its name).
+AMD_PARTS = (
+    ("card (read_card)", "exporter.sources.amd.card", None, "read_card"),
+    ("gpu_metrics decode and values", "exporter.sources.amd.card", None, "parse_gpu_metrics"),
+    ("files' sample", "exporter.sources.amd.card", None, "_from_files"),
+    ("planned reads", "exporter.core.fs", "AttrReader", "numbers"),
+    ("fans", "exporter.sources.kernel.hwmon", None, "fan_ratios"),
+    ("table's sample", "exporter.sources.amd.card", None, "_from_gpu_metrics"),
+    ("fill", "exporter.sources.amd.card", None, "fill"),
+    ("card list", "exporter.sources.discovery", "DrmDiscovery", "cards"),
+)
+
+
+def amd_parts(backend: Any, cycles: int) -> Iterator[tuple[str, float]]:
+    """(part, median µs of the fast cycle with that part replaced by the results it gave
+    in one real cycle, in call order): the part's cost in the cycle as it runs, caches
+    and all, which a part timed alone in a loop understates. Parts this tree does not
+    have are left out."""
+    import importlib
+
+    for label, module, owner, name in AMD_PARTS:
+        holder = importlib.import_module(module)
+        if owner is not None:
+            holder = getattr(holder, owner, None)
+        real = getattr(holder, name, None)
+        if real is None:
+            continue
+        results: list[Any] = []
+
+        def record(*args: Any, _real: Any = real, _results: list[Any] = results,
+                   **kwargs: Any) -> Any:
+            _results.append(_real(*args, **kwargs))
+            return _results[-1]
+
+        setattr(holder, name, record)
+        try:
+            backend.sample(False)
+        finally:
+            setattr(holder, name, real)
+        given = iter(results * (cycles + 200))  # the cycle's results, in order, each cycle
+
+        def replay(*args: Any, _given: Iterator[Any] = given, **kwargs: Any) -> Any:
+            return next(_given)
+
+        setattr(holder, name, replay)
+        try:
+            yield label, cpu_us(lambda: backend.sample(False), cycles)
+        finally:
+            setattr(holder, name, real)
 
 
 def _met(ok: bool) -> str:

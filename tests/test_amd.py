@@ -335,3 +335,44 @@ def test_kfd_properties_give_the_gfx_target_and_pci_address() -> None:
                                 "topology/nodes/0/properties").read_text())
     assert gfx_target(cpu["gfx_target_version"]) == ""  # the CPU node
     assert parse_kfd_properties("garbage\nsimd_count -1\nx y z\n") == {}
+
+
+def _corrupt(root: Path) -> Path:
+    """The RX 7800 XT with garbage in files a fast cycle reads: a busy percentage that is
+    no number, one over 110 %, a temperature out of range, the u64 "no value"."""
+    tree = root / "sys"
+    shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt" / "sys", tree, symlinks=True)
+    dev = tree / "class" / "drm" / "card1" / "device"
+    (dev / "gpu_busy_percent").write_text("abc\n")
+    (dev / "mem_busy_percent").write_text("250\n")
+    (dev / "mem_info_vram_used").write_text("18446744073709551615\n")
+    (next((dev / "hwmon").iterdir()) / "temp1_input").write_text("9" * 12 + "\n")
+    return tree
+
+
+@pytest.mark.parametrize("machine", ["amd-rdna3-rx7800xt", "amd-rdna2-rx6900xt",
+                                     "amd-apu-phoenix", "amd-mi300x", "amd-mi300x-faulty",
+                                     "corrupt"])
+def test_fast_plan_gives_what_file_by_file_gives(machine: str, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fast cycle read by the card's plan (every hot file in one loop) gives the same
+    samples and counts the same errors as the same cycle read file by file."""
+    from exporter.sources.amd import card
+
+    root = _corrupt(tmp_path) if machine == "corrupt" else FIXTURES / machine / "sys"
+
+    def cycles() -> list[tuple[list[DeviceSample], dict[str, int]]]:
+        b = backend(root)
+        b.open()
+        out = []
+        for slow in (True, False, False, True, False):
+            c = b.sample(slow)
+            out.append((c.devices, dict(c.errors)))
+        b.close()
+        return out
+
+    planned = cycles()
+    monkeypatch.setattr(card, "_fast_plan", lambda r: None)
+    assert planned == cycles()
+    if machine == "corrupt":
+        assert planned[1][1] == {"parse": 4}  # each garbage value counted once a cycle

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import resource
+import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.core.fs import (
     FD_BUDGET,
@@ -14,6 +17,7 @@ from exporter.core.fs import (
     MAX_KEPT_FDS,
     AttrReader,
     kept_fd_limit,
+    planned,
     raise_open_files_limit,
 )
 from exporter.sources.kernel import hwmon
@@ -174,3 +178,53 @@ def test_the_budget_is_sized_after_the_open_file_limit_is_raised() -> None:
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         FD_BUDGET.resize(before)
+
+
+def test_numbers_reads_a_plan_as_number_reads_each_file(tmp_path: Path) -> None:
+    """AttrReader.numbers (a card's fast plan in one loop) gives number()'s values and
+    errors and keeps the same descriptors."""
+    files = {"temp1_input": "40000\n", "temp2_input": "N/A\n", "temp3_input": "hot\n",
+             "temp5_input": "0x10\n", "temp7_input": "18446744073709551615\n",
+             "temp8_input": "99999999999999\n"}
+    d = chip(tmp_path, files)
+    (d / "temp4_input").mkdir()  # listed but unreadable: read error
+    names = sorted([*files, "temp4_input"])
+    one, errors_one = AttrReader(), Counter[str]()
+    want = [one.number(str(d), n, errors_one, 0.001, "celsius") for n in names]
+    many, errors_many = AttrReader(), Counter[str]()
+    assert many.numbers([planned(f"{d}/{n}", 0.001, "celsius") for n in names],
+                        errors_many) == want == [40.0, None, None, None, 0.016, None, None]
+    assert errors_many == errors_one == {"read": 1, "parse": 3}
+    assert many.kept == one.kept == len(files)
+    one.close()
+    many.close()
+
+
+_CONTENT = st.one_of(
+    st.integers(min_value=0, max_value=(1 << 70)).map(lambda n: f"{n}\n".encode()),
+    st.sampled_from([b"N/A\n", b"\0\0", b"-5\n", b"0x1f\n", b"1.5\n", b" 42 \n", b"",
+                     b"18446744073709551615\n", b"nan\n", b"1e400\n"]),
+    st.binary(max_size=24))
+
+
+@settings(max_examples=200, deadline=None)
+@given(contents=st.lists(_CONTENT, min_size=1, max_size=6),
+       kinds=st.lists(st.sampled_from([(0.001, "celsius"), (1e-6, "watts"), (1.0, "count"),
+                                       (1.0, "bytes"), (1e-6, "joules"), (1.0, "hertz"),
+                                       (0.001, "volts"), (1.0, "rpm")]),
+                      min_size=6, max_size=6))
+def test_numbers_gives_number_of_each_file_for_any_content(
+        contents: list[bytes], kinds: list[tuple[float, str]]) -> None:
+    """AttrReader.numbers' fast path is number()'s, value for value and error for error,
+    whatever a file holds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, content in enumerate(contents):
+            Path(tmp, f"in{i}_input").write_bytes(content)
+        names = [f"in{i}_input" for i in range(len(contents))]
+        one, errors_one = AttrReader(keep=False), Counter[str]()
+        want = [one.number(tmp, n, errors_one, *kinds[i]) for i, n in enumerate(names)]
+        errors_many: Counter[str] = Counter()
+        got = AttrReader(keep=False).numbers(
+            [planned(f"{tmp}/{n}", *kinds[i]) for i, n in enumerate(names)], errors_many)
+        assert got == want and [type(v) for v in got] == [type(v) for v in want]
+        assert errors_many == errors_one

@@ -18,7 +18,7 @@ import os
 import resource
 import threading
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -211,6 +211,15 @@ U64_TEXT = str(units.U64_MAX)  # 2^64-1: a u64 attribute's "no value", never a r
 _MAX_DIGITS, _U64_MAX, _scaled = units.MAX_DIGITS, units.U64_MAX, units.scaled
 
 
+# One file of a plan for AttrReader.numbers: path, scale, unit, units.scaling(scale, unit).
+Planned = tuple[str, float, str, int, float, float, float]
+
+
+def planned(path: str, scale: float, unit: str) -> Planned:
+    """A plan entry: ``path`` read as ``number(..., scale, unit)`` would read it."""
+    return (path, scale, unit, *units.scaling(scale, unit))
+
+
 class AttrReader:
     """One card's sysfs attributes: layout listed once, values re-read with ``pread``.
 
@@ -304,14 +313,18 @@ class AttrReader:
                 _count(errors, ErrorReason.READ)
                 self._drop(path)
                 return None
+        return self._open_read(path, errors, size, keep)
+
+    def _open_read(self, path: str, errors: Counter[ErrorReason] | None, size: int,
+                   keep: bool) -> bytes | None:
+        """Open ``path`` (kept where the budgets allow and ``keep``) and read it."""
         kept = False
+        fd: int | None = None
         try:
-            if fd is None:
-                fd = os.open(path, OPEN_FLAGS)
-                if (keep and self.keep and len(self._fds) < FDS_PER_READER
-                        and FD_BUDGET.take()):
-                    self._fds[path] = fd
-                    kept = True
+            fd = os.open(path, OPEN_FLAGS)
+            if keep and self.keep and len(self._fds) < FDS_PER_READER and FD_BUDGET.take():
+                self._fds[path] = fd
+                kept = True
             data = os.pread(fd, size, 0)
         except OSError:
             _count(errors, ErrorReason.READ)
@@ -323,6 +336,42 @@ class AttrReader:
         if not kept:
             _close(fd)
         return data
+
+    def numbers(self, plan: Sequence[Planned],
+                errors: Counter[ErrorReason] | None) -> list[float | None]:
+        """``number()`` of each file of ``plan`` (``planned()`` entries), in one loop:
+        what a card's fast cycle reads, its paths found once per layout by the caller
+        (each one a file its directory lists). The same descriptors, errors and values
+        as ``number()`` file by file, without its per-file listing check, path building,
+        calls and look-ups of the unit's range."""
+        fds, pread = self._fds, os.pread
+        out: list[float | None] = []
+        for path, scale, unit, divisor, multiplier, low, high in plan:
+            fd = fds.get(path)
+            if fd is None:
+                raw = self._open_read(path, errors, PAGE, True)
+            else:
+                try:
+                    raw = pread(fd, PAGE, 0)
+                except OSError:
+                    _count(errors, ErrorReason.READ)
+                    self._drop(path)
+                    raw = None
+            if raw is None:
+                out.append(None)
+                continue
+            digits = raw.strip()
+            if digits.isdigit() and len(digits) <= _MAX_DIGITS:  # number()'s fast path
+                as_int = int(digits)
+                v = as_int / divisor if divisor else as_int * multiplier
+                if low <= v <= high and as_int != _U64_MAX:  # finite: at most 20 digits
+                    out.append(v)
+                    continue
+                _count(errors, ErrorReason.PARSE)
+                out.append(None)
+            else:
+                out.append(_parse_number(raw, errors, scale, unit))
+        return out
 
     def text(self, directory: str, name: str, errors: Counter[ErrorReason] | None,
              keep: bool = True) -> str | None:
@@ -341,14 +390,10 @@ class AttrReader:
             # The common case, a plain decimal: units bounds it without the text path.
             as_int = int(digits)
             value = None if as_int == _U64_MAX else _scaled(as_int, scale, unit)
-        else:
-            text = clean_text(raw)
-            if text is None:
-                return None
-            value = None if text == U64_TEXT else units.parse_scaled(text, scale, unit)
-        if value is None:
-            _count(errors, ErrorReason.PARSE)
-        return value
+            if value is None:
+                _count(errors, ErrorReason.PARSE)
+            return value
+        return _parse_number(raw, errors, scale, unit)
 
     def link_speed(self, directory: str, name: str,
                    errors: Counter[ErrorReason] | None) -> int | None:
@@ -380,6 +425,19 @@ class AttrReader:
     def kept(self) -> int:
         """How many descriptors this reader holds open now."""
         return len(self._fds)
+
+
+def _parse_number(raw: bytes, errors: Counter[ErrorReason] | None, scale: float,
+                  unit: str) -> float | None:
+    """An attribute that is not a plain decimal: the text path (hex, a sign, a
+    fraction, ``N/A``, NUL padding); garbage and the u64 "no value" count as ``parse``."""
+    text = clean_text(raw)
+    if text is None:
+        return None
+    value = None if text == U64_TEXT else units.parse_scaled(text, scale, unit)
+    if value is None:
+        _count(errors, ErrorReason.PARSE)
+    return value
 
 
 def _count(errors: Counter[ErrorReason] | None, reason: ErrorReason) -> None:

@@ -125,6 +125,21 @@ def scaled(value: float | int | None, scale: int | float, unit: str) -> float | 
 _INVERSES: dict[float, int] = {}  # scale below 1 -> its integer inverse (a few constants)
 
 
+def scaling(scale: int | float, unit: str) -> tuple[int, float, float, float]:
+    """``scaled()``'s arithmetic for one scale and unit, worked out once for a reader
+    that applies it to many values (exporter.core.fs.AttrReader.numbers): (integer
+    divisor, else 0; multiplier; low; high). For a finite value ``v``,
+    ``scaled(v, scale, unit)`` is ``v / divisor`` where there is a divisor, else
+    ``v * multiplier``, kept where it lies within [low, high]."""
+    low, high = _RANGES[unit]
+    if 0 < scale < 1:
+        inverse = _INVERSES.get(scale)
+        if inverse is None:
+            inverse = _INVERSES[scale] = round(1 / scale)
+        return inverse, 1.0, low, high
+    return 0, float(scale), low, high
+
+
 def parse_scaled(text: str | bytes | None, scale: int | float, unit: str) -> float | None:
     """Text in a sub-unit (m°C, µW, MHz, ...) -> base unit, bounded. Never raises."""
     return scaled(parse_number(text), scale, unit)

@@ -156,7 +156,8 @@ class AmdBackend:
             if slow:
                 self._pcie.request([st.device_dir for st in self._cards.values()
                                     if st.pcie_bw and not st.lost])
-            errors.update(self._pcie.take_errors())
+            if pcie_errors := self._pcie.take_errors():
+                errors.update(pcie_errors)
         # A card that vanished is reported once as down, then its series go away.
         for st in gone:
             if st.info.pci_bus_id not in {d.info.pci_bus_id for d in devices}:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.core import units
-from exporter.core.fs import AttrReader, SysFS
+from exporter.core.fs import AttrReader, Planned, SysFS, planned
 from exporter.core.labels import ErrorReason
 from exporter.core.model import KEY_GROUPS, DeviceInfo, DeviceSample, copy_with, pci_uuid
 from exporter.sources.amd import SYSFS_SOURCE as SOURCE
@@ -68,11 +68,7 @@ class _Files:
 
     def ratio(self, name: str) -> float | None:
         """A ``*_busy_percent`` file as 0..1 (a number that is no percentage: ``parse``)."""
-        percent = self.number(name, "count")  # not a number at all: counted there
-        value = units.ratio_from_percent(percent)
-        if value is None and percent is not None:
-            self.errors[ErrorReason.PARSE] += 1
-        return value
+        return _ratio(self.number(name, "count"), self.errors)  # not a number: counted there
 
     def dpm(self, name: str) -> list[DpmLevel]:
         if name not in self._dpm:
@@ -195,6 +191,8 @@ class CardCounters:
         self.slow: _Slow | None = None  # the slow tier's values, kept between slow cycles
 
     def xgmi_rates(self, metrics: GpuMetrics) -> dict[tuple[str, str], float]:
+        if not (metrics.xgmi_read_bytes or metrics.xgmi_write_bytes or self.xgmi.known):
+            return {}  # a table without XGMI (all but MI300's), nothing to forget
         # "read" data arrived over the link (rx), "write" data left through it (tx).
         counters = {**{(link, "rx"): v for link, v in metrics.xgmi_read_bytes.items()},
                     **{(link, "tx"): v for link, v in metrics.xgmi_write_bytes.items()}}
@@ -257,8 +255,8 @@ def fill(files: DeviceSample, table: DeviceSample) -> DeviceSample:
             continue
         mine = ours[name]
         if value.__class__ is dict:
-            if not value:
-                continue
+            if not value or value.keys() <= mine.keys():
+                continue  # nothing the files do not say (the temperatures, the clocks)
             group = KEY_GROUPS.get(name)
             if group is not None and owned is None:
                 owned = {(g, key) for field_name, g in KEY_GROUPS.items()
@@ -300,11 +298,93 @@ def _hwmon_values(r: _Files, slow: bool, fan_max: dict[str, float | None]
     return out
 
 
+# The text attributes a fast cycle reads: (name, unit); "ratio" is a *_busy_percent.
+_FAST_FILES = (("gpu_busy_percent", "ratio"), ("mem_busy_percent", "ratio"),
+               ("vcn_busy_percent", "ratio"), ("mem_info_vram_used", "bytes"),
+               ("mem_info_gtt_used", "bytes"))
+_FAST_KINDS = ("temps", "power", "energy", "freqs", "volts")
+
+
+@dataclass(frozen=True)
+class _FastPlan:
+    """What a fast cycle reads, found once per layout (``AttrReader.memo``: until the
+    card's layout is listed again): every file as a ``planned`` entry for
+    ``AttrReader.numbers`` and where each value goes, so a cycle is one loop."""
+
+    reads: list[Planned]
+    # reads[i] for i < len(channels): (index of its kind in _FAST_KINDS, label); the first
+    # channel of a label wins, as in the hwmon readers.
+    channels: list[tuple[int, str]]
+    files: tuple[int | None, ...]  # each of _FAST_FILES' index in reads, None: not listed
+    fans: hwmon.FanPlan | None  # the one hwmon chip's fans; None where there is no chip
+    duties: slice  # their pwm duty cycles in reads
+
+
+def _fast_plan(r: _Files) -> _FastPlan | None:
+    """The card's plan; None where its hwmon layout is not one chip whose temperature
+    labels stay distinct once renamed (_HWMON_SENSORS): those keep _hwmon_values' way
+    of joining chips (the last chip's value wins a label, the first channel within one)."""
+    chips = hwmon.hwmon_dirs(r.dir, r.r)
+    if len(chips) > 1:
+        return None
+    channels = hwmon.channel_files(chips[0], r.r) if chips else []
+    temps = {label for kind, label, *_ in channels if kind == "temps"}
+    if len({_HWMON_SENSORS.get(k, k) for k in temps}) != len(temps):
+        return None
+    reads = [planned(path, scale, unit) for _, _, path, scale, unit in channels]
+    plan = [(_FAST_KINDS.index(kind), _HWMON_SENSORS.get(label, label) if kind == "temps"
+             else label) for kind, label, *_ in channels]
+    fans = hwmon.fan_plan(chips[0], r.r) if chips else None
+    start = len(reads)
+    reads += [duty for _, duty, _ in fans[0]] if fans else []
+    duties = slice(start, len(reads))
+    files: list[int | None] = []
+    listed = r.r.names(r.dir)
+    for name, unit in _FAST_FILES:
+        files.append(len(reads) if name in listed else None)
+        if name in listed:
+            reads.append(planned(f"{r.dir}/{name}", 1.0, "count" if unit == "ratio" else unit))
+    return _FastPlan(reads, plan, tuple(files), fans, duties)
+
+
+def _ratio(percent: float | None, errors: Counter[ErrorReason]) -> float | None:
+    """A ``*_busy_percent`` value as 0..1 (a number that is no percentage: ``parse``)."""
+    value = units.ratio_from_percent(percent)
+    if value is None and percent is not None:
+        errors[ErrorReason.PARSE] += 1
+    return value
+
+
 def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
                 counters: CardCounters, slow: bool) -> DeviceSample:
-    """What the card's text attributes and hwmon chips say."""
+    """What the card's text attributes and hwmon chips say: a fast cycle by the card's
+    _FastPlan where it has one, else (and on slow cycles) file by file."""
     slow = slow or counters.slow is None
-    hw = _hwmon_values(r, slow, counters.fan_max)
+    plan = None if slow else r.r.memo(("amd-fast", r.dir), lambda: _fast_plan(r))
+    if plan is None:
+        hw = _hwmon_values(r, slow, counters.fan_max)
+        util = r.ratio("gpu_busy_percent")
+        mem_util = r.ratio("mem_busy_percent")
+        video = r.ratio("vcn_busy_percent")
+        vram_used = r.number("mem_info_vram_used", "bytes")
+        gtt_used = r.number("mem_info_gtt_used", "bytes")
+    else:
+        values = r.r.numbers(plan.reads, r.errors)
+        kinds: list[dict[Any, float]] = [{}, {}, {}, {}, {}]
+        for (kind, label), value in zip(plan.channels, values, strict=False):  # the files follow
+            if value is not None:
+                into = kinds[kind]
+                if label not in into:
+                    into[label] = value
+        temps, power, energy, freqs, volts = kinds
+        fans = {} if plan.fans is None else hwmon.fan_ratios(
+            plan.fans, values[plan.duties], r.errors, r.r, counters.fan_max, refresh=False)
+        hw = {"temps": temps, "power": power, "energy": energy, "fans": fans,
+              "freqs": freqs, "volts": volts}
+        util, mem_util, video, vram_used, gtt_used = (
+            None if i is None else values[i] for i in plan.files)
+        util, mem_util, video = (_ratio(util, r.errors), _ratio(mem_util, r.errors),
+                                 _ratio(video, r.errors))
     clocks: dict[str, float] = {}
     for clock, label, table in (("graphics", "sclk", "pp_dpm_sclk"),
                                 ("memory", "mclk", "pp_dpm_mclk")):
@@ -339,14 +419,8 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
     limits = counters.slow
     assert limits is not None
 
-    util = r.ratio("gpu_busy_percent")
-    mem_util = r.ratio("mem_busy_percent")
-    video = r.ratio("vcn_busy_percent")
-
     vram_total = limits.vram_total
-    vram_used = r.number("mem_info_vram_used", "bytes")
     gtt_total = limits.gtt_total
-    gtt_used = r.number("mem_info_gtt_used", "bytes")
     if is_apu(metrics, list(hw["volts"])):
         # The "VRAM" of an APU is a carve-out of system RAM: report it with GTT as
         # shared memory, and no device-local memory, rather than pretend it is VRAM.

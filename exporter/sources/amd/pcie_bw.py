@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from exporter.core.fs import clean_text, read_bytes
 from exporter.core.labels import Direction, ErrorReason
 from exporter.sources.kernel.amdgpu import parse_pcie_bw
 
 FILE = "pcie_bw"
+_NO_ERRORS: Mapping[ErrorReason, int] = MappingProxyType({})
 
 
 class PcieBwReader:
@@ -61,8 +63,10 @@ class PcieBwReader:
         with self._lock:
             return dict(self._rates.get(device_dir, {}))
 
-    def take_errors(self) -> Counter[ErrorReason]:
+    def take_errors(self) -> Mapping[ErrorReason, int]:
         """What the reads counted since the last call (the backend's cycle errors)."""
+        if not self._errors:  # nothing counted (the usual cycle): no lock, no new Counter
+            return _NO_ERRORS
         with self._lock:
             errors, self._errors = self._errors, Counter()
             return errors

@@ -28,6 +28,11 @@ class AccumulatorRates(Generic[K]):
         self._last: dict[K, tuple[float, float]] = {}  # key -> (seconds, counter)
         self._rate: dict[K, float] = {}
 
+    @property
+    def known(self) -> bool:
+        """Whether a counter is remembered from an earlier update."""
+        return bool(self._last)
+
     def update(self, now: float, counters: Mapping[K, float]) -> dict[K, float]:
         """Rates for the keys read now; keys no longer read are forgotten."""
         out: dict[K, float] = {}

@@ -330,10 +330,22 @@ class _Reader:
         return out
 
 
-def parse_gpu_metrics(data: bytes) -> GpuMetrics:
-    """Decode a whole ``gpu_metrics`` read. Raises GpuMetricsError on an unknown layout."""
-    fmt_rev, content_rev, size, raw = decode_raw(data)
-    r = _Reader(raw)
+# How a scalar field becomes a value (_conversions): scaled and bounded; the first filled
+# element of an array field (``current_gfxclk[8]`` on v1.4+, one per XCD) so; a percentage
+# as 0..1.
+_SCALED, _FIRST, _RATIO = 0, 1, 2
+# (where: "temps", "clocks" or a GpuMetrics field; key in that dict; field; how;
+# units.scaling of its scale and unit)
+Conversion = tuple[str, str, str, int, int, float, float, float]
+_CONVERSIONS: dict[tuple[int, int], list[Conversion]] = {}
+
+
+def _conversions(fmt_rev: int, content_rev: int) -> list[Conversion]:
+    """Which field of a table of this revision feeds which value, with its scale and
+    unit: worked out once per revision, applied to each table by one loop."""
+    found = _CONVERSIONS.get((fmt_rev, content_rev))
+    if found is not None:
+        return found
     apu = fmt_rev >= 2
     mi300 = (fmt_rev, content_rev) >= (1, 4) and not apu
     temp_scale = 0.01 if apu else 1.0  # APU tables report centi-degrees
@@ -344,27 +356,73 @@ def parse_gpu_metrics(data: bytes) -> GpuMetrics:
               "memory": "temperature_mem", "vrgfx": "temperature_vrgfx",
               "vrsoc": "temperature_vrsoc", "vrmem": "temperature_vrmem"}
     )  # fmt: skip
-    temps = {sensor: v for sensor, name in names.items()
-             if (v := r.scaled(name, temp_scale, "celsius")) is not None}
-    clocks: dict[str, float] = {}
-    for clock, name in (("graphics", "current_gfxclk"), ("memory", "current_uclk"),
-                        ("soc", "current_socclk"), ("fabric", "current_fclk")):  # fmt: skip
-        value = r.first(name, 1_000_000, "hertz")
-        if value is not None:
-            clocks[clock] = value
-    # SMU13 dGPUs (RDNA3) leave the accumulator at 0 for the life of the driver: a
-    # counter that never moves is "not filled", not a card that used no energy.
-    energy = r.scaled("energy_accumulator", 2.0**-16, "joules") or None
     # v2.4 reports activity in hundredths of a percent.
     activity_scale = 0.01 if (fmt_rev, content_rev) == (2, 4) else 1.0
-    if mi300:
-        video = r.mean_ratio("vcn_activity")
-        power = r.scaled("curr_socket_power", 1, "watts")
-    else:
-        video = r.ratio("average_vcn_activity" if fmt_rev == 3 else "average_mm_activity",
-                        activity_scale)
-        power = r.scaled("average_socket_power", 0.001 if apu else 1, "watts")
-    speed = r.scaled("pcie_link_speed", 0.1, "count")
+    plan: list[tuple[str, str, str, int, float, str]] = [
+        *(("temps", sensor, name, _SCALED, temp_scale, "celsius")
+          for sensor, name in names.items()),
+        *(("clocks", clock, name, _FIRST, 1_000_000, "hertz")
+          for clock, name in (("graphics", "current_gfxclk"), ("memory", "current_uclk"),
+                              ("soc", "current_socclk"), ("fabric", "current_fclk"))),
+        # SMU13 dGPUs (RDNA3) leave the accumulator at 0 for the life of the driver: a
+        # counter that never moves is "not filled" (parse_gpu_metrics).
+        ("energy_joules", "", "energy_accumulator", _SCALED, 2.0**-16, "joules"),
+        ("socket_power_watts", "", "curr_socket_power" if mi300 else "average_socket_power",
+         _SCALED, 0.001 if apu else 1, "watts"),
+        ("pcie_link_speed_gts", "", "pcie_link_speed", _SCALED, 0.1, "count"),
+        ("gfx_activity_ratio", "", "average_gfx_activity", _RATIO, activity_scale, "count"),
+        ("memory_activity_ratio", "", "average_umc_activity", _RATIO, activity_scale,
+         "count"),
+    ]
+    if not mi300:  # MI300's is the mean of its VCN instances (parse_gpu_metrics)
+        plan.append(("video_activity_ratio", "", "average_vcn_activity" if fmt_rev == 3
+                     else "average_mm_activity", _RATIO, activity_scale, "count"))
+    if not apu:
+        plan.append(("fan_rpm", "", "current_fan_speed", _SCALED, 1, "rpm"))
+    found = _CONVERSIONS[(fmt_rev, content_rev)] = [
+        (where, key, name, how, *units.scaling(scale, unit))
+        for where, key, name, how, scale, unit in plan]
+    return found
+
+
+def parse_gpu_metrics(data: bytes) -> GpuMetrics:
+    """Decode a whole ``gpu_metrics`` read. Raises GpuMetricsError on an unknown layout."""
+    fmt_rev, content_rev, size, raw = decode_raw(data)
+    r = _Reader(raw)
+    apu = fmt_rev >= 2
+    mi300 = (fmt_rev, content_rev) >= (1, 4) and not apu
+    temps: dict[str, float] = {}
+    clocks: dict[str, float] = {}
+    values: dict[str, float] = {}  # GpuMetrics field -> value
+    dropped = 0
+    get = raw.get
+    for where, key, name, how, divisor, multiplier, low, high in _conversions(fmt_rev,
+                                                                           content_rev):
+        value = get(name)
+        if value.__class__ is not int:
+            if how != _FIRST or value.__class__ is not tuple:
+                continue
+            value = next((f for f in value if f is not None), None)
+            if value is None:
+                continue
+        x = value / divisor if divisor else value * multiplier
+        if not low <= x <= high or x - x != 0.0:  # units.scaled's gate
+            dropped += 1
+            continue
+        if how == _RATIO:  # units.ratio_from_percent
+            if not 0 <= x <= 110:
+                dropped += 1
+                continue
+            x = min(x, 100.0) / 100.0
+        if where == "temps":
+            temps[key] = x
+        elif where == "clocks":
+            clocks[key] = x
+        else:
+            values[where] = x
+    r.dropped = dropped
+    energy = values.get("energy_joules") or None  # 0: never filled (_conversions)
+    video = r.mean_ratio("vcn_activity") if mi300 else values.get("video_activity_ratio")
     # XGMI is a field of MI300's tables (v1.4+) only; the throttler residencies are MI300's
     # (v1.6+) and the APU table v3.0's.
     link_status = r.values("xgmi_link_status") if mi300 else ()
@@ -384,17 +442,17 @@ def parse_gpu_metrics(data: bytes) -> GpuMetrics:
         content_revision=content_rev,
         structure_size=size,
         temperatures_celsius=temps,
-        gfx_activity_ratio=r.ratio("average_gfx_activity", activity_scale),
-        memory_activity_ratio=r.ratio("average_umc_activity", activity_scale),
+        gfx_activity_ratio=values.get("gfx_activity_ratio"),
+        memory_activity_ratio=values.get("memory_activity_ratio"),
         video_activity_ratio=video,
-        socket_power_watts=power,
+        socket_power_watts=values.get("socket_power_watts"),
         energy_joules=energy,
         clocks_hertz=clocks,
         throttle_status=r.num("throttle_status"),
         indep_throttle_status=r.num("indep_throttle_status"),
-        fan_rpm=None if apu else r.scaled("current_fan_speed", 1, "rpm"),
+        fan_rpm=values.get("fan_rpm"),
         pcie_link_width=units.parse_link_width(str(r.num("pcie_link_width"))),
-        pcie_link_speed_gts=speed,
+        pcie_link_speed_gts=values.get("pcie_link_speed_gts"),
         xgmi_read_bytes=r.per_link("xgmi_read_data_acc", 1000, "bytes") if mi300 else {},
         xgmi_write_bytes=r.per_link("xgmi_write_data_acc", 1000, "bytes") if mi300 else {},
         xgmi_link_up={str(i): bool(v) for i, v in enumerate(link_status) if v is not None},

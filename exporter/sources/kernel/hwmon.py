@@ -22,6 +22,11 @@ cannot be read or parsed is left out, never reported as 0)::
     read_frequencies(d)                       freqN_input          Hz
     read_voltages(d)                          inN_input            mV -> V
 
+For a card's plan of its hot reads (exporter.sources.amd.card), found once per layout and
+read with ``AttrReader.numbers``: ``channel_files(d, reader)`` (the channels the five
+readers above read), ``fan_plan(d, reader)`` and ``fan_ratios(plan, duties, ...)``
+(read_fan_ratios' rule, given the duty cycles read).
+
 The label is the content of ``<type>N_label`` when present ("edge", "junction",
 "mem", "PPT", "sclk", "pkg", ...), else the channel name ("temp1", "fan1").
 
@@ -37,11 +42,11 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from exporter.core import units
-from exporter.core.fs import AttrReader, read_text
+from exporter.core.fs import AttrReader, Planned, planned, read_text
 from exporter.core.labels import ErrorReason
 
 _HWMON_RE = re.compile(r"hwmon(\d+)")
@@ -146,6 +151,28 @@ def read_energy(hwmon_dir: HwmonDir, errors: ErrorCounter | None = None,
     return _read_channels(hwmon_dir, "energy", "input", 1e-6, "joules", errors, reader)
 
 
+# What read_temperatures, read_power, read_energy, read_frequencies and read_voltages
+# read: (kind, prefix, suffix, scale, unit), power's averages before its inputs.
+FAST_CHANNELS = (("temps", "temp", "input", 0.001, "celsius"),
+                 ("power", "power", "average", 1e-6, "watts"),
+                 ("power", "power", "input", 1e-6, "watts"),
+                 ("energy", "energy", "input", 1e-6, "joules"),
+                 ("freqs", "freq", "input", 1.0, "hertz"),
+                 ("volts", "in", "input", 0.001, "volts"))
+
+
+def channel_files(hwmon_dir: HwmonDir, reader: AttrReader
+                  ) -> list[tuple[str, str, str, float, str]]:
+    """``(kind, label, path, scale, unit)`` of every channel of FAST_CHANNELS, in the
+    order those readers read them (per kind: by channel number, so the first channel of a
+    label wins, as there): a card's plan of its hot reads, built once per layout and
+    read with ``AttrReader.numbers``."""
+    d = os.fspath(hwmon_dir)
+    return [(kind, label, f"{d}/{filename}", scale, unit)
+            for kind, prefix, suffix, scale, unit in FAST_CHANNELS
+            for label, filename in _labelled(reader, d, prefix, suffix)]
+
+
 def energy_labels(hwmon_dir: HwmonDir, reader: AttrReader | None = None) -> list[str]:
     """The labels of the chip's energyN_input channels (which exist, not their values)."""
     r = reader or AttrReader(keep=False)
@@ -168,33 +195,58 @@ def read_fan_ratios(hwmon_dir: HwmonDir, errors: ErrorCounter | None = None,
     they are read again only when ``refresh`` (the slow tier) or not cached yet.
     """
     r = reader or AttrReader(keep=False)
-    d = os.fspath(hwmon_dir)
-    names = r.names(d)
-    cache: dict[str, float | None] = {} if maxima is None else maxima
+    plan = fan_plan(hwmon_dir, r, pwm)
+    duties = r.numbers([duty for _, duty, _ in plan[0]], errors)
+    return fan_ratios(plan, duties, errors, r, {} if maxima is None else maxima, refresh)
 
-    def top_of(name: str, unit: str) -> float | None:
-        key = f"{d}/{name}"
-        if refresh or key not in cache:
-            cache[key] = r.number(d, name, errors, 1.0, unit)
-        return cache[key]
+
+# (pwm fans: (fan key, pwmN, pwmN_max or None: 255), measured fans: (fan key, fanN_input,
+# fanN_max)), each file a planned AttrReader.numbers entry
+FanPlan = tuple[list[tuple[str, Planned, Planned | None]], list[tuple[str, Planned, Planned]]]
+
+
+def fan_plan(hwmon_dir: HwmonDir, reader: AttrReader, pwm: bool = True) -> FanPlan:
+    """What read_fan_ratios reads of a chip, found once per layout: a card's plan reads
+    the duty cycles with its other hot files and hands them to fan_ratios."""
+    d = os.fspath(hwmon_dir)
+
+    def build() -> FanPlan:
+        names = reader.names(d)
+        pwms = [(str(index - 1), planned(f"{d}/{filename}", 1.0, "count"),
+                 planned(f"{d}/{filename}_max", 1.0, "count")
+                 if f"{filename}_max" in names else None)
+                for index, filename in _pwm_channels(reader, d, pwm)]
+        fans = [(str(index - 1), planned(f"{d}/{filename}", 1.0, "rpm"),
+                 planned(f"{d}/fan{index}_max", 1.0, "rpm"))
+                for index, filename in _fan_channels(reader, d)]
+        return pwms, fans
+
+    return reader.memo(("fan-plan", d, pwm), build)
+
+
+def fan_ratios(plan: FanPlan, duties: Sequence[float | None], errors: ErrorCounter | None,
+               reader: AttrReader, maxima: dict[str, float | None],
+               refresh: bool) -> dict[str, float]:
+    """read_fan_ratios' rule, given the pwm channels' ``duties`` (in ``plan``'s order)."""
+    def top_of(entry: Planned) -> float | None:
+        key = entry[0]
+        if refresh or key not in maxima:
+            maxima[key] = reader.numbers((entry,), errors)[0]
+        return maxima[key]
 
     out: dict[str, float] = {}
-    for index, filename in _pwm_channels(r, d, pwm):
-        duty = r.number(d, filename, errors, 1.0, "count")
-        top: float | None = 255.0
-        if f"{filename}_max" in names:
-            top = top_of(f"{filename}_max", "count")
-        _put_ratio(out, index, duty, top)
-    for index, filename in _fan_channels(r, d):
-        if str(index - 1) not in out:
-            rpm = r.number(d, filename, errors, 1.0, "rpm")
-            _put_ratio(out, index, rpm, top_of(f"fan{index}_max", "rpm"))
+    pwms, fans = plan
+    for (key, _, top), duty in zip(pwms, duties, strict=True):
+        _put_ratio(out, key, duty, 255.0 if top is None else top_of(top))
+    for key, rpm, top in fans:
+        if key not in out:
+            _put_ratio(out, key, reader.numbers((rpm,), errors)[0], top_of(top))
     return out
 
 
-def _put_ratio(out: dict[str, float], index: int, value: float | None, top: float | None) -> None:
+def _put_ratio(out: dict[str, float], key: str, value: float | None, top: float | None) -> None:
     if value is not None and top and (ratio := units.clamp_ratio(value / top)) is not None:
-        out[str(index - 1)] = ratio
+        out[key] = ratio
 
 
 def _pwm_channels(reader: AttrReader, d: str, pwm: bool) -> list[tuple[int, str]]:
