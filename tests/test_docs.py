@@ -35,8 +35,7 @@ OTHER_TOOLS = TOOL_FLAGS | {"no-deps", "only-binary", "platform", "dry-run", "ta
                             # bench scripts (docs/performance.md)
                             "costs", "machines", "duration", "nvml", "repeat", "links",
                             "calls-json", "daemon", "json", "latency", "repo", "unread",
-                            "ab", "skip-before", "seconds", "top", "profile", "before",
-                            "intervals", "cycles", "no-cards", "windows"}
+                            "ab", "skip-before", "seconds", "top"}
 
 
 def golden_families() -> set[str]:
