@@ -12,7 +12,7 @@ goldens (tests/test_golden.py) first, since the others compare with them.
 
 Hypothesis (the property tests of every parser of untrusted input) runs under one of two
 profiles: ``fast`` by default (60 examples a test, for the fast lane), ``ci`` where
-``HYPOTHESIS_PROFILE=ci`` (.ci/run sets it: 1,000 examples; CI runs every test in one run,
+``HYPOTHESIS_PROFILE=ci`` (.ci/run sets it: 500 examples; CI runs every test in one run,
 not the fast lane). No deadline per example (machines are shared) and no example database
 written into the checkout.
 """
@@ -73,6 +73,6 @@ def _no_nvml_array_overrun(request: pytest.FixtureRequest) -> Iterator[None]:
 # Hypothesis' profiles (the docstring says which runs which).
 settings.register_profile("fast", max_examples=60, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("ci", max_examples=1000, deadline=None, database=None,
+settings.register_profile("ci", max_examples=500, deadline=None, database=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))

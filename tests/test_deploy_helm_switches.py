@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -230,12 +232,17 @@ def test_every_documented_combination_keeps_the_alerts_and_their_labels(
     assert len(runs) == 2 * len(RULE_SWITCHES)
     (tmp_path / "daemon").mkdir()
     unlabelled = device_labelled(tmp_path / "daemon")
+    suites = []
     for i, (key, names) in enumerate(runs.items()):
         tests, checked = adapted_tests(files[key], key[1], tmp_path / str(i),
                                        unlabelled if key[2] else None)
         kept = {r["alert"] for g in files[key]["groups"] for r in g["rules"] if "alert" in r}
         assert checked == kept, names  # every alert the file keeps is still tested
-        out = promtool_test(tests)
+        suites.append((names, tests))
+    # One promtool per rule file, as many at once as there are cores (each is seconds).
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        outs = list(pool.map(promtool_test, [tests for _, tests in suites]))
+    for (names, _), out in zip(suites, outs, strict=True):
         assert out.returncode == 0, f"{names}:\n{out.stdout[-3000:]}{out.stderr[-2000:]}"
 
 
