@@ -253,7 +253,9 @@ def test_alert_rules_load_and_evaluate(prometheus: str) -> None:
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 
 
-def test_an_xid_fires_the_xid_alert_on_that_gpu_only(prometheus: str) -> None:
+def xid_alert_fires_on_the_gpus_with_xids(prometheus: str) -> list[FakeGPU]:
+    """Waits (10 s at most) for GPUXidError to fire; it fires on exactly the fixture's GPUs
+    with XIDs, which are returned."""
     config = json.loads((FIXTURES / "nvidia-h100x2" / "nvml.json").read_text())
     with_xids = [FakeGPU(index=i, **{k: v for k, v in g.items() if k == "xids"})
                  for i, g in enumerate(config["gpus"]) if g.get("xids")]
@@ -263,6 +265,11 @@ def test_an_xid_fires_the_xid_alert_on_that_gpu_only(prometheus: str) -> None:
         firing = query(prometheus, 'ALERTS{alertname="GPUXidError",alertstate="firing"}')
         time.sleep(0.5)
     assert sorted(r["metric"]["UUID"] for r in firing) == sorted(g.uuid for g in with_xids)
+    return with_xids
+
+
+def test_an_xid_fires_the_xid_alert_on_that_gpu_only(prometheus: str) -> None:
+    with_xids = xid_alert_fires_on_the_gpus_with_xids(prometheus)
     values = {r["metric"]["UUID"]: float(r["value"][1])
               for r in query(prometheus, "DCGM_FI_DEV_XID_ERRORS > 0")}
     assert values == {g.uuid: g.xids[-1] for g in with_xids}  # the last XID's code

@@ -18,7 +18,6 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -27,7 +26,6 @@ from exporter.client.fleet.nodes import load_fleet, load_node
 from exporter.client.fleet.promapi import PrometheusAPI
 from exporter.core.config import MetricNames
 from tests.daemon import daemon_env, machine_args
-from tests.fakes.fake_nvml import FakeGPU
 from tests.prometheus_harness import PROMETHEUS, Exporter, get, query, scraped
 from tests.test_dcgm_prometheus_e2e import (
     FIXTURES,
@@ -43,6 +41,7 @@ from tests.test_dcgm_prometheus_e2e import (
     extra_args,
     extra_env,
     label_values,
+    xid_alert_fires_on_the_gpus_with_xids,
 )
 
 DASHBOARD = "dashboard_current_4_9"
@@ -155,15 +154,7 @@ def test_alert_rules_load_and_evaluate(prometheus: str) -> None:
 
 
 def test_an_xid_fires_the_xid_alert_on_that_gpu_only(prometheus: str) -> None:
-    config = json.loads((FIXTURES / "nvidia-h100x2" / "nvml.json").read_text())
-    with_xids = [FakeGPU(index=i, **{k: v for k, v in g.items() if k == "xids"})
-                 for i, g in enumerate(config["gpus"]) if g.get("xids")]
-    deadline = time.monotonic() + 10
-    firing: list[dict[str, Any]] = []
-    while time.monotonic() < deadline and not firing:
-        firing = query(prometheus, 'ALERTS{alertname="GPUXidError",alertstate="firing"}')
-        time.sleep(0.5)
-    assert sorted(r["metric"]["UUID"] for r in firing) == sorted(g.uuid for g in with_xids)
+    xid_alert_fires_on_the_gpus_with_xids(prometheus)
 
 
 # -- the picker on the bare desktop (docs/dcgm-compat.md, "The GPU picker") --------------
