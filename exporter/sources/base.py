@@ -89,9 +89,10 @@ class Cycle:
 class Capabilities:
     """What a backend offers the collector beyond open/sample/close, as data."""
 
-    # open() is cheap (a listdir, a socket check): after it fails, the collector retries
-    # it every ``retry_interval`` seconds when that is sooner than the back-off, so a
-    # card bound later or a restarted kubelet is picked up quickly. None: the back-off.
+    # open() is cheap (a listdir, a socket check): after it fails, the collector's
+    # back-off grows no longer than ``retry_interval`` seconds, so a card bound later or
+    # a restarted kubelet is picked up within that (a card added wakes it at once:
+    # Hub.reprobe). None: the back-off alone.
     retry_interval: float | None = None
     # The sub-features with a switch of their own that it serves (``gpm`` of ``nvidia``),
     # each with why this opened backend cannot serve it, None when it can: read, after

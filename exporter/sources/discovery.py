@@ -50,6 +50,7 @@ import structlog
 
 from exporter.core.fs import SysFS, read_int, read_text
 from exporter.core.model import normalize_pci_bus_id
+from exporter.sources.base import Capabilities
 
 log = structlog.get_logger(__name__)
 
@@ -322,6 +323,12 @@ class DrmDiscovery:
         once), so idle backends on a host without their cards cost next to nothing.
         """
         return max(interval, UDEV_POLL if self.watching else HOTPLUG_POLL)
+
+    def capabilities(self, interval: float) -> Capabilities:
+        """The capabilities of a backend whose open() only reads this card list: the
+        collector's back-off before it retries grows no longer than ``retry_interval``,
+        and a card added wakes it at once (Hub.reprobe)."""
+        return Capabilities(retry_interval=self.retry_interval(interval))
 
     def start(self) -> None:
         """Also listen for DRM uevents (real /sys only): a re-read on any event. Idempotent."""

@@ -76,9 +76,7 @@ class AmdBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        """open() only reads the cached card list: the longest the collector's back-off
-        waits before it retries (DrmDiscovery.retry_interval); a card added wakes it."""
-        return Capabilities(retry_interval=self.discovery.retry_interval(self.config.interval))
+        return self.discovery.capabilities(self.config.interval)  # open() reads its list
 
     def open(self) -> Sequence[DeviceInfo]:
         # With no card, stay down; the collector's reopen back-off calls us again and

@@ -209,9 +209,7 @@ class FdinfoBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        """open() only reads the cached card list: the longest the collector's back-off
-        waits before it retries (DrmDiscovery.retry_interval); a card added wakes it."""
-        return Capabilities(retry_interval=self.discovery.retry_interval(self._fast_interval))
+        return self.discovery.capabilities(self._fast_interval)  # open() reads its list
 
     def open(self) -> Sequence[DeviceInfo]:
         self.discovery.start()  # udev events on a real /sys (idempotent; shared with amd)

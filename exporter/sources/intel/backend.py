@@ -161,10 +161,7 @@ class IntelBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        """open() only reads the cached card list: the longest the collector's back-off
-        waits before it retries (DrmDiscovery.retry_interval); a card added wakes it."""
-        return Capabilities(retry_interval=self._discovery.retry_interval(
-            self._config.interval))
+        return self._discovery.capabilities(self._config.interval)  # open() reads its list
 
     def open(self) -> Sequence[DeviceInfo]:
         self._discovery.start()  # udev events on a real /sys (idempotent; shared with amd)

@@ -111,7 +111,7 @@ class PmuBackend:
         backend at once (Hub.reprobe): every UDEV_POLL is then enough."""
         if self._unopened is not None:
             return Capabilities(retry_interval=max(self._config.interval, UDEV_POLL))
-        return Capabilities(retry_interval=self._discovery.retry_interval(self._config.interval))
+        return self._discovery.capabilities(self._config.interval)
 
     def _seen(self, cards: Sequence[DrmCard]) -> object:
         """What an open() depends on: the cards, hotplug's generation, the PMUs registered."""
