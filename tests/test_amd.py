@@ -10,6 +10,7 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -294,10 +295,10 @@ def test_table_fill_gives_what_the_backend_merge_gives(machine: str,
     from exporter.sources.amd import card
     from exporter.sources.base import KERNEL
 
-    pairs: list[tuple[DeviceSample, DeviceSample]] = []
+    pairs: list[tuple[DeviceSample, dict[str, Any]]] = []
     real = card.fill
 
-    def spy(files: DeviceSample, table: DeviceSample) -> DeviceSample:
+    def spy(files: DeviceSample, table: dict[str, Any]) -> DeviceSample:
         pairs.append((files, table))
         return real(files, table)
 
@@ -308,7 +309,10 @@ def test_table_fill_gives_what_the_backend_merge_gives(machine: str,
     assert pairs  # every one of these cards has a gpu_metrics table
     view = View(priority=KERNEL, serving=True, devices=())
     for files, table in pairs:
-        merged = merge_device([(view, files), (view, table)])
+        said = {name: v for name, v in table.items() if v is not None and v != {}}
+        assert said  # every one of these tables says something
+        as_sample = DeviceSample(info=files.info, source=files.source, **said)
+        merged = merge_device([(view, files), (view, as_sample)])
         assert merged is not None
         want = replace(merged, clocks_hertz=dict(sorted(merged.clocks_hertz.items())),
                        engine_utilization_ratio=dict(
@@ -376,3 +380,40 @@ def test_fast_plan_gives_what_file_by_file_gives(machine: str, tmp_path: Path,
     assert planned == cycles()
     if machine == "corrupt":
         assert planned[1][1] == {"parse": 4}  # each garbage value counted once a cycle
+
+
+def test_a_card_that_comes_or_goes_is_seen_on_the_next_cycle(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """A cycle with the discovery's generation unchanged does not match its cards again;
+    a card that comes or goes is still seen on the next cycle, including one that came
+    on another thread just after this cycle took the card list."""
+    from tests.drm_tree import add_pci_card, remove_card
+
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt/sys", root, symlinks=True)
+    b = backend(root)
+    b.open()
+    b.sample(True)
+
+    def buses(slow: bool = False) -> dict[str, bool]:
+        return {d.info.pci_bus_id: d.up for d in b.sample(slow).devices}
+
+    add_pci_card(root, "0000:0c:00.0", "card0")
+    assert buses() == {"0000:03:00.0": True, "0000:0c:00.0": True}
+    remove_card(root, "card0")
+    assert buses() == {"0000:03:00.0": True, "0000:0c:00.0": False}  # down once
+    assert buses() == {"0000:03:00.0": True}
+
+    real = b.discovery.cards
+
+    def then_a_card_comes(drivers: list[str] | None = None) -> list[Any]:
+        taken = real(drivers)
+        add_pci_card(root, "0000:0d:00.0", "card2", render="renderD130")
+        b.discovery.rescan()  # the udev thread, between this list and the next cycle
+        return taken
+
+    monkeypatch.setattr(b.discovery, "cards", then_a_card_comes)
+    assert buses() == {"0000:03:00.0": True}
+    monkeypatch.setattr(b.discovery, "cards", real)
+    assert buses() == {"0000:03:00.0": True, "0000:0d:00.0": True}

@@ -220,3 +220,22 @@ def test_a_card_first_seen_half_written_is_picked_up_once_complete(
     for _ in range(discovery.INCOMPLETE_RETRIES + 10):
         disc.cards()
     assert len(reads) == discovery.INCOMPLETE_RETRIES + 1
+
+
+def test_a_card_entry_is_card_and_a_number_never_a_connector() -> None:
+    from exporter.sources.discovery import is_card_entry
+
+    assert [n for n in ("card0", "card12", "card1-DP-1", "card1-HDMI-A-1", "renderD128",
+                        "card", "cards", "card 1", "version", "xcard1")
+            if is_card_entry(n)] == ["card0", "card12"]
+
+
+def test_a_connector_or_render_node_that_comes_is_no_card(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    shutil.copytree(FIXTURES / "amd-rdna3-rx7800xt/sys", root, symlinks=True)
+    disc = DrmDiscovery(SysFS(root), hotplug=False)
+    assert [c.card for c in disc.cards()] == ["card1"]
+    gen = disc.generation
+    target = os.readlink(root / "class/drm/card1")
+    os.symlink(target + "-DP-9", root / "class/drm/card1-DP-9")  # a connector's link
+    assert [c.card for c in disc.cards()] == ["card1"] and disc.generation == gen

@@ -15,6 +15,7 @@ import re
 import struct
 import tempfile
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +29,7 @@ from exporter.sources.fdinfo.scan import ClientRead
 from exporter.sources.kernel import amdgpu, drm_fdinfo, hwmon, i915_xe_pmu
 from exporter.sources.kernel.amdgpu_gpu_metrics import (
     GpuMetricsError,
+    decode_raw,
     layout_offsets,
     parse_gpu_metrics,
 )
@@ -293,6 +295,35 @@ def test_gpu_metrics_decoder_raises_only_its_error_and_bounds_every_value(data: 
         assert all(in_range(v, "bytes") for v in link.values())
     assert m.dropped >= 0
     assert isinstance(m.throttle_reasons, dict)
+
+
+@BUDGET
+@given(st.sampled_from(_revisions), st.data())
+def test_a_short_gpu_metrics_read_is_the_whole_table_with_all_ones_past_its_last_whole_field(
+        revision: tuple[int, int], data: st.DataObject) -> None:
+    """A read cut anywhere decodes the fields that fit whole, each as the whole table
+    gives it, and nothing of the rest: the same values as the whole table with every
+    byte from the first field that does not fit on set to all ones ("not filled")."""
+    fmt, content = revision
+    layout = data.draw(st.sampled_from(LAYOUTS[revision]))
+    fields, size, _ = layout_offsets(layout)
+    body = data.draw(st.binary(min_size=size, max_size=size))
+    whole = struct.pack("<HBB", size, fmt, content) + body[4:]
+    cut_at = data.draw(st.integers(4, size))
+    short = whole[:cut_at]
+    plain = [(name, offset, offset + struct.calcsize(code[-1]) * int(code[:-1] or 1))
+             for name, offset, code in fields if isinstance(code, str)]
+    first_out = next((offset for _, offset, end in plain if end > cut_at), size)
+    ones = whole[:first_out] + b"\xff" * (size - first_out)
+    fitting = {name for name, _, end in plain if end <= cut_at}
+
+    _, _, _, raw_short = decode_raw(short)
+    _, _, _, raw_whole = decode_raw(whole)
+    assert set(raw_short) == fitting
+    assert raw_short == {name: raw_whole[name] for name in fitting}
+    parsed = parse_gpu_metrics(short)
+    assert dict(parsed.raw) == raw_short
+    assert replace(parsed, raw={}) == replace(parse_gpu_metrics(ones), raw={})
 
 
 # -- hwmon: the files of one hwmon directory ------------------------------------------------

@@ -217,8 +217,12 @@ def parse_link_speed(text: str | None) -> int | None:
 
 def parse_link_width(text: str | None) -> int | None:
     """``"16"`` -> 16; ``"0"`` (an iGPU: no link) and garbage -> None."""
-    width = parse_int(text)
-    return width if width is not None and 0 < width <= 64 else None
+    return link_width(parse_int(text))
+
+
+def link_width(lanes: int | None) -> int | None:
+    """A PCIe link's lanes, 1..64; 0 (an iGPU: no link) and more -> None."""
+    return lanes if lanes is not None and 0 < lanes <= 64 else None
 
 
 def printable(text: str, limit: int) -> str:

@@ -54,7 +54,6 @@ from exporter.sources.base import Capabilities
 
 log = structlog.get_logger(__name__)
 
-_CARD_RE = re.compile(r"card\d+")
 _PCI_ADDR_RE = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 # Longest wait between two open() retries of a backend with no card: where udev events
@@ -163,20 +162,27 @@ def _drm_entries(drm: str) -> list[str]:
         raise ListingError(f"cannot list {drm}: {exc}") from exc
 
 
+def is_card_entry(name: str) -> bool:
+    """``card<N>`` (any N), never a connector (``card1-DP-1``) or a render node."""
+    return name.startswith("card") and name[4:].isdecimal()
+
+
 def card_fingerprint(drm: str) -> Fingerprint:
     """What identifies the current set of cards under ``drm`` (the path of
     ``class/drm``), read as cheaply as sysfs allows: every backend asks each cycle.
 
     Raises ListingError where ``class/drm`` cannot be listed now."""
     out = []
+    readlink = os.readlink
     for name in _drm_entries(drm):
-        if _CARD_RE.fullmatch(name):
+        if is_card_entry(name):
             try:
-                target = os.readlink(f"{drm}/{name}")
+                target = readlink(f"{drm}/{name}")
             except OSError:
                 target = ""  # a plain directory (some fixture trees) or gone meanwhile
             out.append((name, target))
-    return tuple(sorted(out))
+    out.sort()
+    return tuple(out)
 
 
 def enumerate_cards(sysfs: SysFS, incomplete: set[str] | None = None) -> list[DrmCard]:
@@ -187,7 +193,7 @@ def enumerate_cards(sysfs: SysFS, incomplete: set[str] | None = None) -> list[Dr
     Raises ListingError where ``class/drm`` cannot be listed now."""
     cards = []
     for entry in _drm_entries(_drm_dir(sysfs)):
-        if _CARD_RE.fullmatch(entry):
+        if is_card_entry(entry):
             card = read_card(sysfs, entry)
             if card is not None:
                 cards.append(card)
@@ -236,13 +242,13 @@ class DrmDiscovery:
                     # Another backend's thread may have just re-enumerated: check again.
                     if self._changed():
                         self._rescan()
-            self._listing_failed(None)
+            if self.listing_error is not None:  # (read without the lock: one reference)
+                self._listing_failed(None)
         except ListingError as exc:
             self._listing_failed(str(exc))
-        with self._lock:
-            current = list(self._cards or ())
+        current = self._cards or ()  # replaced whole under the lock, never changed in place
         if drivers is None:
-            return current
+            return list(current)
         return [c for c in current if c.driver in drivers]
 
     def on_card_added(self, callback: Callable[[], None]) -> None:

@@ -43,12 +43,13 @@ class _Card:
     """One card's state across cycles: identity, counters, kept-open files."""
 
     def __init__(self, card: DrmCard, info: DeviceInfo) -> None:
-        from exporter.sources.amd.card import CardCounters
+        from exporter.sources.amd import card as card_module
         from exporter.sources.amd.pcie_bw import FILE as PCIE_BW
 
+        self.card_module = card_module  # what reads it: imported once, not every cycle
         self.card = card
         self.info = info
-        self.counters = CardCounters()
+        self.counters = card_module.CardCounters()
         self.reader = AttrReader()
         self.lost = False
         self.missing: list[str] = []  # static information its driver has not written yet
@@ -82,7 +83,7 @@ class AmdBackend:
         # With no card, stay down; the collector's reopen back-off calls us again and
         # discovery (kept current by udev events) then sees a card that arrived.
         self.discovery.start()
-        cards = self.discovery.cards(["amdgpu"])
+        cards, generation = self._cards_now()
         if not cards:
             root = self.discovery.sysfs.path("class", "drm")
             raise BackendUnavailable(f"no amdgpu card under {root}")
@@ -90,13 +91,22 @@ class AmdBackend:
             from exporter.sources.amd.pcie_bw import PcieBwReader
 
             self._pcie = PcieBwReader()
-        self._refresh(cards)
+        self._refresh(cards, generation)
         return [self._cards[c.card].info for c in cards]
 
-    def _refresh(self, cards: list[DrmCard]) -> list[_Card]:
+    def _cards_now(self) -> tuple[list[DrmCard], int]:
+        """The amdgpu cards and a discovery generation they are at least as new as (read
+        before them: a list that is newer shows as a generation moved on since)."""
+        generation = self.discovery.generation
+        return self.discovery.cards(["amdgpu"]), generation
+
+    def _refresh(self, cards: list[DrmCard], generation: int) -> list[_Card]:
         """New cards get their static info read once; returns the cards that went away.
 
-        A new discovery generation (hotplug) re-lists every card's layout."""
+        A new discovery generation (hotplug) re-lists every card's layout; with none
+        since the last look (the usual cycle) there is nothing to do."""
+        if generation == self._generation == self.discovery.generation and self._cards:
+            return []
         current = {c.card: c for c in cards}
         gone = [st for name, st in self._cards.items() if current.get(name) != st.card]
         for st in gone:
@@ -104,10 +114,10 @@ class AmdBackend:
             if self._pcie is not None:
                 self._pcie.forget(st.device_dir)
             del self._cards[st.card.card]
-        if self.discovery.generation != self._generation:
+        if generation != self._generation:
             for st in self._cards.values():
                 st.reader.reset()
-            self._generation = self.discovery.generation
+            self._generation = generation
         for name, c in current.items():
             if name not in self._cards:
                 st = self._cards[name] = _Card(c, self._device_info(c))
@@ -146,7 +156,7 @@ class AmdBackend:
 
     def sample(self, slow: bool) -> Cycle:
         errors: Counter[ErrorReason] = Counter()
-        gone = self._refresh(self.discovery.cards(["amdgpu"]))
+        gone = self._refresh(*self._cards_now())
         if self.discovery.listing_error is not None:
             errors[ErrorReason.DRM_LISTING] += 1  # the last known cards are read meanwhile
         devices = [self._read(st, errors, slow) for st in self._cards.values()]
@@ -164,12 +174,10 @@ class AmdBackend:
         return Cycle(devices=devices, errors={k: n for k, n in errors.items() if n})
 
     def _read(self, st: _Card, errors: Counter[ErrorReason], slow: bool) -> DeviceSample:
-        from exporter.sources.amd.card import read_card
-
         # The device directory gone under a class/drm link still there (driver unbind,
         # a card fallen off the bus): lost until it is back. Kept descriptors of a
         # removed file could still answer, so this is checked, not inferred.
-        if not os.path.isdir(st.card.device_dir):
+        if not os.path.isdir(st.device_dir):
             errors[ErrorReason.GPU_LOST] += 1
             if not st.lost:
                 st.reader.reset()  # its layout is re-listed when it comes back
@@ -179,7 +187,8 @@ class AmdBackend:
             self._reread_static(st)  # back after it was lost, or still incomplete
         st.lost = False
         try:
-            sample = read_card(st.card, st.info, errors, st.counters, st.reader, slow)
+            sample: DeviceSample = st.card_module.read_card(
+                st.card, st.info, errors, st.counters, st.reader, slow)
             rates = self._pcie.rates(st.device_dir) if self._pcie and st.pcie_bw else {}
             return copy_with(sample, pcie_throughput_bytes_per_second=rates) if rates else sample
         except Exception as exc:  # a card torn down mid-read: keep the others going
@@ -193,6 +202,7 @@ class AmdBackend:
         for st in self._cards.values():
             st.reader.close()
         self._cards.clear()
+        self._generation = -1
         if self._pcie is not None:
             self._pcie.close()
             self._pcie = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,7 +146,7 @@ def device_info(card: DrmCard, ids: AmdgpuIds | None = None,
     )
 
 
-def is_apu(metrics: GpuMetrics | None, voltage_labels: Sequence[str]) -> bool:
+def is_apu(metrics: GpuMetrics | None, voltage_labels: Collection[str]) -> bool:
     """APU: gpu_metrics v2.x/v3.x are the APU tables; ``vddnb`` exists on APUs only."""
     return (metrics is not None and metrics.format_revision >= 2) or "vddnb" in voltage_labels
 
@@ -228,47 +228,54 @@ def read_card(card: DrmCard, info: DeviceInfo, errors: Counter[ErrorReason],
     if blob:
         try:
             metrics = parse_gpu_metrics(blob)
-            errors[ErrorReason.PARSE] += metrics.dropped
+            if metrics.dropped:
+                errors[ErrorReason.PARSE] += metrics.dropped
         except GpuMetricsError:
             errors[ErrorReason.GPU_METRICS] += 1
     counters = counters or CardCounters()
     files = _from_files(_Files(reader, device_dir, errors), info, metrics, counters, slow)
     if metrics is None:
         return files
-    return fill(files, _from_gpu_metrics(info, metrics, counters))
+    return fill(files, _from_gpu_metrics(metrics, counters))
 
 
-def fill(files: DeviceSample, table: DeviceSample) -> DeviceSample:
-    """``files`` with what only ``table`` says, by exporter.pipeline.merge's rule (the first value
-    wins, field by field and key by key; a key of a key group belongs to the sample that
-    has it first in any field of the group), for two samples of one source and one card,
-    without walking every field of both as ``merge_device`` does (a third of an amdgpu
-    fast cycle); tests/test_amd.py checks it gives what ``merge_device`` gives. Clocks
-    and engines keep their name order whichever sample gave which key (_from_files
+# field -> the other DeviceSample fields of its key group (KEY_GROUPS)
+_GROUPED = {name: tuple(other for other, g in KEY_GROUPS.items() if g == group
+                        and other != name and other in DeviceSample.__dataclass_fields__)
+            for name, group in KEY_GROUPS.items()}
+
+
+def fill(files: DeviceSample, table: Mapping[str, Any]) -> DeviceSample:
+    """``files`` with what only ``table`` (field -> value, as a DeviceSample of the same
+    source and card would hold it) says, by exporter.pipeline.merge's rule: the first
+    value wins, field by field and key by key; a key of a key group belongs to the sample
+    that has it first in any field of the group. It looks only at the fields the table
+    has, not at every field of two samples as ``merge_device`` does (a third of an
+    amdgpu fast cycle); tests/test_amd.py checks it gives what ``merge_device`` gives.
+    Clocks and engines keep their name order whichever side gave which key (_from_files
     writes its own in name order)."""
-    owned: set[tuple[str, str]] | None = None  # built when a grouped field needs it
     changes: dict[str, Any] = {}
-    theirs, ours = table.__dict__, files.__dict__  # the fields, by name (copy_with's rule)
-    for name in _TABLE_FIELDS:  # what the table can hold: not every field of a sample
-        value = theirs[name]
+    ours = files.__dict__  # the fields, by name (copy_with's rule)
+    for name, value in table.items():
         if value is None:
             continue
         mine = ours[name]
         if value.__class__ is dict:
             if not value or value.keys() <= mine.keys():
                 continue  # nothing the files do not say (the temperatures, the clocks)
-            group = KEY_GROUPS.get(name)
-            if group is not None and owned is None:
-                owned = {(g, key) for field_name, g in KEY_GROUPS.items()
-                         for key in getattr(files, field_name) or ()}
+            # the files' keys in the other fields of its key group: theirs too
+            owned = [keys for other in _GROUPED.get(name, ()) if (keys := ours[other])]
+            if not mine and not owned:
+                changes[name] = value
+                continue
             extra = {k: v for k, v in value.items()
-                     if k not in mine and (group is None or (group, k) not in owned)}  # type: ignore[operator]
+                     if k not in mine and not any(k in keys for keys in owned)}
             if extra:
                 changes[name] = {**mine, **extra}
         elif mine is None:
             changes[name] = value
     for name in ("clocks_hertz", "engine_utilization_ratio"):
-        if name in changes:
+        if name in changes and len(changes[name]) > 1:
             changes[name] = dict(sorted(changes[name].items()))
     return copy_with(files, **changes) if changes else files
 
@@ -421,7 +428,7 @@ def _from_files(r: _Files, info: DeviceInfo, metrics: GpuMetrics | None,
 
     vram_total = limits.vram_total
     gtt_total = limits.gtt_total
-    if is_apu(metrics, list(hw["volts"])):
+    if is_apu(metrics, hw["volts"]):
         # The "VRAM" of an APU is a carve-out of system RAM: report it with GTT as
         # shared memory, and no device-local memory, rather than pretend it is VRAM.
         shared_total = _sum(vram_total, gtt_total)
@@ -476,34 +483,25 @@ def _ras_counts(r: _Files) -> dict[str, int]:
     return ecc
 
 
-# Every field _from_gpu_metrics sets: what fill() looks at (tests/test_amd.py holds fill
-# to the merge's answer on every fixture with a table).
-_TABLE_FIELDS = ("utilization_ratio", "memory_utilization_ratio", "temperatures_celsius",
-                 "power_watts", "energy_joules", "clocks_hertz", "throttle_reasons",
-                 "engine_utilization_ratio", "xgmi_throughput_bytes_per_second", "nvlink_up")
-
-
-def _from_gpu_metrics(info: DeviceInfo, metrics: GpuMetrics,
-                      counters: CardCounters) -> DeviceSample:
-    """What the gpu_metrics table says: some values only it has (throttling, XGMI),
-    the rest fills in where the files are silent."""
+def _from_gpu_metrics(metrics: GpuMetrics, counters: CardCounters) -> dict[str, Any]:
+    """What the gpu_metrics table says, by DeviceSample field (None or empty: it does not
+    say): some values only it has (throttling, XGMI), the rest fills in where the files
+    are silent (fill)."""
     engines = {"gfx": metrics.gfx_activity_ratio, "video": metrics.video_activity_ratio}
-    return DeviceSample(
-        info=info,
-        source=SOURCE,
-        utilization_ratio=metrics.gfx_activity_ratio,
-        memory_utilization_ratio=metrics.memory_activity_ratio,
-        temperatures_celsius={s: v for s, v in metrics.temperatures_celsius.items()
-                              if s in _TABLE_TEMPS},
-        power_watts=metrics.socket_power_watts,
-        energy_joules=metrics.energy_joules,
-        clocks_hertz={c: v for c, v in metrics.clocks_hertz.items() if c in _TABLE_CLOCKS},
-        throttle_reasons=metrics.throttle_reasons or counters.residency.update(
+    return {
+        "utilization_ratio": metrics.gfx_activity_ratio,
+        "memory_utilization_ratio": metrics.memory_activity_ratio,
+        "temperatures_celsius": {s: v for s, v in metrics.temperatures_celsius.items()
+                                 if s in _TABLE_TEMPS},
+        "power_watts": metrics.socket_power_watts,
+        "energy_joules": metrics.energy_joules,
+        "clocks_hertz": {c: v for c, v in metrics.clocks_hertz.items() if c in _TABLE_CLOCKS},
+        "throttle_reasons": metrics.throttle_reasons or counters.residency.update(
             metrics.throttle_residency, RESIDENCY_THROTTLERS),
-        engine_utilization_ratio={k: v for k, v in engines.items() if v is not None},
-        xgmi_throughput_bytes_per_second=counters.xgmi_rates(metrics),
-        nvlink_up={(link, "gpu"): up for link, up in metrics.xgmi_link_up.items()},
-    )
+        "engine_utilization_ratio": {k: v for k, v in engines.items() if v is not None},
+        "xgmi_throughput_bytes_per_second": counters.xgmi_rates(metrics),
+        "nvlink_up": {(link, "gpu"): up for link, up in metrics.xgmi_link_up.items()},
+    }
 
 
 def _int(value: float | None) -> int | None:

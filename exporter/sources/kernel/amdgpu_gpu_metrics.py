@@ -22,7 +22,7 @@ by generation, and are normalised here:
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -160,8 +160,11 @@ Offsets = tuple[list[tuple[str, int, str | Nested]], int, int]
 # Layouts are module constants: what is derived from one is computed once, keyed by
 # its id (the layout itself is kept beside, so an id is never reused meanwhile).
 _OFFSETS: dict[int, tuple[Layout, Offsets]] = {}
-_PLANS: dict[int, tuple[Layout, list[tuple[str, int, str, int, int, int]]]] = {}
-_WHOLE: dict[int, tuple[Layout, tuple[struct.Struct, list[tuple[str, int, int, int]]]]] = {}
+_TABLES: dict[int, tuple[Layout, _Table]] = {}
+# (format, content, structure_size) of a header seen -> its table: the look-up each read
+# makes; bounded, as a file could declare any size
+_BY_HEADER: dict[tuple[int, int, int], _Table] = {}
+_BY_HEADER_MAX = 64
 
 
 def layout_offsets(layout: Layout) -> Offsets:
@@ -196,72 +199,126 @@ def layout_for(fmt_rev: int, content_rev: int, size: int) -> Layout | None:
     return candidates[0]
 
 
-def decode_raw(data: bytes) -> tuple[int, int, int, dict[str, RawValue]]:
-    """(format, content, size, {field: value}) with all-ones fields as None."""
+# A field's place in what _Table.unpack returns: (index of its first value, count,
+# all-ones value, end offset in the table).
+Place = tuple[int, int, int, int]
+
+
+class _Table:
+    """How one layout decodes, worked out once: one struct for every plain field (gaps
+    skipped as pad bytes) and each field's place in what it unpacks. Per-partition
+    blocks (Nested) are left out: amdsmi reports partitions as devices instead."""
+
+    def __init__(self, layout: Layout) -> None:
+        fmt, at, index = "<", 0, 0
+        self.places: dict[str, Place] = {}
+        self.starts: list[tuple[int, int]] = []  # (offset, end) of each field, in order
+        for name, offset, code in layout_offsets(layout)[0]:
+            if isinstance(code, Nested):
+                continue
+            kind, count = code[-1], _count(code)
+            size = struct.calcsize(kind)
+            end = offset + size * count
+            fmt += (f"{offset - at}x" if offset > at else "") + f"{count}{kind}"
+            self.places[name] = (index, count, (1 << (8 * size)) - 1, end)
+            self.starts.append((offset, end))
+            at, index = end, index + count
+        self.struct = struct.Struct(fmt)
+        # (format, content) -> _conversions with each field's place (those it has)
+        self._conversions: dict[tuple[int, int], list[Placed]] = {}
+
+    def unpack(self, data: bytes, limit: int) -> tuple[tuple[int, ...], int]:
+        """(every plain field's values, where the whole fields within ``limit`` end).
+
+        A short table (a truncated read, a smaller ``structure_size``) is cut at the first
+        field that does not fit and the rest taken as all ones: none of it has a value."""
+        size = self.struct.size
+        if size <= limit:  # the common case: every field at once, one unpack
+            return self.struct.unpack_from(data), size
+        cut = next(offset for offset, end in self.starts if end > limit)
+        head = data[:min(cut, limit)]  # (past limit, before cut: pad bytes)
+        return self.struct.unpack(head + b"\xff" * (size - len(head))), cut
+
+    def conversions(self, fmt_rev: int, content_rev: int) -> list[Placed]:
+        found = self._conversions.get((fmt_rev, content_rev))
+        if found is None:
+            found = self._conversions[(fmt_rev, content_rev)] = [
+                (where, key, *place[:3], how, divisor, multiplier, low, high)
+                for where, key, name, how, divisor, multiplier, low, high
+                in _conversions(fmt_rev, content_rev)
+                if (place := self.places.get(name)) is not None
+                and (place[1] == 1 or how == _FIRST)]  # an array: its first element only
+        return found
+
+
+def _table(fmt_rev: int, content_rev: int, size: int) -> _Table | None:
+    """The table a header names (None: a revision this decoder does not know)."""
+    found = _BY_HEADER.get((fmt_rev, content_rev, size))
+    if found is not None:
+        return found
+    layout = layout_for(fmt_rev, content_rev, size)
+    if layout is None:
+        return None
+    cached = _TABLES.get(id(layout))
+    if cached is None or cached[0] is not layout:
+        cached = _TABLES[id(layout)] = (layout, _Table(layout))
+    if len(_BY_HEADER) < _BY_HEADER_MAX:
+        _BY_HEADER[(fmt_rev, content_rev, size)] = cached[1]
+    return cached[1]
+
+
+class Fields(Mapping[str, RawValue]):
+    """Every plain field of one decoded table by name: an int, a tuple for an array (None
+    for an element of all ones), None for a field of all ones; a field past a short
+    read is absent. Read where asked, from the one unpack of the table."""
+
+    __slots__ = ("_flat", "_places", "_cut")
+
+    def __init__(self, flat: tuple[int, ...], places: dict[str, Place], cut: int) -> None:
+        self._flat, self._places, self._cut = flat, places, cut
+
+    def get(self, name: str, default: RawValue = None) -> RawValue:  # type: ignore[override]
+        place = self._places.get(name)
+        if place is None or place[3] > self._cut:
+            return default
+        index, count, unset, _ = place
+        if count == 1:
+            value = self._flat[index]
+            return None if value == unset else value
+        values = self._flat[index:index + count]
+        return tuple(None if v == unset else v for v in values) if unset in values else values
+
+    def __getitem__(self, name: str) -> RawValue:
+        place = self._places.get(name)
+        if place is None or place[3] > self._cut:
+            raise KeyError(name)
+        return self.get(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, place in self._places.items() if place[3] <= self._cut)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _decode(data: bytes) -> tuple[int, int, int, _Table, tuple[int, ...], int]:
+    """(format, content, size, table, its values, cut): _Table.unpack of the header's layout."""
     if len(data) < 4:
         raise GpuMetricsError(f"gpu_metrics is {len(data)} bytes: no header")
     size, fmt_rev, content_rev = struct.unpack_from("<HBB", data)
-    layout = layout_for(fmt_rev, content_rev, size)
-    if layout is None:
+    table = _table(fmt_rev, content_rev, size)
+    if table is None:
         raise GpuMetricsError(f"unknown gpu_metrics revision v{fmt_rev}.{content_rev}")
     # The kernel may pad the file (sysfs reads of a page); trust structure_size, but
     # never read past what we have.
-    limit = min(len(data), size or len(data))
-    out: dict[str, RawValue] = {}
-    plan = _plan(layout)
-    whole = _WHOLE.get(id(layout))
-    if whole is None or whole[0] is not layout:
-        whole = _WHOLE[id(layout)] = (layout, _whole(plan))
-    table, slices = whole[1]
-    if table.size <= limit:  # the common case: every field at once, one unpack
-        flat = table.unpack_from(data)
-        for name, start, count, unset in slices:
-            if count == 1:
-                v = flat[start]
-                out[name] = None if v == unset else v
-            else:
-                values = flat[start:start + count]
-                out[name] = tuple(None if v == unset else v for v in values) \
-                    if unset in values else values
-        return fmt_rev, content_rev, size, out
-    for name, offset, fmt, count, end, unset in plan:
-        if end > limit:
-            break
-        values = struct.unpack_from(fmt, data, offset)
-        cleaned = tuple(None if v == unset else v for v in values)
-        out[name] = cleaned if count > 1 else cleaned[0]
-    return fmt_rev, content_rev, size, out
+    flat, cut = table.unpack(data, min(len(data), size or len(data)))
+    return fmt_rev, content_rev, size, table, flat, cut
 
 
-def _whole(plan: list[tuple[str, int, str, int, int, int]]
-           ) -> tuple[struct.Struct, list[tuple[str, int, int, int]]]:
-    """One struct for every plain field of a plan (gaps skipped as pad bytes) and
-    (field, index of its first value, count, all-ones value) of each."""
-    fmt, at, index, slices = "<", 0, 0, []
-    for name, offset, field_fmt, count, end, unset in plan:
-        fmt += f"{offset - at}x" if offset > at else ""
-        fmt += field_fmt[1:]
-        slices.append((name, index, count, unset))
-        at, index = end, index + count
-    return struct.Struct(fmt), slices
-
-
-def _plan(layout: Layout) -> list[tuple[str, int, str, int, int, int]]:
-    """(field, offset, struct format, count, end offset, all-ones value) of each plain
-    field, in order: computed once per layout (decode_raw runs every cycle)."""
-    cached = _PLANS.get(id(layout))
-    if cached is not None and cached[0] is layout:
-        return cached[1]
-    plan = []
-    for name, offset, code in layout_offsets(layout)[0]:
-        if isinstance(code, Nested):
-            continue  # per-partition blocks: amdsmi reports partitions as devices instead
-        kind, count = code[-1], _count(code)
-        size = struct.calcsize(kind)
-        plan.append((name, offset, f"<{count}{kind}", count, offset + size * count,
-                     (1 << (8 * size)) - 1))
-    _PLANS[id(layout)] = (layout, plan)
-    return plan
+def decode_raw(data: bytes) -> tuple[int, int, int, dict[str, RawValue]]:
+    """(format, content, size, {field: value}) with all-ones fields as None."""
+    fmt_rev, content_rev, size, table, flat, cut = _decode(data)
+    return fmt_rev, content_rev, size, dict(Fields(flat, table.places, cut))
 
 
 class _Reader:
@@ -337,6 +394,8 @@ _SCALED, _FIRST, _RATIO = 0, 1, 2
 # (where: "temps", "clocks" or a GpuMetrics field; key in that dict; field; how;
 # units.scaling of its scale and unit)
 Conversion = tuple[str, str, str, int, int, float, float, float]
+# the same with the field's place in the table instead of its name
+Placed = tuple[str, str, int, int, int, int, int, float, float, float]
 _CONVERSIONS: dict[tuple[int, int], list[Conversion]] = {}
 
 
@@ -387,7 +446,8 @@ def _conversions(fmt_rev: int, content_rev: int) -> list[Conversion]:
 
 def parse_gpu_metrics(data: bytes) -> GpuMetrics:
     """Decode a whole ``gpu_metrics`` read. Raises GpuMetricsError on an unknown layout."""
-    fmt_rev, content_rev, size, raw = decode_raw(data)
+    fmt_rev, content_rev, size, table, flat, cut = _decode(data)
+    raw = Fields(flat, table.places, cut)
     r = _Reader(raw)
     apu = fmt_rev >= 2
     mi300 = (fmt_rev, content_rev) >= (1, 4) and not apu
@@ -395,16 +455,14 @@ def parse_gpu_metrics(data: bytes) -> GpuMetrics:
     clocks: dict[str, float] = {}
     values: dict[str, float] = {}  # GpuMetrics field -> value
     dropped = 0
-    get = raw.get
-    for where, key, name, how, divisor, multiplier, low, high in _conversions(fmt_rev,
-                                                                           content_rev):
-        value = get(name)
-        if value.__class__ is not int:
-            if how != _FIRST or value.__class__ is not tuple:
-                continue
-            value = next((f for f in value if f is not None), None)
-            if value is None:
-                continue
+    # Each field by its place in the one unpack (a field past a short read is all ones).
+    for where, key, index, count, unset, how, divisor, multiplier, low, high in \
+            table.conversions(fmt_rev, content_rev):
+        value = flat[index]
+        if count > 1:  # an array (_FIRST): its first filled element
+            value = next((v for v in flat[index:index + count] if v != unset), unset)
+        if value == unset:
+            continue
         x = value / divisor if divisor else value * multiplier
         if not low <= x <= high or x - x != 0.0:  # units.scaled's gate
             dropped += 1
@@ -451,7 +509,7 @@ def parse_gpu_metrics(data: bytes) -> GpuMetrics:
         throttle_status=r.num("throttle_status"),
         indep_throttle_status=r.num("indep_throttle_status"),
         fan_rpm=values.get("fan_rpm"),
-        pcie_link_width=units.parse_link_width(str(r.num("pcie_link_width"))),
+        pcie_link_width=units.link_width(r.num("pcie_link_width")),
         pcie_link_speed_gts=values.get("pcie_link_speed_gts"),
         xgmi_read_bytes=r.per_link("xgmi_read_data_acc", 1000, "bytes") if mi300 else {},
         xgmi_write_bytes=r.per_link("xgmi_write_data_acc", 1000, "bytes") if mi300 else {},
