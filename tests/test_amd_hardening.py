@@ -191,3 +191,35 @@ def test_a_card_back_after_it_was_lost_is_read_afresh_at_once(
     parked.rename(dev)
     (d,) = b.sample(False).devices  # a fast cycle: the first one back reads everything
     assert d.up and d.memory_total_bytes == 17163091968
+
+
+def test_static_information_its_driver_never_writes_is_looked_for_a_bounded_time(
+    rx7800xt: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The capture has no mem_info_vram_total: the slow tier looks for it STATIC_RETRIES
+    times (the card's layout listed afresh each time), says once that it stops, and looks
+    again when the card is found again after it was lost."""
+    from exporter.sources.amd import backend as amd_backend
+
+    root, dev = rx7800xt
+    b, _ = opened(root)
+    (st,) = b._cards.values()
+    assert "mem_info_vram_total" in st.missing
+    relists = []
+    monkeypatch.setattr(st.reader, "relist", lambda: relists.append(1))
+    with capture_logs() as logs:
+        for _ in range(amd_backend.STATIC_RETRIES + 4):
+            b.sample(True)
+            b.sample(False)
+    assert len(relists) == amd_backend.STATIC_RETRIES
+    (line,) = [e for e in logs if e["event"].startswith("amdgpu card static information still")]
+    assert "mem_info_vram_total" in line["missing"]
+
+    parked = root / "parked"
+    dev.rename(parked)
+    b.sample(False)
+    parked.rename(dev)
+    b.sample(False)  # back: read afresh at once
+    assert len(relists) == amd_backend.STATIC_RETRIES + 1
+    b.sample(True)
+    assert len(relists) == amd_backend.STATIC_RETRIES + 2  # and looked for again

@@ -7,9 +7,9 @@ descriptors) until it goes. A card that vanishes is reported once with ``up=Fals
 then dropped; one whose device directory is gone under a link still there is lost
 (``gpu_lost``) until it is back. Its static information (name, memory sizes, gfx target)
 is read when it appears and again on each slow cycle while a file its driver writes is
-missing (``card.static_missing``), and at once when it is back after it was lost: a card
-found before its driver finished creating its files gets them in the end, not an empty
-name for good. What one card's sample holds is
+missing (``card.static_missing``), STATIC_RETRIES times at most, and at once when it is
+back after it was lost: a card found before its driver finished creating its files gets
+them in the end, not an empty name for good. What one card's sample holds is
 exporter.sources.amd.card's, imported with the first card: a machine without
 one (an NVIDIA-only host) never loads the amdgpu parsers.
 """
@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 SOURCE = SYSFS_SOURCE
+# Slow cycles a card's missing static information is looked for again (a minute at the
+# default slow interval: a driver still creating its files takes seconds); a file its
+# driver never writes (a kernel without it) then costs nothing more.
+STATIC_RETRIES = 6
 
 
 class _Card:
@@ -53,6 +57,7 @@ class _Card:
         self.reader = AttrReader()
         self.lost = False
         self.missing: list[str] = []  # static information its driver has not written yet
+        self.static_retries = STATIC_RETRIES  # slow cycles left to look for it again
         self.device_dir = os.fspath(card.device_dir)
         self.pcie_bw = os.path.exists(os.path.join(self.device_dir, PCIE_BW))
 
@@ -183,8 +188,16 @@ class AmdBackend:
                 st.reader.reset()  # its layout is re-listed when it comes back
             st.lost = True
             return DeviceSample(info=st.info, source=SOURCE, up=False)
-        if st.lost or (slow and st.missing):
-            self._reread_static(st)  # back after it was lost, or still incomplete
+        if st.lost:  # back after it was lost: read afresh at once, looked for again
+            st.static_retries = STATIC_RETRIES
+            self._reread_static(st)
+        elif slow and st.missing and st.static_retries:  # still incomplete
+            st.static_retries -= 1
+            self._reread_static(st)
+            if st.missing and not st.static_retries:
+                log.info("amdgpu card static information still missing; not looked for "
+                         "again until the card is found again", card=st.card.card,
+                         device=st.info.pci_bus_id, missing=st.missing)
         st.lost = False
         try:
             sample: DeviceSample = st.card_module.read_card(
