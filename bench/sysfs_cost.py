@@ -23,6 +23,8 @@ NVML is absent, so the ``nvidia`` backend is down: what such a machine runs. The
    with an audit hook on ``open`` and a wrapper of ``os.pread``) on kept descriptors.
    For an AMD card, each part of the cycle (AMD_PARTS) measured in the cycle as it
    runs: the cycle with that part replaced by the results it gave, the difference.
+   Then ``--cold`` cycles half a second apart, as a daemon runs them: its caches gone
+   cold between two cycles, the same work costs several times a warm loop's.
 2. The idle daemon on the machine at each of ``--intervals``, no scrapes, its /proc an
    empty tree: each thread's CPU from /proc/<pid>/task/*/schedstat (nanoseconds) over
    ``--windows`` windows of ``--window`` seconds, the medians, % of one core; per
@@ -65,6 +67,7 @@ from scrape_latency import NAMED_THREADS_MAIN, free_port  # noqa: E402
 FIXTURES = REPO / "tests" / "fixtures"
 PAGE = 4096
 TARGET_MS_PER_CARD = 0.12
+COLD_GAP = 0.5  # seconds between two cold cycles
 TARGET_IDLE_PERCENT = 0.2
 TARGET_DOWN_PERCENT = 0.005
 # card -> (backend, PCI bus id)
@@ -140,6 +143,18 @@ def cpu_us(cycle: Callable[[], Any], cycles: int, warmup: int = 50) -> float:
     return statistics.median(times) / 1e3
 
 
+def cold_us(cycle: Callable[[], Any], cycles: int, gap: float) -> float:
+    """Median thread CPU time of ``cycle()`` run ``gap`` seconds apart, µs: what a daemon
+    pays, its caches gone cold between two cycles (a warm loop reads lower)."""
+    times = []
+    for _ in range(cycles):
+        time.sleep(gap)
+        t0 = time.thread_time_ns()
+        cycle()
+        times.append(time.thread_time_ns() - t0)
+    return statistics.median(times) / 1e3
+
+
 def bare_loop(paths: list[str]) -> tuple[Callable[[], None], Callable[[], None]]:
     """(one cycle of pread on kept descriptors, close them)."""
     fds = [os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC) for p in paths]
@@ -206,7 +221,7 @@ def profile_parts(cycle: Callable[[], Any], cycles: int, top: int) -> dict[str, 
     return {p: parts[p] / total for p in PARTS}
 
 
-def card_cost(name: str, machine: Path, cycles: int, top: int) -> float:
+def card_cost(name: str, machine: Path, cycles: int, top: int, cold: int) -> float:
     """Print one card's fast cycle, split; returns the sample's median µs."""
     from exporter.app.daemon import Daemon
     from exporter.app.flags import load_config
@@ -251,6 +266,9 @@ def card_cost(name: str, machine: Path, cycles: int, top: int) -> float:
                   f"{max(cycle - sample, 0):.1f}; merge {merged:.1f}; publish "
                   f"(subscribers) {max(publish - merged, 0):.1f}; bare pread loop "
                   f"{floor:.1f} us ({sample / floor:.0f}x)")
+            if cold:
+                print(f"    cold, {cold} cycles {COLD_GAP:g} s apart: sample "
+                      f"{cold_us(lambda: backend.sample(False), cold, COLD_GAP):.1f} us")
             if kind == "amd":
                 whole = cpu_us(lambda: backend.sample(False), cycles)
                 print(f"    in the cycle (median {whole:.1f} us; each part replaced by the "
@@ -390,6 +408,8 @@ def idle(trees: dict[str, Path], root: Path, proc: Path, intervals: Sequence[str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=2000, help="measured cycles per card")
+    ap.add_argument("--cold", type=int, default=20, metavar="N",
+                    help="also the median of N cycles 0.5 s apart, caches cold (0: not)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also print each card's N costliest functions (cProfile)")
     ap.add_argument("--repo", type=Path, default=REPO, help="in process: this tree's exporter")
@@ -410,7 +430,7 @@ def main() -> None:
             print(f"per card, {args.repo}: thread CPU per fast cycle, median of "
                   f"{args.cycles} back-to-back cycles")
             for name in CARDS:
-                card_cost(name, machine, args.cycles, args.profile)
+                card_cost(name, machine, args.cycles, args.profile, args.cold)
         if args.no_daemon:
             return
         proc = Path(tmp) / "proc"

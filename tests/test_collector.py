@@ -272,6 +272,41 @@ def test_backends_sampling_together_publish_once_and_a_hung_one_is_not_waited_fo
         hub.stop()
 
 
+def test_a_backend_whose_tick_came_before_its_thread_ran_is_waited_for_a_moment() -> None:
+    """Backends of one tick wake together, but one thread may start its cycle a little
+    after another has finished (the interpreter was busy): the publisher waits for it
+    (TICK_GRACE), and merges once for both, not once for each; one whose tick is past
+    that moment is not waited for."""
+    from exporter.pipeline.hub import TICK_GRACE
+
+    clock = SteppedClock()
+    amd, late = Scripted("amd", ["0000:03:00.0"]), Scripted("intel", ["0000:09:00.0"])
+    hub = Hub(Config(interval=1.0), [amd, late], clock=clock)
+    first = hub.collect_once().generation
+    with hub._life:
+        hub._start_publisher()
+    try:
+        with hub._lock:  # both wait for the tick at t; intel's thread is not scheduled yet
+            hub._next_tick.update(amd=clock.t, intel=clock.t)
+        hub._sample(amd, slow=False)
+        time.sleep(0.3)  # the publisher is awake and waits for intel's cycle to start
+        assert hub.snapshot.generation == first
+        assert "amd" not in hub._next_tick  # its cycle is over: nothing to wait for
+        with hub._lock:
+            assert hub._due(clock.t) == pytest.approx(TICK_GRACE)
+        hub._sample(late, slow=False)
+        wait_for(lambda: hub.snapshot.generation == first + 1)
+        time.sleep(0.1)
+        assert hub.snapshot.generation == first + 1  # one publish for both
+
+        with hub._lock:  # intel's tick is long past and its thread never came
+            hub._next_tick["intel"] = clock.t - 2 * TICK_GRACE
+        hub._sample(amd, slow=False)
+        wait_for(lambda: hub.snapshot.generation == first + 2)  # not waited for
+    finally:
+        hub.stop()
+
+
 def test_subscribers_run_on_the_publishing_thread_in_generation_order() -> None:
     """No subscriber runs on a backend's thread: the renderer and the history get each
     snapshot from the one publishing thread, in order."""

@@ -55,6 +55,9 @@ TIMING_INTERVAL = 60.0  # seconds between two debug lines of one backend's cycle
 
 GOOD_CYCLES_TO_RESET = 3  # good cycles in a row before the back-off starts from the bottom
 OPEN_WAIT = 5.0  # how long start() waits for every backend's first open before numbering GPUs
+# How long the publisher waits for a backend whose tick has come before its thread
+# starts the cycle (woken with the others, then waiting for the interpreter).
+TICK_GRACE = 0.02
 
 
 class Clock:
@@ -109,6 +112,9 @@ class Hub:
         # backend -> when its cycle in flight started: the publisher waits for backends
         # of the same tick before it merges (_due), so they merge once, not once each.
         self._sampling: dict[str, float] = {}
+        # backend -> the tick its next cycle starts at, while it waits for it: one whose
+        # tick has come but whose thread has not started yet is waited for too (TICK_GRACE)
+        self._next_tick: dict[str, float] = {}
         self._pending = False  # something changed since the last publish (under _lock)
         self._wake = threading.Event()  # set when _pending is, or a cycle ends, or stop
         self._publisher: threading.Thread | None = None
@@ -264,6 +270,8 @@ class Hub:
             # renders coalesce; a cycle that overran skips the ticks it missed.
             now = self.clock.now()
             next_tick = epoch + (int((now - epoch) / interval) + 1) * interval
+            with self._lock:
+                self._next_tick[backend.name] = next_tick
             self.clock.wait(self._stop, next_tick - now)
         return good
 
@@ -321,6 +329,7 @@ class Hub:
         is woken, to publish or to stop waiting for this backend (_due)."""
         with self._lock:
             self._sampling.pop(name, None)
+            self._next_tick.pop(name, None)  # (its loop sets the next one, if it goes on)
             self._pending = self._pending or changed
         self._woken(changed)
 
@@ -426,6 +435,10 @@ class Hub:
             return None
         left = [started + self.config.interval - now for started in self._sampling.values()
                 if now - started < self.config.interval]
+        # Its tick has come, its thread has not started the cycle yet (another thread
+        # held the interpreter): a moment's wait, not a publish of its own after it.
+        left += [tick + TICK_GRACE - now for tick in self._next_tick.values()
+                 if tick <= now < tick + TICK_GRACE]
         return min(left) if left else None
 
     def publish(self) -> Snapshot:
