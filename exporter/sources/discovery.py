@@ -173,16 +173,14 @@ def card_fingerprint(drm: str) -> Fingerprint:
 
     Raises ListingError where ``class/drm`` cannot be listed now."""
     out = []
-    readlink = os.readlink
     for name in _drm_entries(drm):
         if is_card_entry(name):
             try:
-                target = readlink(f"{drm}/{name}")
+                target = os.readlink(f"{drm}/{name}")
             except OSError:
                 target = ""  # a plain directory (some fixture trees) or gone meanwhile
             out.append((name, target))
-    out.sort()
-    return tuple(out)
+    return tuple(sorted(out))
 
 
 def enumerate_cards(sysfs: SysFS, incomplete: set[str] | None = None) -> list[DrmCard]:
