@@ -134,12 +134,17 @@ def running(args: Sequence[str], tmp_path: Path, nvml_json: Path | None = None,
     env = {**_fake_perf(args), **(env or {})}
     cmd = [sys.executable, "-m", module, "--web.listen-address", f"127.0.0.1:{port}",
            "--log.format", "json", *args]
+    def as_a_service(open_files: int | None = open_files) -> None:
+        # What systemd or the kubelet gives a service: SIGHUP at its default action,
+        # whatever this test run has (under nohup it ignores SIGHUP, and an ignored
+        # signal stays ignored across exec).
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=daemon_env(nvml_json, env), stdout=log,
-                                stderr=subprocess.STDOUT,
-                                preexec_fn=None if open_files is None else
-                                (lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
-                                                            (open_files, open_files))))
+                                stderr=subprocess.STDOUT, preexec_fn=as_a_service)
     daemon = Daemon(proc, f"http://127.0.0.1:{port}", log_path)
     try:
         if ready:
