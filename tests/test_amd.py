@@ -405,15 +405,15 @@ def test_a_card_that_comes_or_goes_is_seen_on_the_next_cycle(tmp_path: Path,
     assert buses() == {"0000:03:00.0": True, "0000:0c:00.0": False}  # down once
     assert buses() == {"0000:03:00.0": True}
 
-    real = b.discovery.cards
+    real = b.discovery.listing
 
-    def then_a_card_comes(drivers: list[str] | None = None) -> list[Any]:
+    def then_a_card_comes(drivers: list[str] | None = None) -> tuple[list[Any], int]:
         taken = real(drivers)
         add_pci_card(root, "0000:0d:00.0", "card2", render="renderD130")
         b.discovery.rescan()  # the udev thread, between this list and the next cycle
         return taken
 
-    monkeypatch.setattr(b.discovery, "cards", then_a_card_comes)
+    monkeypatch.setattr(b.discovery, "listing", then_a_card_comes)
     assert buses() == {"0000:03:00.0": True}
-    monkeypatch.setattr(b.discovery, "cards", real)
+    monkeypatch.setattr(b.discovery, "listing", real)
     assert buses() == {"0000:03:00.0": True, "0000:0d:00.0": True}

@@ -234,6 +234,12 @@ class DrmDiscovery:
         Where ``class/drm`` cannot be listed (EMFILE under a connection flood, ...), the
         last known cards stay and ``listing_error`` says why until a listing works again.
         """
+        return self.listing(drivers)[0]
+
+    def listing(self, drivers: Collection[str] | None = None) -> tuple[list[DrmCard], int]:
+        """``cards(drivers)`` and the generation of that very list (read together: a
+        backend that skips its own matching while the generation stays never pairs an
+        old list with a newer generation)."""
         try:
             if self._changed():
                 with self._scan_lock:
@@ -244,10 +250,11 @@ class DrmDiscovery:
                 self._listing_failed(None)
         except ListingError as exc:
             self._listing_failed(str(exc))
-        current = self._cards or ()  # replaced whole under the lock, never changed in place
+        with self._lock:
+            current, generation = self._cards or (), self._generation
         if drivers is None:
-            return list(current)
-        return [c for c in current if c.driver in drivers]
+            return list(current), generation
+        return [c for c in current if c.driver in drivers], generation
 
     def on_card_added(self, callback: Callable[[], None]) -> None:
         """``callback()`` (cheap, never raising: it runs on the thread that noticed) is

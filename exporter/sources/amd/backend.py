@@ -88,7 +88,7 @@ class AmdBackend:
         # With no card, stay down; the collector's reopen back-off calls us again and
         # discovery (kept current by udev events) then sees a card that arrived.
         self.discovery.start()
-        cards, generation = self._cards_now()
+        cards, generation = self.discovery.listing(["amdgpu"])
         if not cards:
             root = self.discovery.sysfs.path("class", "drm")
             raise BackendUnavailable(f"no amdgpu card under {root}")
@@ -99,18 +99,13 @@ class AmdBackend:
         self._refresh(cards, generation)
         return [self._cards[c.card].info for c in cards]
 
-    def _cards_now(self) -> tuple[list[DrmCard], int]:
-        """The amdgpu cards and a discovery generation they are at least as new as (read
-        before them: a list that is newer shows as a generation moved on since)."""
-        generation = self.discovery.generation
-        return self.discovery.cards(["amdgpu"]), generation
-
     def _refresh(self, cards: list[DrmCard], generation: int) -> list[_Card]:
         """New cards get their static info read once; returns the cards that went away.
 
         A new discovery generation (hotplug) re-lists every card's layout; with none
-        since the last look (the usual cycle) there is nothing to do."""
-        if generation == self._generation == self.discovery.generation and self._cards:
+        since the last look (the usual cycle) there is nothing to do. ``generation`` is
+        that of ``cards`` (DrmDiscovery.listing)."""
+        if generation == self._generation and self._cards:
             return []
         current = {c.card: c for c in cards}
         gone = [st for name, st in self._cards.items() if current.get(name) != st.card]
@@ -161,7 +156,7 @@ class AmdBackend:
 
     def sample(self, slow: bool) -> Cycle:
         errors: Counter[ErrorReason] = Counter()
-        gone = self._refresh(*self._cards_now())
+        gone = self._refresh(*self.discovery.listing(["amdgpu"]))
         if self.discovery.listing_error is not None:
             errors[ErrorReason.DRM_LISTING] += 1  # the last known cards are read meanwhile
         devices = [self._read(st, errors, slow) for st in self._cards.values()]

@@ -178,15 +178,15 @@ class IntelBackend:
     def sample(self, slow: bool) -> Cycle:
         errors: Counter[ErrorReason] = Counter()
         devices: list[DeviceSample] = []
-        cards = self._discovery.cards(DRIVERS)
+        cards, generation = self._discovery.listing(DRIVERS)
         if self._discovery.listing_error is not None:
             errors[ErrorReason.DRM_LISTING] += 1  # the last known cards are read meanwhile
         for gone in set(self._states) - set(cards):
             self._states.pop(gone).reader.close()
-        if self._discovery.generation != self._generation:  # hotplug: re-list layouts
+        if generation != self._generation:  # hotplug: re-list layouts
             for state in self._states.values():
                 state.reader.reset()
-            self._generation = self._discovery.generation
+            self._generation = generation
         for card in cards:
             state = self._state(card)
             try:
